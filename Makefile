@@ -1,0 +1,21 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test install bench
+
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/irt-engine demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/bench_core.py

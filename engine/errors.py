@@ -1,0 +1,38 @@
+"""Errors raised by irt-engine.
+
+Every error is an ``IRTError`` and also the matching builtin, so callers can catch
+either. Messages name the file, row, column or value and say what to do.
+"""
+
+__all__ = [
+    "IRTError",
+    "DataFormatError",
+    "StoreNotFoundError",
+    "SettingsError",
+    "ModelError",
+    "RunNotFoundError",
+]
+
+
+class IRTError(Exception):
+    """Base class of every irt-engine error."""
+
+
+class DataFormatError(IRTError, ValueError):
+    """Input data is malformed; the message names file, row/column and the fix."""
+
+
+class StoreNotFoundError(IRTError, FileNotFoundError):
+    """A response store path does not exist or is not an irt-engine store."""
+
+
+class RunNotFoundError(IRTError, FileNotFoundError):
+    """A run directory does not exist or lacks fit.json."""
+
+
+class SettingsError(IRTError, ValueError):
+    """A setting is out of range or inconsistent with others."""
+
+
+class ModelError(IRTError, ValueError):
+    """Unknown model name or a model that does not fit the data's response kind."""
