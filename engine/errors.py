@@ -8,6 +8,7 @@ __all__ = [
     "IRTError",
     "DataFormatError",
     "StoreNotFoundError",
+    "StoreExistsError",
     "SettingsError",
     "ModelError",
     "RunNotFoundError",
@@ -24,6 +25,10 @@ class DataFormatError(IRTError, ValueError):
 
 class StoreNotFoundError(IRTError, FileNotFoundError):
     """A response store path does not exist or is not an irt-engine store."""
+
+
+class StoreExistsError(IRTError, FileExistsError):
+    """The output store path already exists; pass overwrite or choose another path."""
 
 
 class RunNotFoundError(IRTError, FileNotFoundError):

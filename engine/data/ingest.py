@@ -1,0 +1,529 @@
+"""Read wide / long / jsonl response files, validate them, and write one response store.
+
+Formats (see ``ingest``): "wide" (CSV/Parquet, a row per subject, a column per item), "long"
+(CSV/Parquet or a folder of them, columns subject, item, response) and "jsonl" (py-irt lines
+``{"subject_id": ..., "responses": {item: value}}``). Locations in error messages are
+``line N`` for CSV/jsonl (the CSV header is line 1) and ``row index N`` (0-based) for Parquet.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from engine.data.store import KINDS, Store, check_writable, write_store
+from engine.errors import DataFormatError
+
+__all__ = ["FORMATS", "ingest"]
+
+FORMATS = ("wide", "long", "jsonl")
+_ID_NAMES = {"subject", "subject_id", "system", "model", "id", "name"}
+_LONG_COLS = {"subject": ("subject", "subject_id"), "item": ("item", "item_id"),
+              "response": ("response",)}
+_SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet",
+             ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+_EXPECTED = "0 or 1 (binary), or empty for missing"
+_NULLS = {"", "na", "n/a", "nan", "null", "none"}
+
+
+@dataclass
+class _Parsed:
+    """One file (or all files, merged): int8 responses with -1 missing, ids, and locators."""
+
+    responses: np.ndarray
+    subjects: list[str]
+    items: list[str]
+    where_subject: Callable[[int], str]
+    where_item: Callable[[int], str]
+    row_ids: bool = False  # wide files without an id column: subjects are row numbers
+
+
+class _BadCell(Exception):
+    def __init__(self, index: int, value: object):
+        super().__init__(index, value)
+        self.index, self.value = index, value
+
+
+def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: str | None = None,
+           kind: str | None = None, chunks: Sequence[int] = (1024, 8192),
+           overwrite: bool = False) -> Store:
+    """Read response files of one format and write them as a zarr v3 response store.
+
+    Parameters
+    ----------
+    inputs : path or list of paths
+        Files (CSV, TSV, Parquet, jsonl; ``.gz`` for text) or folders of them (sorted).
+    out : path
+        Store directory to create (atomically).
+    fmt : {"wide", "long", "jsonl"}, optional
+        Input format; detected from extension and columns when None.
+    kind : {"binary"}, optional
+        Response kind; detected when None (only binary is supported by this version).
+    chunks : (int, int)
+        Chunk shape of the stored matrix (clipped to its shape).
+    overwrite : bool
+        Replace an existing store at ``out``.
+
+    Returns
+    -------
+    Store
+
+    Raises
+    ------
+    DataFormatError
+        Unreadable or malformed input; the message names file, line/row, column and value.
+    StoreExistsError
+        ``out`` exists and ``overwrite`` is False.
+
+    Examples
+    --------
+    >>> store = ingest("lsat7.csv", "lsat7.zarr")  # doctest: +SKIP
+    >>> store.shape  # doctest: +SKIP
+    (1000, 5)
+    """
+    if kind is not None and kind not in KINDS:
+        raise DataFormatError(f"kind {kind!r} is not supported by this version; use one of "
+                              f"{sorted(KINDS)} or leave it unset to detect")
+    if fmt is not None and fmt not in FORMATS:
+        raise DataFormatError(f"unknown input format {fmt!r}; use one of {list(FORMATS)}")
+    check_writable(out, overwrite)
+    files = _expand(inputs)
+    fmt = fmt or _detect(files)
+    if fmt == "long":
+        parsed = _read_long(files, kind)
+    else:
+        reader = _read_jsonl if fmt == "jsonl" else _read_wide
+        parsed = _merge([reader(path, kind) for path in files])
+    _check_nonempty(parsed, files)
+    return write_store(parsed.responses, parsed.subjects, parsed.items, out, kind=kind or "binary",
+                       source=[str(p) for p in files], input_format=fmt, chunks=chunks,
+                       overwrite=overwrite)
+
+
+def _container(path: Path) -> str | None:
+    suffixes = [s.lower() for s in path.suffixes[-2:]]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    return _SUFFIXES.get(suffixes[-1]) if suffixes else None
+
+
+def _expand(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
+    items = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    files: list[Path] = []
+    for path in map(Path, items):
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if not p.name.startswith((".", "_")))
+            if not found:
+                raise DataFormatError(f"{path}: folder has no input files")
+            for p in found:
+                if p.is_dir() or _container(p) is None:
+                    raise DataFormatError(f"{p}: unknown file type in input folder {path}; "
+                                          f"keep only .parquet/.csv/.tsv/.jsonl files there")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DataFormatError(f"{path}: no such input file or folder")
+    if not files:
+        raise DataFormatError("no input files given; pass at least one file or folder")
+    return files
+
+
+def _detect(files: list[Path]) -> str:
+    found = set()
+    for path in files:
+        container = _container(path)
+        if container is None:
+            raise DataFormatError(f"{path}: unknown input format (expected .csv, .tsv, "
+                                  f".parquet or .jsonl); rename it or pass fmt=/--format")
+        lower = {c.strip().lower() for c in ([] if container == "jsonl" else _header(path))}
+        has = {role: bool(lower & set(names)) for role, names in _LONG_COLS.items()}
+        if has["subject"] and has["item"] and not has["response"]:
+            _long_column(path, sorted(lower), "response")  # raises: long format needs it
+        is_long = all(has.values())
+        found.add("jsonl" if container == "jsonl" else "long" if is_long else "wide")
+    if len(found) > 1:
+        raise DataFormatError(f"inputs mix formats {sorted(found)}; ingest one format at a time")
+    return found.pop()
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    raw = gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+
+
+def _header(path: Path) -> list[str]:
+    try:
+        if _container(path) == "parquet":
+            return pq.read_schema(path).names
+        with _open_text(path) as f:
+            header = next(csv.reader(f, delimiter=_delimiter(path)), None)
+    except (OSError, UnicodeDecodeError, pa.ArrowException) as err:
+        raise DataFormatError(f"{path}: cannot read it ({err}); check the file and its format") from err
+    if not header:
+        raise DataFormatError(f"{path}: file is empty; expected a header line")
+    return header
+
+
+def _delimiter(path: Path) -> str:
+    return "\t" if _container(path) == "tsv" else ","
+
+
+def _where_row(path: Path, row: int) -> str:
+    return f"{path} row index {row}" if _container(path) == "parquet" else f"{path} line {row + 2}"
+
+
+def _read_table(path: Path, columns: list[str] | None, string_cols: list[str]) -> pa.Table:
+    try:
+        if _container(path) == "parquet":
+            return pq.read_table(path, columns=columns)
+        return pacsv.read_csv(
+            path, parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=columns, strings_can_be_null=True,
+                column_types={c: pa.string() for c in string_cols}))
+    except pa.ArrowInvalid as err:
+        if _container(path) != "parquet":
+            with _open_text(path) as f:
+                for _ in _csv_rows(path, f):  # raises with the line number of a ragged row
+                    pass
+        raise DataFormatError(f"{path}: cannot parse it ({err}); check the file") from err
+    except (OSError, pa.ArrowException) as err:
+        raise DataFormatError(f"{path}: cannot read it ({err}); check the file") from err
+
+
+def _csv_rows(path: Path, f: io.TextIOBase):
+    """Yield ``(line_number, cells)`` for the header and each non-blank record, checking widths."""
+    reader, width = csv.reader(f, delimiter=_delimiter(path)), None
+    try:
+        for cells in reader:
+            if cells and width is not None and len(cells) != width:
+                raise DataFormatError(f"{path} line {reader.line_num}: {len(cells)} fields, but the "
+                                      f"header has {width}; fix that line (quote values that "
+                                      f"contain the delimiter, leave missing cells empty: a,,b)")
+            if cells:
+                width = len(cells) if width is None else width
+                yield reader.line_num, cells
+    except csv.Error as err:
+        raise DataFormatError(f"{path} line {reader.line_num}: {err}; fix the CSV quoting") from err
+
+
+def _parse_cell(value: object) -> float:
+    if value is None:
+        return np.nan
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _NULLS:
+            return np.nan
+        return float(text == "true") if text in ("true", "false") else float(text)
+    if isinstance(value, (bool, int, float, np.number)):
+        return float(value)
+    raise TypeError(f"not a number: {value!r}")
+
+
+def _parse_cells(cells: list) -> np.ndarray:
+    """float32 values (NaN for missing); raises ``_BadCell`` at the first non-number."""
+    try:
+        table = {value: _parse_cell(value) for value in set(cells)}  # few distinct values: fast
+        return np.fromiter(map(table.__getitem__, cells), np.float32, count=len(cells))
+    except (ValueError, TypeError, KeyError):
+        for k, value in enumerate(cells):
+            try:
+                _parse_cell(value)
+            except (ValueError, TypeError):
+                raise _BadCell(k, value) from None
+        return np.array([_parse_cell(value) for value in cells], np.float32)  # NaN keys
+
+
+def _to_float(col: pa.ChunkedArray) -> np.ndarray:
+    """float32 values of an Arrow column, NaN for missing; raises ``_BadCell``."""
+    kind = col.type
+    if pa.types.is_null(kind):
+        return np.full(len(col), np.nan, np.float32)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return col.to_numpy()  # nulls -> NaN
+    if pa.types.is_boolean(kind):
+        return pc.cast(col, pa.float32()).fill_null(np.nan).to_numpy()
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return _parse_cells(col.to_pylist())
+    raise _BadCell(0, f"<column of type {kind}>")
+
+
+def _check_support(values: np.ndarray, kind: str | None, where: Callable[[int], str]) -> np.ndarray:
+    """Check values are binary (or NaN) and return them as int8 with -1 for missing."""
+    missing = np.isnan(values)
+    good = missing | (values == 0) | (values == 1)
+    if not good.all():
+        index = int(np.argmin(good.ravel()))
+        hint = (f"expected {_EXPECTED}" if kind else "only binary responses (0 or 1, empty for "
+                "missing) are supported by this version; fix the value or leave the cell empty")
+        raise DataFormatError(f"{where(index)}: got {values.flat[index]:g}; {hint}")
+    return np.where(missing, -1, values).astype(np.int8)
+
+
+def _bad_value(where: str, value: object) -> DataFormatError:
+    return DataFormatError(f"{where}: got {value!r}; expected a number: {_EXPECTED}")
+
+
+def _ids(col: pa.Array | pa.ChunkedArray, what: str, where: Callable[[int], str]) -> pa.Array:
+    """Ids as a trimmed large_string array; raises on a null or empty id."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    ids = pc.utf8_trim_whitespace(pc.cast(col, pa.large_string()))
+    empty = pc.fill_null(pc.equal(ids, ""), True)
+    if pc.any(empty).as_py():
+        row = int(np.argmax(empty.to_numpy(zero_copy_only=False)))
+        raise DataFormatError(f"{where(row)}: empty {what} id; give every row a {what} id or "
+                              f"drop the row")
+    return ids
+
+
+def _wide_parquet(path: Path) -> tuple[list[str], list, pa.Array, np.ndarray, Callable]:
+    table = _read_table(path, None, [])
+    header, where = table.column_names, (lambda r: _where_row(path, r))
+    values = np.empty((table.num_rows, len(header) - 1), np.float32, order="F")
+    for j in range(1, len(header)):
+        try:
+            values[:, j - 1] = _to_float(table.column(j))
+        except _BadCell as bad:
+            raise _bad_value(f'{where(bad.index)}, column "{header[j]}"', bad.value) from None
+    return header, table.column(0).to_pylist(), table.column(0), values, where
+
+
+def _wide_csv(path: Path) -> tuple[list[str], list, pa.Array, np.ndarray, Callable]:
+    first, rows, lines = [], [], []
+    try:
+        with _open_text(path) as f:
+            records = _csv_rows(path, f)
+            header = next(records, (0, None))[1]
+            if not header:
+                raise DataFormatError(f"{path}: file is empty; expected a header line")
+            for line, cells in records:
+                try:
+                    rows.append(_parse_cells(cells[1:]))
+                except _BadCell as bad:
+                    raise _bad_value(f'{path} line {line}, column "{header[bad.index + 1]}"',
+                                     bad.value) from None
+                first.append(cells[0])
+                lines.append(line)
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataFormatError(f"{path}: cannot read it ({err}); check the file") from err
+    values = np.stack(rows) if rows else np.empty((0, len(header) - 1), np.float32)
+    where = lambda r: f"{path} line {lines[r]}"  # noqa: E731
+    return header, first, pa.array(first, pa.large_string()), values, where
+
+
+def _read_wide(path: Path, kind: str | None) -> _Parsed:
+    reader = _wide_parquet if _container(path) == "parquet" else _wide_csv
+    header, first, first_col, values, where = reader(path)
+    if not first:
+        raise DataFormatError(f"{path}: no rows; expected a header and one row per subject")
+    header = [str(name).strip() for name in header]
+    has_ids = header[0].lower() in _ID_NAMES or _mostly_text(first)
+    if has_ids:
+        subjects = _ids(first_col, "subject", where).to_pylist()
+        _check_unique(subjects, "subject", where)
+    else:
+        try:
+            values = np.column_stack([_parse_cells(first), values])
+        except _BadCell as bad:
+            raise _bad_value(f'{where(bad.index)}, column "{header[0]}"', bad.value) from None
+        subjects = [str(r) for r in range(len(first))]  # renumbered in _merge
+    names = header[1:] if has_ids else header
+    if not names:
+        raise DataFormatError(f"{path}: no item columns; expected one column per item")
+    column = lambda c: f"{path} column {c + 1 + has_ids}"  # noqa: E731
+    if "" in names:
+        raise DataFormatError(f"{column(names.index(''))}: empty column name; name every item "
+                              f"column (or remove trailing delimiters)")
+    _check_unique(names, "item column", column)
+    n = len(names)
+    matrix = _check_support(values, kind, lambda k: f'{where(k // n)}, column "{names[k % n]}"')
+    return _Parsed(matrix, subjects, names, where, lambda c: f'{path} column "{names[c]}"',
+                   row_ids=not has_ids)
+
+
+def _mostly_text(cells: list) -> bool:
+    """Whether most non-empty cells are not numbers (then the column holds subject ids)."""
+    text = [c for c in cells if c is not None and str(c).strip()]
+    numeric = sum(not isinstance(c, str) or _is_number(c) for c in text)
+    return len(text) > 0 and numeric * 2 < len(text)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return not np.isnan(_parse_cell(text))
+    except ValueError:
+        return False
+
+
+def _check_unique(ids: list[str], what: str, where: Callable[[int], str]) -> None:
+    seen: dict[str, int] = {}
+    for k, key in enumerate(ids):
+        if key in seen:
+            raise DataFormatError(f"{where(k)}: duplicate {what} {key!r} (first at "
+                                  f"{where(seen[key])}); ids must be unique, merge or rename them")
+        seen[key] = k
+
+
+def _read_jsonl(path: Path, kind: str | None) -> _Parsed:
+    subjects, lines, rows, items = [], [], [], {}
+    example = '{"subject_id": "model-a", "responses": {"q1": 1, "q2": 0}}'
+    try:
+        with _open_text(path) as f:
+            for lineno, text in enumerate(f, 1):
+                if not text.strip():
+                    continue
+                try:
+                    record = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise DataFormatError(f"{path} line {lineno}: invalid JSON ({err.msg}, column "
+                                          f"{err.colno}); each line must be like {example}") from None
+                if not (isinstance(record, dict) and "subject_id" in record
+                        and isinstance(record.get("responses"), dict)):
+                    raise DataFormatError(f"{path} line {lineno}: missing key \"subject_id\" or "
+                                          f"\"responses\" (an object); each line must be like {example}")
+                subject = "" if record["subject_id"] is None else str(record["subject_id"]).strip()
+                if not subject:
+                    raise DataFormatError(f"{path} line {lineno}: empty subject_id; give every "
+                                          f"line a subject id or drop it")
+                responses = record["responses"]
+                keys = [str(k).strip() for k in responses]
+                try:
+                    values = _parse_cells(list(responses.values()))
+                except _BadCell as bad:
+                    raise _bad_value(f'{path} line {lineno}, item "{keys[bad.index]}"',
+                                     bad.value) from None
+                rows.append((np.array([items.setdefault(k, len(items)) for k in keys], np.int64),
+                             values))
+                subjects.append(subject)
+                lines.append(lineno)
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataFormatError(f"{path}: cannot read it ({err}); check the file") from err
+    if not subjects:
+        raise DataFormatError(f"{path}: no records; expected one JSON object per line")
+    names = list(items)
+    where = lambda r: f"{path} line {lines[r]}"  # noqa: E731
+    _check_unique(subjects, "subject_id", where)
+    values = np.full((len(subjects), len(names)), np.nan, np.float32)
+    for r, (cols, vals) in enumerate(rows):
+        values[r, cols] = vals
+    n = len(names)
+    matrix = _check_support(values, kind, lambda k: f'{where(k // n)}, item "{names[k % n]}"')
+    return _Parsed(matrix, subjects, names, where, lambda c: f'{path} item "{names[c]}"')
+
+
+def _long_column(path: Path, header: list[str], role: str) -> str:
+    for name in header:
+        if name.strip().lower() in _LONG_COLS[role]:
+            return name
+    raise DataFormatError(f"{path}: no {role} column (looked for {list(_LONG_COLS[role])}, "
+                          f"found {header[:10]}); long format needs subject, item, response")
+
+
+def _read_long(files: list[Path], kind: str | None) -> _Parsed:
+    subject_parts, item_parts, value_parts, starts = [], [], [], [0]
+    for path in files:
+        header = _header(path)
+        s_col, i_col, r_col = (_long_column(path, header, role) for role in _LONG_COLS)
+        table = _read_table(path, [s_col, i_col, r_col], [s_col, i_col])
+        at = lambda r, path=path: _where_row(path, r)  # noqa: E731
+        subject_parts.append(_ids(table[s_col], "subject", at))
+        item_parts.append(_ids(table[i_col], "item", at))
+        try:
+            values = _to_float(table[r_col])
+        except _BadCell as bad:
+            raise _bad_value(f'{at(bad.index)}, column "{r_col}"', bad.value) from None
+        value_parts.append(_check_support(values, kind, lambda r: f'{at(r)}, column "{r_col}"'))
+        starts.append(starts[-1] + table.num_rows)
+    if starts[-1] == 0:
+        raise DataFormatError(f"{', '.join(map(str, files))}: no rows; expected one row per "
+                              f"(subject, item, response)")
+
+    def where(g: int) -> str:
+        k = int(np.searchsorted(starts, g, side="right")) - 1
+        return _where_row(files[k], g - starts[k])
+
+    s_codes, subjects = _encode(subject_parts)
+    i_codes, items = _encode(item_parts)
+    values = np.concatenate(value_parts)
+    matrix = np.full((len(subjects), len(items)), -1, np.int8)
+    seen = values >= 0
+    matrix[s_codes[seen], i_codes[seen]] = values[seen]
+    clash = seen & (matrix[s_codes, i_codes] != values)
+    if clash.any():
+        g = int(np.argmax(clash))
+        same = (s_codes == s_codes[g]) & (i_codes == i_codes[g]) & seen & ~clash
+        h = int(np.argmax(same))
+        raise DataFormatError(
+            f"{where(g)}: conflicting duplicate for subject {subjects[s_codes[g]]!r}, item "
+            f"{items[i_codes[g]]!r}: {values[g]} here but {values[h]} at {where(h)}; keep one "
+            f"response per (subject, item)")
+    return _Parsed(matrix, subjects, items,
+                   lambda s: where(int(np.argmax(s_codes == s))),
+                   lambda i: where(int(np.argmax(i_codes == i))))
+
+
+def _encode(parts: list[pa.Array]) -> tuple[np.ndarray, list[str]]:
+    encoded = pa.chunked_array(parts, pa.large_string()).combine_chunks().dictionary_encode()
+    return encoded.indices.to_numpy().astype(np.int64), encoded.dictionary.to_pylist()
+
+
+def _merge(parts: list[_Parsed]) -> _Parsed:
+    """Merge per-file matrices by subject and item id; row-number ids continue across files."""
+    offset = 0
+    for part in parts:
+        if part.row_ids:
+            part.subjects = [str(offset + r) for r in range(len(part.subjects))]
+            offset += len(part.subjects)
+    if len(parts) == 1:
+        return parts[0]
+    subjects: dict[str, tuple[int, int]] = {}
+    items: dict[str, tuple[int, int]] = {}
+    for p, part in enumerate(parts):
+        for r, sid in enumerate(part.subjects):
+            subjects.setdefault(sid, (p, r))
+        for c, name in enumerate(part.items):
+            items.setdefault(name, (p, c))
+    s_index, i_index = {s: k for k, s in enumerate(subjects)}, {i: k for k, i in enumerate(items)}
+    matrix = np.full((len(subjects), len(items)), -1, np.int8)
+    for part in parts:
+        rows = np.array([s_index[s] for s in part.subjects])[:, None]
+        cols = np.array([i_index[i] for i in part.items])[None, :]
+        block, new = matrix[rows, cols], part.responses
+        clash = (block >= 0) & (new >= 0) & (block != new)
+        if clash.any():
+            r, c = np.argwhere(clash)[0]
+            raise DataFormatError(
+                f'{part.where_subject(r)}, column "{part.items[c]}": got {new[r, c]} for subject '
+                f"{part.subjects[r]!r}, but an earlier input file has {block[r, c]}; keep one "
+                f"response per (subject, item)")
+        matrix[rows, cols] = np.where(new >= 0, new, block)
+    s_at, i_at = list(subjects.values()), list(items.values())
+    return _Parsed(matrix, list(subjects), list(items),
+                   lambda s: parts[s_at[s][0]].where_subject(s_at[s][1]),
+                   lambda i: parts[i_at[i][0]].where_item(i_at[i][1]))
+
+
+def _check_nonempty(parsed: _Parsed, files: list[Path]) -> None:
+    """Raise if a subject (row) or an item (column) has no observed response."""
+    observed = parsed.responses >= 0
+    for axis, what, ids, where in ((1, "subject", parsed.subjects, parsed.where_subject),
+                                   (0, "item", parsed.items, parsed.where_item)):
+        empty = np.flatnonzero(~observed.any(axis=axis))
+        if empty.size:
+            k = int(empty[0])
+            more = f" (and {empty.size - 1} more)" if empty.size > 1 else ""
+            raise DataFormatError(f"{where(k)}: {what} {ids[k]!r} has no observed response{more}; "
+                                  f"drop that {what} from the input, it carries no information")
