@@ -83,6 +83,8 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
     ------
     DataFormatError
         Unreadable or malformed input; the message names file, line/row, column and value.
+    SettingsError
+        ``chunks`` is not two positive integers.
     StoreExistsError
         ``out`` exists and ``overwrite`` is False.
 
@@ -105,7 +107,7 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
     else:
         reader = _read_jsonl if fmt == "jsonl" else _read_wide
         parsed = _merge([reader(path, kind) for path in files])
-    _check_nonempty(parsed, files)
+    _check_nonempty(parsed)
     return write_store(parsed.responses, parsed.subjects, parsed.items, out, kind=kind or "binary",
                        source=[str(p) for p in files], input_format=fmt, chunks=chunks,
                        overwrite=overwrite)
@@ -170,10 +172,14 @@ def _header(path: Path) -> list[str]:
         with _open_text(path) as f:
             header = next(csv.reader(f, delimiter=_delimiter(path)), None)
     except (OSError, UnicodeDecodeError, pa.ArrowException) as err:
-        raise DataFormatError(f"{path}: cannot read it ({err}); check the file and its format") from err
+        raise _cannot_read(path, err) from err
     if not header:
         raise DataFormatError(f"{path}: file is empty; expected a header line")
     return header
+
+
+def _cannot_read(path: Path, err: Exception) -> DataFormatError:
+    return DataFormatError(f"{path}: cannot read it ({err}); check the file and its format")
 
 
 def _delimiter(path: Path) -> str:
@@ -200,7 +206,7 @@ def _read_table(path: Path, columns: list[str] | None, string_cols: list[str]) -
                     pass
         raise DataFormatError(f"{path}: cannot parse it ({err}); check the file") from err
     except (OSError, pa.ArrowException) as err:
-        raise DataFormatError(f"{path}: cannot read it ({err}); check the file") from err
+        raise _cannot_read(path, err) from err
 
 
 def _csv_rows(path: Path, f: io.TextIOBase):
@@ -209,8 +215,8 @@ def _csv_rows(path: Path, f: io.TextIOBase):
     try:
         for cells in reader:
             if cells and width is not None and len(cells) != width:
-                raise DataFormatError(f"{path} line {reader.line_num}: {len(cells)} fields, but the "
-                                      f"header has {width}; fix that line (quote values that "
+                raise DataFormatError(f"{path} line {reader.line_num}: {len(cells)} fields, but "
+                                      f"the header has {width}; fix that line (quote values that "
                                       f"contain the delimiter, leave missing cells empty: a,,b)")
             if cells:
                 width = len(cells) if width is None else width
@@ -260,7 +266,8 @@ def _to_float(col: pa.ChunkedArray) -> np.ndarray:
     raise _BadCell(0, f"<column of type {kind}>")
 
 
-def _check_support(values: np.ndarray, kind: str | None, where: Callable[[int], str]) -> np.ndarray:
+def _check_support(values: np.ndarray, kind: str | None,
+                   where: Callable[[int], str]) -> np.ndarray:
     """Check values are binary (or NaN) and return them as int8 with -1 for missing."""
     missing = np.isnan(values)
     good = missing | (values == 0) | (values == 1)
@@ -318,7 +325,7 @@ def _wide_csv(path: Path) -> tuple[list[str], list, pa.Array, np.ndarray, Callab
                 first.append(cells[0])
                 lines.append(line)
     except (OSError, UnicodeDecodeError) as err:
-        raise DataFormatError(f"{path}: cannot read it ({err}); check the file") from err
+        raise _cannot_read(path, err) from err
     values = np.stack(rows) if rows else np.empty((0, len(header) - 1), np.float32)
     where = lambda r: f"{path} line {lines[r]}"  # noqa: E731
     return header, first, pa.array(first, pa.large_string()), values, where
@@ -330,7 +337,7 @@ def _read_wide(path: Path, kind: str | None) -> _Parsed:
     if not first:
         raise DataFormatError(f"{path}: no rows; expected a header and one row per subject")
     header = [str(name).strip() for name in header]
-    has_ids = header[0].lower() in _ID_NAMES or _mostly_text(first)
+    has_ids = header[0].lower() in _ID_NAMES | {""} or _mostly_text(first)  # "": pandas index
     if has_ids:
         subjects = _ids(first_col, "subject", where).to_pylist()
         _check_unique(subjects, "subject", where)
@@ -388,12 +395,14 @@ def _read_jsonl(path: Path, kind: str | None) -> _Parsed:
                 try:
                     record = json.loads(text)
                 except json.JSONDecodeError as err:
-                    raise DataFormatError(f"{path} line {lineno}: invalid JSON ({err.msg}, column "
-                                          f"{err.colno}); each line must be like {example}") from None
+                    raise DataFormatError(f"{path} line {lineno}: invalid JSON ({err.msg}, "
+                                          f"column {err.colno}); each line must be like "
+                                          f"{example}") from None
                 if not (isinstance(record, dict) and "subject_id" in record
                         and isinstance(record.get("responses"), dict)):
-                    raise DataFormatError(f"{path} line {lineno}: missing key \"subject_id\" or "
-                                          f"\"responses\" (an object); each line must be like {example}")
+                    raise DataFormatError(f"{path} line {lineno}: missing key \"subject_id\" "
+                                          f"or \"responses\" (an object); each line must be "
+                                          f"like {example}")
                 subject = "" if record["subject_id"] is None else str(record["subject_id"]).strip()
                 if not subject:
                     raise DataFormatError(f"{path} line {lineno}: empty subject_id; give every "
@@ -410,7 +419,7 @@ def _read_jsonl(path: Path, kind: str | None) -> _Parsed:
                 subjects.append(subject)
                 lines.append(lineno)
     except (OSError, UnicodeDecodeError) as err:
-        raise DataFormatError(f"{path}: cannot read it ({err}); check the file") from err
+        raise _cannot_read(path, err) from err
     if not subjects:
         raise DataFormatError(f"{path}: no records; expected one JSON object per line")
     names = list(items)
@@ -516,7 +525,7 @@ def _merge(parts: list[_Parsed]) -> _Parsed:
                    lambda i: parts[i_at[i][0]].where_item(i_at[i][1]))
 
 
-def _check_nonempty(parsed: _Parsed, files: list[Path]) -> None:
+def _check_nonempty(parsed: _Parsed) -> None:
     """Raise if a subject (row) or an item (column) has no observed response."""
     observed = parsed.responses >= 0
     for axis, what, ids, where in ((1, "subject", parsed.subjects, parsed.where_subject),
@@ -525,5 +534,6 @@ def _check_nonempty(parsed: _Parsed, files: list[Path]) -> None:
         if empty.size:
             k = int(empty[0])
             more = f" (and {empty.size - 1} more)" if empty.size > 1 else ""
-            raise DataFormatError(f"{where(k)}: {what} {ids[k]!r} has no observed response{more}; "
-                                  f"drop that {what} from the input, it carries no information")
+            raise DataFormatError(f"{where(k)}: {what} {ids[k]!r} has no observed response"
+                                  f"{more}; drop that {what} from the input, it carries no "
+                                  f"information")

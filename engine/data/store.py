@@ -31,7 +31,7 @@ import dask.array as da
 import numpy as np
 import zarr
 
-from engine.errors import DataFormatError, StoreExistsError, StoreNotFoundError
+from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
 
 __all__ = ["FORMAT_VERSION", "KINDS", "ResponseKind", "Store", "open_store", "write_store",
            "store_checksum", "check_writable"]
@@ -140,10 +140,12 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
         meta = dict(group.attrs[_ATTR])
         subjects, items = group["subjects"][...], group["items"][...]
     except Exception as err:  # zarr raises several types for "not a group"
-        raise StoreNotFoundError(f"{path}: not an irt-engine response store ({err}); {hint}") from err
+        raise StoreNotFoundError(f"{path}: not an irt-engine response store ({err}); "
+                                 f"{hint}") from err
     if int(meta.get("format_version", 0)) > FORMAT_VERSION:
-        raise DataFormatError(f"{path}: store format_version {meta['format_version']} is newer "
-                              f"than this irt-engine supports ({FORMAT_VERSION}); upgrade irt-engine")
+        raise DataFormatError(f"{path}: store format_version {meta['format_version']} is "
+                              f"newer than this irt-engine supports ({FORMAT_VERSION}); "
+                              f"upgrade irt-engine")
     store = Store(path=path, subjects=subjects, items=items, kind=meta["kind"], meta=meta)
     if verify:
         got = store_checksum(store._array, subjects, items, kind=store.kind)
@@ -247,12 +249,16 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
     ------
     DataFormatError
         Bad kind, shape, dtype, values or ids.
+    SettingsError
+        ``chunks`` is not two positive integers.
     StoreExistsError
         ``out`` exists and ``overwrite`` is False (or it is not a store).
     """
     if kind not in KINDS:
         raise DataFormatError(f"kind {kind!r} is not supported by this version; "
                               f"supported kinds: {sorted(KINDS)}")
+    if len(chunks) != 2 or min(int(c) for c in chunks) < 1:
+        raise SettingsError(f"chunks must be two positive integers (rows, items), got {chunks}")
     spec = KINDS[kind]
     responses = np.asarray(responses)
     subjects, items = [str(s) for s in subjects], [str(i) for i in items]

@@ -1,0 +1,181 @@
+"""Tests for engine.data.store: write/open round trip, checksum, atomic overwrite, errors."""
+
+import json
+
+import numpy as np
+import pytest
+import zarr
+
+from engine.data import Store, open_store, store_checksum, write_store
+from engine.data import store as store_module
+from engine.errors import DataFormatError, IRTError, StoreExistsError, StoreNotFoundError
+
+
+def _matrix(seed: int = 0, shape=(7, 11)) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, size=shape).astype(np.int8)
+    y[rng.random(shape) < 0.2] = -1
+    y[:, 0] = 1  # no empty rows
+    return y
+
+
+def _ids(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{k}" for k in range(n)]
+
+
+def _leftovers(parent) -> list[str]:
+    return [p.name for p in parent.iterdir() if p.name.startswith(".")]
+
+
+def test_round_trip(tmp_path):
+    y = _matrix()
+    store = write_store(y, _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr",
+                        source=["a.csv"], input_format="wide", chunks=(4, 3))
+    assert isinstance(store, Store) and store.kind == "binary"
+    assert store.shape == (7, 11) and store.num_subjects == 7 and store.num_items == 11
+    assert list(store.subjects) == _ids("s", 7) and list(store.items) == _ids("i", 11)
+    np.testing.assert_array_equal(store.load(), y)
+    assert store.load().dtype == np.int8
+    dask_y = store.responses
+    assert dask_y.dtype == np.int8 and dask_y.shape == (7, 11)
+    np.testing.assert_array_equal(dask_y.compute(), y)
+    assert store.num_observed == int((y >= 0).sum())
+    assert store.density == pytest.approx((y >= 0).mean())
+    meta = store.meta
+    assert meta["format_version"] == 1 and meta["missing"] == -1 and meta["dtype"] == "int8"
+    assert meta["source"] == ["a.csv"] and meta["input_format"] == "wide"
+    assert meta["checksum"] == store_checksum(y, _ids("s", 7), _ids("i", 11))
+    assert "T" in meta["created"]
+    array = zarr.open_array(tmp_path / "x.zarr" / "responses", mode="r")
+    assert array.chunks == (4, 3) and array.shards == (4, 12)
+    assert array.metadata.zarr_format == 3
+    assert _leftovers(tmp_path) == []
+    # reopening gives the same thing; metadata is plain JSON on disk
+    assert open_store(tmp_path / "x.zarr").meta == meta
+    on_disk = json.loads((tmp_path / "x.zarr" / "zarr.json").read_text())
+    assert on_disk["attributes"]["irt_engine"]["num_items"] == 11
+
+
+def test_chunks_are_clipped_to_shape(tmp_path):
+    store = write_store(_matrix(), _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr")
+    array = zarr.open_array(store.path / "responses", mode="r")
+    assert array.chunks == (7, 11) and array.shards == (7, 11)
+
+
+def test_checksum_is_deterministic_and_sensitive(tmp_path):
+    y, subjects, items = _matrix(), _ids("s", 7), _ids("i", 11)
+    a = write_store(y, subjects, items, tmp_path / "a.zarr", chunks=(2, 2))
+    b = write_store(y, subjects, items, tmp_path / "b.zarr", source=["other"], chunks=(5, 8))
+    assert a.meta["checksum"] == b.meta["checksum"]
+    assert store_checksum(y, subjects, items, rows_per_block=3) == a.meta["checksum"]
+    flipped = y.copy()
+    flipped[3, 4] = 1 - max(flipped[3, 4], 0)
+    assert store_checksum(flipped, subjects, items) != a.meta["checksum"]
+    assert store_checksum(y, subjects, _ids("j", 11)) != a.meta["checksum"]
+    assert store_checksum(y, ["s0s1", ""] + subjects[2:], items) != store_checksum(
+        y, ["s0", "s1"] + subjects[2:], items)
+
+
+def test_verify_detects_corruption(tmp_path):
+    store = write_store(_matrix(), _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr")
+    assert open_store(store.path, verify=True).meta["checksum"] == store.meta["checksum"]
+    array = zarr.open_array(store.path / "responses", mode="r+")
+    array[0, 0] = 0
+    with pytest.raises(DataFormatError, match="checksum mismatch"):
+        open_store(store.path, verify=True)
+
+
+def test_many_items(tmp_path):
+    num_items = 150_000
+    y = np.zeros((2, num_items), np.int8)
+    store = write_store(y, ["a", "b"], _ids("item-", num_items), tmp_path / "x.zarr")
+    again = open_store(store.path)
+    assert again.items[-1] == f"item-{num_items - 1}" and again.num_items == num_items
+
+
+def test_open_missing_store(tmp_path):
+    with pytest.raises(StoreNotFoundError, match=r"nope\.zarr.*irt-engine ingest"):
+        open_store(tmp_path / "nope.zarr")
+    with pytest.raises(FileNotFoundError):
+        open_store(tmp_path / "nope.zarr")
+
+
+def test_open_not_a_store(tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(StoreNotFoundError, match="plain: not an irt-engine response store"):
+        open_store(tmp_path / "plain")
+    zarr.open_group(tmp_path / "group.zarr", mode="w", zarr_format=3)
+    with pytest.raises(StoreNotFoundError, match="group.zarr: not an irt-engine"):
+        open_store(tmp_path / "group.zarr")
+
+
+def test_open_newer_format(tmp_path):
+    store = write_store(_matrix(), _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr")
+    group = zarr.open_group(store.path, mode="r+")
+    group.attrs["irt_engine"] = {**store.meta, "format_version": 99}
+    with pytest.raises(DataFormatError, match="newer"):
+        open_store(store.path)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda y, s, i: (y[:, :5], s, i), "shape"),
+    (lambda y, s, i: (y.astype(np.int16), s, i), "dtype int16"),
+    (lambda y, s, i: (np.where(y == 1, 2, y).astype(np.int8), s, i), "0, 1 or -1"),
+    (lambda y, s, i: (y, ["s0"] * 7, i), "duplicate subject id 's0'"),
+    (lambda y, s, i: (y, s, i[:10] + ["i1"]), "duplicate item id 'i1'"),
+])
+def test_write_store_rejects_bad_input(tmp_path, bad, match):
+    args = bad(_matrix(), _ids("s", 7), _ids("i", 11))
+    with pytest.raises(DataFormatError, match=match):
+        write_store(*args, tmp_path / "x.zarr")
+    assert not (tmp_path / "x.zarr").exists() and _leftovers(tmp_path) == []
+
+
+def test_write_store_unknown_kind(tmp_path):
+    with pytest.raises(DataFormatError, match="kind 'unit' is not supported"):
+        write_store(_matrix(), _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr", kind="unit")
+
+
+def test_overwrite(tmp_path):
+    out = tmp_path / "x.zarr"
+    first = write_store(_matrix(0), _ids("s", 7), _ids("i", 11), out)
+    with pytest.raises(StoreExistsError, match=r"x\.zarr: already exists.*overwrite"):
+        write_store(_matrix(1), _ids("s", 7), _ids("i", 11), out)
+    with pytest.raises(FileExistsError):
+        write_store(_matrix(1), _ids("s", 7), _ids("i", 11), out)
+    assert open_store(out).meta["checksum"] == first.meta["checksum"]
+    second = write_store(_matrix(1), _ids("s", 7), _ids("i", 11), out, overwrite=True)
+    np.testing.assert_array_equal(open_store(out).load(), _matrix(1))
+    assert second.meta["checksum"] != first.meta["checksum"]
+    assert _leftovers(tmp_path) == []
+
+
+def test_overwrite_refuses_foreign_directory(tmp_path):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(StoreExistsError, match="not an irt-engine store; refusing"):
+        write_store(_matrix(), _ids("s", 7), _ids("i", 11), out, overwrite=True)
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "x.zarr"
+    old = write_store(_matrix(0), _ids("s", 7), _ids("i", 11), out)
+
+    def broken(tmp, *args, **kwargs):
+        tmp.mkdir()
+        (tmp / "partial").write_text("x")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store_module, "_write_group", broken)
+    with pytest.raises(OSError, match="disk full"):
+        write_store(_matrix(1), _ids("s", 7), _ids("i", 11), out, overwrite=True)
+    with pytest.raises(OSError, match="disk full"):
+        write_store(_matrix(1), _ids("s", 7), _ids("i", 11), tmp_path / "new.zarr")
+    assert open_store(out).meta["checksum"] == old.meta["checksum"]
+    assert not (tmp_path / "new.zarr").exists() and _leftovers(tmp_path) == []
+
+
+def test_errors_are_irt_errors():
+    assert issubclass(StoreExistsError, IRTError) and issubclass(StoreExistsError, FileExistsError)
