@@ -1,0 +1,172 @@
+"""The fit loop: blocks -> pmapped terms -> jitted update, until the ELBO converges."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engine.data.blocks import Block, InMemorySource
+from engine.infer.elbo import add_terms, make_block_terms
+from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
+from engine.infer.parallel import make_parallel_terms, num_local_devices, stack_blocks
+from engine.infer.settings import FitSettings
+from engine.infer.step import draw, make_optimizer, make_update
+from engine.models.spec import ModelSpec
+
+__all__ = ["fit_source", "FitResult", "converged_at"]
+
+
+@dataclass
+class FitResult:
+    """A fitted variational posterior with its trace and timings."""
+
+    spec: ModelSpec
+    guide: GuideState  # numpy arrays
+    settings: FitSettings
+    trace: list[dict]
+    converged: bool
+    wall_time_s: float
+    compile_time_s: float
+    num_subjects: int
+    num_items: int
+    num_observed: int
+    num_devices: int
+    frozen: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_passes(self) -> int:
+        return len(self.trace)
+
+    @property
+    def elbo(self) -> float:
+        return self.trace[-1]["elbo_smooth"] if self.trace else float("nan")
+
+    def means(self) -> dict[str, np.ndarray]:
+        """Constrained point estimates of every parameter block."""
+        return {k: np.asarray(v) for k, v in constrained_means(self.spec, self.guide).items()}
+
+    def sds(self) -> dict[str, np.ndarray]:
+        """Posterior sd of the unconstrained value of every block."""
+        return {k: np.exp(np.asarray(v)) for k, v in self.guide.log_scale.items()}
+
+
+def converged_at(values: list[float], tol: float, window: int, min_passes: int) -> bool:
+    """True when the mean ELBO of the last ``window`` passes differs from the mean of the
+    ``window`` before by less than ``tol`` relative (windows average out Monte Carlo noise).
+    """
+    if len(values) < max(min_passes, 2 * window):
+        return False
+    last = np.mean(values[-window:])
+    before = np.mean(values[-2 * window : -window])
+    return bool(abs(last - before) / max(abs(last), 1.0) < tol)
+
+
+def _groups(source, num_devices: int) -> list[tuple[Block, int]]:
+    """Blocks dealt into groups of ``num_devices`` (padded with empty blocks), device-resident."""
+    blocks = list(source.blocks())
+    while len(blocks) % num_devices:
+        blocks.append(source.empty_block())
+    devices = jax.local_devices()[:num_devices]
+    sharding = jax.sharding.NamedSharding(
+        jax.sharding.Mesh(np.asarray(devices), ("devices",)), jax.sharding.PartitionSpec("devices"))
+    groups = []
+    for i in range(0, len(blocks), num_devices):
+        chunk = blocks[i : i + num_devices]
+        observed = int(sum((b.y >= 0).sum() for b in chunk))
+        stacked = stack_blocks(chunk, num_devices)
+        stacked = Block(*(jax.device_put(a, sharding) for a in stacked))
+        groups.append((stacked, observed))
+    return groups
+
+
+def fit_source(spec: ModelSpec, source: InMemorySource, settings: FitSettings = FitSettings(),
+               *, init: GuideState | None = None, frozen: frozenset = frozenset(),
+               progress_fn=None) -> FitResult:
+    """Fit ``spec`` to the blocks of ``source`` by stochastic variational inference.
+
+    Parameters
+    ----------
+    init : a starting guide (e.g. a previous run's posterior); frozen blocks keep its values.
+    frozen : names of blocks held fixed at ``init``.
+    progress_fn : called as ``progress_fn(pass_index, record)`` after every pass.
+    """
+    S, N = source.num_subjects, source.num_items
+    K = num_local_devices(settings.num_devices)
+    guide = init if init is not None else init_guide(spec, S, N)
+    device = jax.local_devices()[0]
+    guide = jax.device_put(jax.tree.map(jnp.asarray, guide), device)
+    optimizer = make_optimizer(settings)
+    opt_state = optimizer.init(guide) if optimizer is not None else ()
+    state = jax.device_put(
+        FitState(guide, opt_state, jnp.zeros((), jnp.int32), jax.random.PRNGKey(settings.seed)), device)
+    with_hessian = settings.optimizer == "newton"
+    terms_fn = make_parallel_terms(make_block_terms(spec, S, N, with_hessian), K)
+    update = make_update(spec, settings, frozenset(frozen))
+    groups = _groups(source, K)
+    order_key = jax.random.PRNGKey(settings.seed + 1)
+
+    trace, smooth, recent = [], [], []
+    converged, compile_time = False, 0.0
+    t_start = time.perf_counter()
+    for pass_idx in range(settings.max_passes):
+        t0 = time.perf_counter()
+        order = np.arange(len(groups))
+        if settings.steps_per_pass > 1:
+            order_key, sub = jax.random.split(order_key)
+            order = np.asarray(jax.random.permutation(sub, len(groups)))
+        infos = []
+        for chunk in np.array_split(order, min(settings.steps_per_pass, len(groups))):
+            state, z, eps = draw(state)
+            lik, observed = None, 0
+            for g in chunk:
+                t = terms_fn(z, groups[g][0])
+                lik = t if lik is None else add_terms(lik, t)
+                observed += groups[g][1]
+            scale = source.num_observed / max(observed, 1)
+            state, info = update(state, z, eps, lik, jnp.float32(scale))
+            infos.append(info)
+        infos = jax.device_get(infos)
+        record = {
+            "pass": pass_idx + 1,
+            "elbo": float(np.mean([i.elbo for i in infos])),
+            "elbo_smooth": float(np.mean([i.elbo_smooth for i in infos])),
+            "max_step": float(np.max([i.max_step for i in infos])),
+            "seconds": time.perf_counter() - t0,
+        }
+        if pass_idx == 0:
+            compile_time = record["seconds"]
+        if not all(bool(i.finite) for i in infos):
+            record["error"] = "non-finite ELBO or step"
+            trace.append(record)
+            break
+        trace.append(record)
+        smooth.append(record["elbo_smooth"])
+        recent = (recent + [state.guide])[-settings.patience:]
+        if progress_fn is not None:
+            progress_fn(pass_idx, record)
+        if converged_at(smooth, settings.tol, settings.patience, settings.min_passes):
+            converged = True
+            break
+    wall = time.perf_counter() - t_start
+    # Polyak averaging over the final window removes most Monte Carlo jitter.
+    final = jax.tree.map(lambda *g: np.mean(np.stack([np.asarray(x) for x in g]), axis=0), *recent) \
+        if recent else jax.tree.map(np.asarray, state.guide)
+    return FitResult(
+        spec=spec,
+        guide=GuideState(*final),
+        settings=settings,
+        trace=trace,
+        converged=converged,
+        wall_time_s=wall,
+        compile_time_s=compile_time,
+        num_subjects=S,
+        num_items=N,
+        num_observed=source.num_observed,
+        num_devices=K,
+        frozen=tuple(sorted(frozen)),
+    )

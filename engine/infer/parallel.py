@@ -1,0 +1,46 @@
+"""Data parallelism: the only module that calls ``jax.pmap``.
+
+Blocks are dealt across the local devices; each device computes its block's terms and
+the results are summed with ``psum``, so one device and many run the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+
+from engine.data.blocks import Block
+
+__all__ = ["make_parallel_terms", "stack_blocks", "num_local_devices"]
+
+
+def num_local_devices(requested: int | None = None) -> int:
+    available = jax.local_device_count()
+    if requested is None:
+        return available
+    if not 1 <= requested <= available:
+        raise ValueError(f"num_devices={requested} but {available} local device(s) exist")
+    return requested
+
+
+def make_parallel_terms(block_terms: Callable, num_devices: int) -> Callable:
+    """``terms(z, stacked_block) -> Terms`` summed over a group of ``num_devices`` blocks."""
+
+    def per_device(z, subject_idx, item_idx, y):
+        return jax.lax.psum(block_terms(z, subject_idx, item_idx, y), axis_name="devices")
+
+    pmapped = jax.pmap(per_device, axis_name="devices", in_axes=(None, 0, 0, 0),
+                       devices=jax.local_devices()[:num_devices])
+
+    def terms(z, group: Block):
+        out = pmapped(z, group.subject_idx, group.item_idx, group.y)
+        return jax.tree.map(lambda x: x[0], out)
+
+    return terms
+
+
+def stack_blocks(blocks: Sequence[Block], num_devices: int) -> Block:
+    """Stack ``num_devices`` host blocks along a new leading axis for ``pmap``."""
+    return Block(*(np.stack(parts) for parts in zip(*blocks)))

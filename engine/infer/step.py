@@ -1,0 +1,155 @@
+"""Pure update steps: natural-gradient variational Newton and optax Adam.
+
+``make_update(spec, settings, frozen) -> update(state, z, eps, lik_terms, scale)``
+returns ``(state, StepInfo)``; it never logs or reads the clock.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from engine.infer.elbo import Terms, entropy, log_prior, prior_terms
+from engine.infer.guide import FitState, GuideState, StepInfo, sample
+from engine.infer.settings import FitSettings
+from engine.models.spec import ModelSpec
+
+__all__ = ["make_update", "make_optimizer", "draw"]
+
+
+@jax.jit
+def draw(state: FitState) -> tuple[FitState, dict, dict]:
+    """Advance the state's key and take one reparameterised draw from the guide."""
+    key, sub = jax.random.split(state.rng_key)
+    z, eps = sample(state.guide, rng_key=sub)
+    return state._replace(rng_key=key), z, eps
+
+
+def make_optimizer(settings: FitSettings) -> optax.GradientTransformation | None:
+    if settings.optimizer != "adam":
+        return None
+    steps = settings.max_passes * settings.steps_per_pass
+    schedule = optax.exponential_decay(settings.learning_rate, steps, 0.05)
+    return optax.adam(schedule)
+
+
+def _total(spec: ModelSpec, z: dict, lik: Terms, scale) -> tuple[Terms, dict]:
+    """Joint (likelihood + prior) terms, and a positive curvature for Newton precisions.
+
+    Where the summed likelihood curvature of an entry is not concave (e.g. a
+    discrimination far from its optimum) it contributes zero, so the prior sets the
+    scale and steps stay ascending.
+    """
+    prior = prior_terms(spec, z)
+    grad = {n: prior.grad[n] + scale * lik.grad.get(n, 0.0) for n in prior.grad}
+    hess = {n: prior.hess[n] + scale * lik.hess.get(n, 0.0) for n in prior.hess}
+    curv = {n: jnp.maximum(-prior.hess[n], 0.0) + jnp.maximum(-scale * lik.hess.get(n, 0.0), 0.0)
+            for n in prior.hess}
+    return Terms(prior.value + scale * lik.value, grad, hess, lik.cross), curv
+
+
+def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict) -> StepInfo:
+    ent = entropy(guide.log_scale)
+    elbo = tot.value + ent
+    var = {n: jnp.exp(2 * v) for n, v in guide.log_scale.items()}
+    taylor = sum(
+        jnp.sum(-tot.grad[n] * delta[n] + 0.5 * tot.hess[n] * (delta[n] ** 2 + var[n]))
+        for n in delta
+    )
+    for key, h in tot.cross.items():
+        a, b = key.split("|")
+        taylor = taylor + jnp.sum(h * delta[a] * delta[b])
+    max_step = jnp.max(jnp.stack([jnp.max(jnp.abs(m)) for m in moved.values()]))
+    finite = jnp.isfinite(elbo) & jnp.isfinite(max_step)
+    return StepInfo(elbo, elbo + taylor, max_step, finite)
+
+
+def _move(guide: GuideState, moves, t) -> GuideState:
+    loc, log_scale = dict(guide.loc), dict(guide.log_scale)
+    for name, m, v in moves:
+        loc[name] = loc[name] * jnp.exp(t * m) + t * v
+        log_scale[name] = log_scale[name] + t * m
+    return GuideState(loc, log_scale)
+
+
+def _follow_symmetries(spec: ModelSpec, guide: GuideState, rng_key, num_draws: int = 1,
+                       newton_iters: int = 1, max_t: float = 0.5) -> GuideState:
+    """Maximise the ELBO along each likelihood symmetry of ``spec``.
+
+    The expected log-likelihood is constant along a symmetry, so only the prior term
+    (estimated with ``num_draws`` fixed reparameterised draws) and the entropy move.
+    """
+    for sym in spec.symmetries:
+        keys = jax.random.split(jax.random.fold_in(rng_key, hash(sym.name) % (1 << 30)), num_draws)
+
+        def objective(t, base):
+            g = _move(base, sym.moves, t)
+            lp = 0.0
+            for k in keys:
+                z, _ = sample(g, rng_key=k)
+                lp = lp + log_prior(spec, z)
+            return lp / num_draws + entropy(g.log_scale)
+
+        for _ in range(newton_iters):
+            d1 = jax.grad(objective)(0.0, guide)
+            d2 = jax.grad(jax.grad(objective))(0.0, guide)
+            t = jnp.clip(-d1 / jnp.minimum(d2, -1e-6), -max_t, max_t)
+            t = jnp.where(jnp.isfinite(t), t, 0.0)
+            guide = _move(guide, sym.moves, t)
+    return guide
+
+
+def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = frozenset()) -> Callable:
+    """Build the jitted ``update(state, z, eps, lik_terms, scale) -> (state, info)``."""
+    optimizer = make_optimizer(settings)
+    rho, rho_p = settings.damping, settings.precision_damping
+    # A symmetry that moves a frozen block would move the frozen values: skip it.
+    free_syms = tuple(s for s in spec.symmetries if not any(m[0] in frozen for m in s.moves))
+    symmetries = spec.replace(symmetries=free_syms) if free_syms else None
+
+    def newton(state: FitState, z, eps, lik: Terms, scale):
+        guide = state.guide
+        tot, curv = _total(spec, z, lik, scale)
+        delta = {n: z[n] - guide.loc[n] for n in z}
+        loc, log_scale, moved = {}, {}, {}
+        for n in guide.loc:
+            prec_old = jnp.exp(-2.0 * guide.log_scale[n])
+            target = jnp.maximum(curv[n], settings.min_precision)
+            prec = jnp.where(state.step == 0, target, (1 - rho_p) * prec_old + rho_p * target)
+            g_cv = tot.grad[n] - tot.hess[n] * delta[n]
+            for key, h in lik.cross.items():  # within-owner coupling, e.g. difficulty x discrimination
+                a, b = key.split("|")
+                if n in (a, b):
+                    g_cv = g_cv - scale * h * delta[b if n == a else a]
+            step = jnp.clip(rho * g_cv / prec, -settings.max_step, settings.max_step)
+            if n in frozen:
+                loc[n], log_scale[n] = guide.loc[n], guide.log_scale[n]
+                moved[n] = jnp.zeros(())
+            else:
+                loc[n], log_scale[n] = guide.loc[n] + step, -0.5 * jnp.log(prec)
+                moved[n] = step * jnp.sqrt(prec)
+        info = _info(guide, tot, delta, moved)
+        new = GuideState(loc, log_scale)
+        if symmetries:
+            new = _follow_symmetries(symmetries, new, state.rng_key)
+        return state._replace(guide=new, step=state.step + 1), info
+
+    def adam(state: FitState, z, eps, lik: Terms, scale):
+        guide = state.guide
+        tot, _ = _total(spec, z, lik, scale)
+        delta = {n: z[n] - guide.loc[n] for n in z}
+        keep = {n: 0.0 if n in frozen else 1.0 for n in guide.loc}
+        neg = GuideState(
+            {n: -keep[n] * tot.grad[n] for n in guide.loc},
+            {n: -keep[n] * (tot.grad[n] * delta[n] + 1.0) for n in guide.loc},
+        )
+        updates, opt_state = optimizer.update(neg, state.opt_state, guide)
+        new = optax.apply_updates(guide, updates)
+        moved = {n: updates.loc[n] / jnp.exp(guide.log_scale[n]) for n in guide.loc}
+        info = _info(guide, tot, delta, moved)
+        return FitState(GuideState(*new), opt_state, state.step + 1, state.rng_key), info
+
+    return jax.jit(newton if optimizer is None else adam)

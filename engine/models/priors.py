@@ -1,0 +1,104 @@
+"""Prior densities on unconstrained parameter values, vague and hierarchical families.
+
+Notation follows the seeds: ``N(m, v)`` has variance ``v``; ``N(mu, 1/u)`` has
+precision ``u``; ``Gamma(a, b)`` has shape ``a`` and rate ``b``. A prior argument is
+either a number or the name of a global parameter (its constrained value is used),
+which is how hierarchical priors pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import gammaln
+
+__all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "hyper_params", "PRIOR_FAMILIES"]
+
+Arg = Union[float, str]
+_LOG_2PI = 1.8378770664093453
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A density on the unconstrained value ``x``.
+
+    family ``normal``: args (loc, variance) or (loc, None) with ``precision`` set.
+    family ``log_gamma``: ``x = log u`` with ``u ~ Gamma(shape, rate)`` (Jacobian included).
+    family ``logit_uniform``: ``x = logit(c)`` with ``c ~ U[0, 1]`` (Jacobian included).
+    """
+
+    family: str
+    loc: Arg = 0.0
+    variance: Arg | None = 1.0
+    precision: Arg | None = None
+    shape_: float = 1.0
+    rate: float = 1.0
+
+    def log_prob(self, x, env: Mapping[str, jax.Array]):
+        """Elementwise log density of unconstrained ``x``; ``env`` maps global names to values."""
+        get = lambda a: env[a] if isinstance(a, str) else a
+        if self.family == "normal":
+            loc = get(self.loc)
+            if self.precision is not None:
+                prec = get(self.precision)
+            else:
+                prec = 1.0 / get(self.variance)
+            return 0.5 * (jnp.log(prec) - _LOG_2PI) - 0.5 * prec * (x - loc) ** 2
+        if self.family == "log_gamma":
+            a, b = self.shape_, self.rate
+            return a * jnp.log(b) - gammaln(a) + a * x - b * jnp.exp(x)
+        if self.family == "logit_uniform":
+            return jax.nn.log_sigmoid(x) + jax.nn.log_sigmoid(-x)
+        raise ValueError(f"unknown prior family {self.family!r}")
+
+    def references(self) -> tuple[str, ...]:
+        return tuple(a for a in (self.loc, self.variance, self.precision) if isinstance(a, str))
+
+    def to_dict(self) -> dict:
+        if self.family == "normal":
+            d = {"family": "normal", "loc": self.loc}
+            if self.precision is not None:
+                d["precision"] = self.precision
+            else:
+                d["variance"] = self.variance
+            return d
+        if self.family == "log_gamma":
+            return {"family": "log_gamma", "shape": self.shape_, "rate": self.rate}
+        return {"family": self.family}
+
+
+PRIOR_FAMILIES = ("vague", "hierarchical")
+
+
+def normal(loc: Arg = 0.0, variance: Arg | None = 1.0, *, precision: Arg | None = None) -> Prior:
+    """``N(loc, variance)``, or ``N(loc, 1/precision)`` when ``precision`` is given."""
+    return Prior("normal", loc=loc, variance=None if precision is not None else variance,
+                 precision=precision)
+
+
+def log_gamma(shape: float = 1.0, rate: float = 1.0) -> Prior:
+    """Density of ``log u`` for ``u ~ Gamma(shape, rate)``."""
+    return Prior("log_gamma", shape_=shape, rate=rate, variance=None)
+
+
+def logit_uniform() -> Prior:
+    """Density of ``logit c`` for ``c ~ U[0, 1]``."""
+    return Prior("logit_uniform", variance=None)
+
+
+def hyper_params(block: str):
+    """The two global hyper-parameters of a hierarchical block (seed 003 section 4.2-4.3).
+
+    ``mu_<block> ~ N(0, 10^6)`` and ``u_<block> ~ Gamma(1, 1)``, the latter fitted as
+    ``log u``. Returns ``(mu_spec_kwargs, u_spec_kwargs, prior_for_block)``.
+    """
+    mu, u = f"mu_{block}", f"u_{block}"
+    return (
+        dict(name=mu, owner="global", prior=normal(0.0, 1e6), in_likelihood=False),
+        dict(name=u, owner="global", prior=log_gamma(1.0, 1.0), transform="exp",
+             in_likelihood=False),
+        normal(mu, precision=u),
+    )

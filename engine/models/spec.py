@@ -1,0 +1,144 @@
+"""Model declarations: a model is its parameter blocks plus one per-cell log-likelihood.
+
+Inference, streaming, pmap and read-outs only ever see a ``ModelSpec``; nothing
+downstream branches on a model's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import jax
+import jax.numpy as jnp
+
+from engine.errors import ModelError
+from engine.models.priors import Prior
+
+__all__ = ["ParamSpec", "ModelSpec", "Symmetry", "TRANSFORMS", "Owner"]
+
+Owner = Literal["subject", "item", "global"]
+
+# Unconstrained -> constrained maps. Priors are densities on the unconstrained value.
+TRANSFORMS: dict[str, Callable] = {
+    "identity": lambda x: x,
+    "exp": jnp.exp,
+    "sigmoid": jax.nn.sigmoid,
+}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter block.
+
+    Parameters
+    ----------
+    name : the constrained name used by ``loglik`` and read-outs (``ability``).
+    owner : ``subject`` (one per row), ``item`` (one per column) or ``global``.
+    shape : per-owner shape, ``()`` for a scalar, ``(D,)`` for D skills.
+    transform : ``identity``, ``exp`` or ``sigmoid`` (unconstrained -> constrained).
+    prior : density of the unconstrained value; may reference global parameters.
+    init : initial unconstrained location.
+    in_likelihood : False for hyper-parameters that only enter priors.
+    """
+
+    name: str
+    owner: Owner
+    prior: Prior
+    shape: tuple[int, ...] = ()
+    transform: str = "identity"
+    init: float = 0.0
+    in_likelihood: bool = True
+
+    def __post_init__(self):
+        if self.owner not in ("subject", "item", "global"):
+            raise ModelError(f"parameter {self.name!r}: unknown owner {self.owner!r}")
+        if self.transform not in TRANSFORMS:
+            raise ModelError(
+                f"parameter {self.name!r}: unknown transform {self.transform!r}; "
+                f"use one of {sorted(TRANSFORMS)}"
+            )
+
+    def full_shape(self, num_subjects: int, num_items: int) -> tuple[int, ...]:
+        lead = {"subject": (num_subjects,), "item": (num_items,), "global": ()}[self.owner]
+        return lead + tuple(self.shape)
+
+    def constrain(self, x):
+        return TRANSFORMS[self.transform](x)
+
+
+@dataclass(frozen=True)
+class Symmetry:
+    """A one-parameter family of moves that leaves the likelihood unchanged.
+
+    Each named block's unconstrained value moves as ``x * exp(t * m) + t * v`` with
+    ``(m, v) = moves[name]``; e.g. a common shift of ability and difficulty
+    (``m=0, v=1``). Only priors and entropy change along it, so inference can optimise
+    ``t`` cheaply each step instead of crawling along the ridge.
+    """
+
+    name: str
+    moves: tuple[tuple[str, float, float], ...]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model: parameter blocks plus ``loglik(params, y, mask) -> Float[Array, "s n"]``.
+
+    ``loglik`` receives constrained parameters already expanded for broadcasting:
+    subject blocks as ``(s, 1, *shape)``, item blocks as ``(1, n, *shape)``, globals
+    as ``shape``. It must also work when every block is a per-cell scalar (the
+    engine evaluates it cell by cell for derivatives). ``y`` holds the responses
+    as float32 with missing cells replaced by a valid value; ``mask`` is 1.0 on
+    observed cells. The per-cell value is never reduced.
+    """
+
+    name: str
+    kind: str
+    params: tuple[ParamSpec, ...]
+    loglik: Callable = field(compare=False, repr=False)
+    description: str = ""
+    symmetries: tuple[Symmetry, ...] = ()
+
+    def __post_init__(self):
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise ModelError(f"model {self.name!r}: duplicate parameter names {names}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def param(self, name: str) -> ParamSpec:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise ModelError(f"model {self.name!r} has no parameter {name!r}; it has {self.names}")
+
+    def by_owner(self, owner: Owner) -> tuple[ParamSpec, ...]:
+        return tuple(p for p in self.params if p.owner == owner)
+
+    @property
+    def likelihood_params(self) -> tuple[ParamSpec, ...]:
+        return tuple(p for p in self.params if p.in_likelihood)
+
+    def replace(self, **changes) -> "ModelSpec":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "description": self.description,
+            "params": [
+                {
+                    "name": p.name,
+                    "owner": p.owner,
+                    "shape": list(p.shape),
+                    "transform": p.transform,
+                    "prior": p.prior.to_dict(),
+                }
+                for p in self.params
+            ],
+        }
