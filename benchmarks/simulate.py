@@ -1,0 +1,69 @@
+"""Simulated 1PL/2PL response matrices for the benchmarks (pure numpy).
+
+theta ~ N(0, 1), difficulty b ~ N(0, 1), log-discrimination ~ N(0, log_disc_sd^2),
+P(y = 1) = sigmoid(a * (theta - b)).  Responses are int8 (subjects x items), fully observed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["simulate_1pl", "simulate_2pl"]
+
+_CHUNK_CELLS = 4_000_000  # cells per row chunk (~32 MB of float64 temporaries)
+
+
+def _draw_responses(
+    rng: np.random.Generator,
+    ability: np.ndarray,
+    difficulty: np.ndarray,
+    discrimination: np.ndarray,
+) -> np.ndarray:
+    """Draw Bernoulli responses in row chunks so peak memory stays small."""
+    num_subjects, num_items = ability.size, difficulty.size
+    responses = np.empty((num_subjects, num_items), dtype=np.int8)
+    rows = max(1, _CHUNK_CELLS // max(num_items, 1))
+    for start in range(0, num_subjects, rows):
+        stop = min(start + rows, num_subjects)
+        logits = discrimination[None, :] * (ability[start:stop, None] - difficulty[None, :])
+        prob = 1.0 / (1.0 + np.exp(-logits))
+        responses[start:stop] = rng.random(prob.shape) < prob
+    return responses
+
+
+def simulate_2pl(
+    num_subjects: int, num_items: int, *, seed: int, log_disc_sd: float = 0.3
+) -> dict[str, np.ndarray]:
+    """Simulate a 2PL data set.
+
+    Returns
+    -------
+    dict with ``responses`` (int8, S x N), ``ability`` (S,), ``difficulty`` (N,),
+    ``discrimination`` (N,).
+    """
+    rng = np.random.default_rng(seed)
+    ability = rng.standard_normal(num_subjects)
+    difficulty = rng.standard_normal(num_items)
+    discrimination = np.exp(log_disc_sd * rng.standard_normal(num_items))
+    responses = _draw_responses(rng, ability, difficulty, discrimination)
+    return dict(
+        responses=responses,
+        ability=ability,
+        difficulty=difficulty,
+        discrimination=discrimination,
+    )
+
+
+def simulate_1pl(num_subjects: int, num_items: int, *, seed: int) -> dict[str, np.ndarray]:
+    """Simulate a 1PL (Rasch, a = 1) data set; same keys as :func:`simulate_2pl`."""
+    rng = np.random.default_rng(seed)
+    ability = rng.standard_normal(num_subjects)
+    difficulty = rng.standard_normal(num_items)
+    discrimination = np.ones(num_items)
+    responses = _draw_responses(rng, ability, difficulty, discrimination)
+    return dict(
+        responses=responses,
+        ability=ability,
+        difficulty=difficulty,
+        discrimination=discrimination,
+    )
