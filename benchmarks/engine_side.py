@@ -35,9 +35,10 @@ def fit_engine(responses: np.ndarray, model: str, seed: int = 0) -> tuple[dict, 
                 passes=int(res.num_passes), converged=bool(res.converged),
                 observed_cells=observed,
                 cells_per_s_per_pass=observed * int(res.num_passes) / float(res.wall_time_s))
-    loglik = getattr(res, "log_likelihood", None)
-    if loglik is not None:
-        meta["log_likelihood"] = float(loglik)
+    for attr in ("log_likelihood", "compile_time_s"):  # optional extras, if the engine has them
+        value = getattr(res, attr, None)
+        if isinstance(value, (int, float, np.number)):
+            meta[attr] = float(value)
     arrays = {k: np.asarray(means[k]) for k in ("ability", "difficulty", "discrimination")
               if k in means}
     return meta, arrays
