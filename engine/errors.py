@@ -12,6 +12,7 @@ __all__ = [
     "SettingsError",
     "ModelError",
     "RunNotFoundError",
+    "RunExistsError",
 ]
 
 
@@ -33,6 +34,10 @@ class StoreExistsError(IRTError, FileExistsError):
 
 class RunNotFoundError(IRTError, FileNotFoundError):
     """A run directory does not exist or lacks fit.json."""
+
+
+class RunExistsError(IRTError, FileExistsError):
+    """A run directory already exists and overwriting was not asked for."""
 
 
 class SettingsError(IRTError, ValueError):

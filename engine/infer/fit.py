@@ -57,13 +57,16 @@ class FitResult:
 
 def converged_at(values: list[float], tol: float, window: int, min_passes: int) -> bool:
     """True when the mean ELBO of the last ``window`` passes differs from the mean of the
-    ``window`` before by less than ``tol`` relative (windows average out Monte Carlo noise).
+    ``window`` before by less than ``tol`` relative, or by less than the Monte Carlo noise.
     """
     if len(values) < max(min_passes, 2 * window):
         return False
-    last = np.mean(values[-window:])
-    before = np.mean(values[-2 * window : -window])
-    return bool(abs(last - before) / max(abs(last), 1.0) < tol)
+    last, before = np.asarray(values[-window:]), np.asarray(values[-2 * window : -window])
+    change = abs(last.mean() - before.mean())
+    # Two standard errors of the difference of window means: below that the ELBO no
+    # longer improves detectably; Monte Carlo noise alone explains the change.
+    noise = 2.0 * np.sqrt((last.var(ddof=1) + before.var(ddof=1)) / window) if window > 1 else 0.0
+    return bool(change < max(tol * max(abs(last.mean()), 1.0), noise))
 
 
 def _groups(source, num_devices: int) -> list[tuple[Block, int]]:

@@ -1,0 +1,163 @@
+"""Command line: parse, build settings, call the library, print. Thin by design."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+from engine.errors import IRTError, SettingsError
+
+__all__ = ["main", "build_parser"]
+
+
+def _settings(args):
+    from engine.infer.settings import FitSettings
+
+    return FitSettings(optimizer=args.optimizer, max_passes=args.max_passes, tol=args.tol,
+                       seed=args.seed, num_devices=args.devices, progress=not args.quiet)
+
+
+def _progress(enabled: bool, max_passes: int):
+    if not enabled:
+        return None, None
+    from tqdm import tqdm
+
+    bars = []
+
+    def update(i, record):
+        if not bars:
+            bars.append(tqdm(total=max_passes, desc="fit", unit="pass", leave=False, file=sys.stderr))
+        bar = bars[0]
+        bar.update(1)
+        bar.set_postfix(elbo=f"{record['elbo_smooth']:.6g}")
+
+    return update, bars
+
+
+def cmd_ingest(args) -> int:
+    from engine.data import ingest
+
+    store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite)
+    print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
+          f"{store.num_observed} observed ({store.density:.1%}), kind {store.kind}")
+    return 0
+
+
+def _fit_and_save(store_path, out, args) -> "object":
+    from engine.api import fit
+    from engine.run import save_run
+
+    settings = _settings(args)
+    update, bar = _progress(settings.progress, settings.max_passes)
+    try:
+        res = fit(store_path, model=args.model, settings=settings, prior=args.prior,
+                  signed_discrimination=args.signed_discrimination, progress_fn=update)
+    finally:
+        for bar in bar or []:
+            bar.close()
+    run = save_run(res, out, num_draws=args.draws, top_k=args.top_k, seed=args.seed,
+                   overwrite=args.overwrite)
+    status = "converged" if res.converged else "NOT converged (raise --max-passes)"
+    print(f"{args.model} fit {status} in {res.num_passes} passes, {res.wall_time_s:.1f} s "
+          f"({res.num_observed * res.num_passes / res.wall_time_s:.3g} cells/s); ELBO {res.elbo:.6g}")
+    print(f"wrote {run.path}")
+    return run
+
+
+def cmd_fit(args) -> int:
+    _fit_and_save(args.store, args.out, args)
+    return 0
+
+
+def cmd_leaderboard(args) -> int:
+    from engine.readout.leaderboard import format_leaderboard, leaderboard
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from engine.data import ingest
+    from engine.readout.leaderboard import format_leaderboard, leaderboard
+
+    t0 = time.perf_counter()
+    data = resources.files("engine") / "demo_data" / "wmt20_ende_mqm_errorfree.csv"
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="irt-demo-"))
+    print("irt-engine demo: WMT20 English-German MT systems x segments, 1 = no MQM error found")
+    print("data: google/wmt-mqm-human-evaluation (Apache-2.0), Freitag et al. TACL 2021\n")
+    with resources.as_file(data) as path:
+        store = ingest(path, out / "store", overwrite=True)
+    print(f"ingested {store.num_subjects} systems x {store.num_items} segments -> {store.path}")
+    args.overwrite = True
+    run = _fit_and_save(store.path, out / "run", args)
+    print()
+    print(format_leaderboard(leaderboard(run.subjects, args.top_k_rows)))
+    print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; run directory {run.path}")
+    return 0
+
+
+def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
+    p.add_argument("--model", default=model_default, help="1pl, 2pl, 3pl, 4pl or feas")
+    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
+    p.add_argument("--signed-discrimination", action="store_true",
+                   help="allow negative discrimination (flags annotation errors)")
+    p.add_argument("--optimizer", default="newton", choices=["newton", "adam"])
+    p.add_argument("--max-passes", type=int, default=500)
+    p.add_argument("--tol", type=float, default=1e-4, help="relative ELBO change to stop at")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--devices", type=int, default=None, help="local devices to use (default all)")
+    p.add_argument("--draws", type=int, default=1000, help="joint posterior draws for ranks")
+    p.add_argument("--top-k", type=int, default=3, help="k of the P(top-k) column")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="irt-engine", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("ingest", help="response files -> zarr store")
+    p.add_argument("inputs", nargs="+", help="wide/long CSV or Parquet, py-irt jsonl, or a folder")
+    p.add_argument("--out", required=True)
+    p.add_argument("--format", choices=["wide", "long", "jsonl"], default=None)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_ingest)
+
+    p = sub.add_parser("fit", help="fit an IRT model to a store")
+    p.add_argument("store")
+    p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true")
+    _fit_options(p)
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("leaderboard", help="print a run's leaderboard")
+    p.add_argument("run")
+    p.add_argument("--top-k", type=int, default=None, help="show the first K rows")
+    p.set_defaults(func=cmd_leaderboard)
+
+    p = sub.add_parser("demo", help="ingest + fit + leaderboard on bundled data")
+    p.add_argument("--out", default=None, help="directory for the store and run")
+    p.add_argument("--rows", dest="top_k_rows", type=int, default=None)
+    _fit_options(p, model_default="1pl")  # seed 003: 1PL when subjects number in the tens
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "max_passes", 1) < 1 or getattr(args, "draws", 1) < 1:
+            raise SettingsError("--max-passes and --draws must be >= 1")
+        return args.func(args)
+    except IRTError as err:
+        print(f"irt-engine {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

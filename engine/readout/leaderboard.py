@@ -1,0 +1,42 @@
+"""A readable leaderboard with tie groups where 90% intervals overlap."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from engine.readout.ranking import tie_groups
+
+__all__ = ["leaderboard", "format_leaderboard"]
+
+
+def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFrame:
+    """Subjects sorted by posterior mean ability, with a ``tie_group`` column."""
+    df = subjects.copy()
+    df["tie_group"] = tie_groups(df["ability_mean"].to_numpy(), df["ability_q05"].to_numpy(),
+                                 df["ability_q95"].to_numpy())
+    df = df.sort_values("ability_mean", ascending=False, kind="stable").reset_index(drop=True)
+    df.insert(0, "rank", range(1, len(df) + 1))
+    return df.head(top_k) if top_k else df
+
+
+def format_leaderboard(board: pd.DataFrame) -> str:
+    """Plain-text table: rank, tie group, subject, ability [90% interval], rank interval, P(top-1)."""
+    name_w = max(7, min(40, board["subject"].astype(str).str.len().max()))
+    ptop = [c for c in board.columns if c.startswith("p_top") and c != "p_top1"]
+    head = (f"{'rank':>4} {'tie':>3}  {'subject':<{name_w}} {'ability':>8} {'90% interval':>17} "
+            f"{'rank 90%':>9} {'P(top1)':>7}" + (f" {ptop[0].replace('p_', 'P('):>7})" if ptop else "")
+            + f" {'accuracy':>8} {'n':>7}")
+    lines = [head, "-" * len(head)]
+    for r in board.itertuples(index=False):
+        row = r._asdict()
+        interval = f"[{row['ability_q05']:+.2f}, {row['ability_q95']:+.2f}]"
+        ranks = f"{int(row['rank_q05'])}-{int(row['rank_q95'])}" if "rank_q05" in row else "-"
+        line = (f"{row['rank']:>4} {row['tie_group']:>3}  {str(row['subject'])[:name_w]:<{name_w}} "
+                f"{row['ability_mean']:>+8.3f} {interval:>17} {ranks:>9} "
+                f"{row.get('p_top1', float('nan')):>7.3f}")
+        if ptop:
+            line += f" {row[ptop[0]]:>8.3f}"
+        line += f" {row['accuracy']:>8.3f} {int(row['n_responses']):>7}"
+        lines.append(line)
+    lines.append("tie: subjects share a group while their 90% ability intervals overlap the group leader's")
+    return "\n".join(lines)

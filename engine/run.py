@@ -1,0 +1,141 @@
+"""Run directories: fit.json, the variational parameters, subject and item tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import numpy as np
+import pandas as pd
+
+from engine.errors import RunExistsError, RunNotFoundError
+from engine.infer.fit import FitResult
+from engine.infer.guide import GuideState
+from engine.infer.settings import FitSettings
+from engine.models.registry import get_model
+from engine.models.spec import ModelSpec
+from engine.readout.posterior import draw_posterior, summarize
+from engine.readout.ranking import pairwise_beats, rank_stats
+
+__all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS"]
+
+PAIRWISE_MAX_SUBJECTS = 2000
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Run:
+    """A saved fit: its model, guide, tables and fit.json."""
+
+    path: Path
+    spec: ModelSpec
+    guide: GuideState
+    info: dict
+    subjects: pd.DataFrame
+    items: pd.DataFrame
+
+    def pairwise(self) -> np.ndarray | None:
+        f = self.path / "pairwise.npz"
+        return np.load(f, allow_pickle=False)["p_beats"] if f.exists() else None
+
+
+def _versions() -> dict:
+    import optax, dask, zarr  # noqa: E401
+    return {"python": platform.python_version(), "jax": jax.__version__, "optax": optax.__version__,
+            "dask": dask.__version__, "zarr": zarr.__version__, "numpy": np.__version__}
+
+
+def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> pd.DataFrame:
+    ex = res.extra
+    df = summarize(res.spec, res.guide, "subject")
+    df.insert(0, "subject", ex["subjects"])
+    df["accuracy"] = ex["stats"]["subject_mean"]
+    df["n_responses"] = ex["stats"]["subject_n"]
+    if draws is not None:
+        for k, v in rank_stats(draws, top_k).items():
+            df[k] = v
+    return df
+
+
+def _item_table(res: FitResult) -> pd.DataFrame:
+    ex = res.extra
+    df = summarize(res.spec, res.guide, "item")
+    df.insert(0, "item", ex["items"])
+    df["mean_response"] = ex["stats"]["item_mean"]
+    df["n_responses"] = ex["stats"]["item_n"]
+    return df
+
+
+def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: int = 3,
+             seed: int = 0, overwrite: bool = False) -> Run:
+    """Write a run directory atomically (temporary directory, then rename)."""
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise RunExistsError(f"run directory {out} exists; pass --overwrite or choose another --out")
+    draws = None
+    ability = res.spec.param("ability")
+    if ability.shape == ():
+        draws = draw_posterior(res.spec, res.guide, num_draws, rng_key=jax.random.PRNGKey(seed),
+                               names=("ability",))["ability"]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _subject_table(res, draws, top_k).to_parquet(tmp / "subjects.parquet", index=False)
+        _item_table(res).to_parquet(tmp / "items.parquet", index=False)
+        arrays = {f"loc/{k}": v for k, v in res.guide.loc.items()}
+        arrays |= {f"log_scale/{k}": v for k, v in res.guide.log_scale.items()}
+        np.savez(tmp / "guide.npz", **arrays)
+        if draws is not None and draws.shape[1] <= PAIRWISE_MAX_SUBJECTS:
+            np.savez_compressed(tmp / "pairwise.npz", p_beats=pairwise_beats(draws))
+        info = {
+            "format_version": FORMAT_VERSION,
+            "model": res.extra["model"],
+            "model_options": res.extra["model_options"],
+            "spec": res.spec.to_dict(),
+            "settings": res.settings.to_dict(),
+            "frozen": list(res.frozen),
+            "data": res.extra["data"] | {"num_subjects": res.num_subjects, "num_items": res.num_items,
+                                         "num_observed": res.num_observed},
+            "converged": res.converged,
+            "num_passes": res.num_passes,
+            "num_devices": res.num_devices,
+            "timings": {"wall_s": res.wall_time_s, "first_pass_with_compile_s": res.compile_time_s,
+                        "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)},
+            "elbo_trace": res.trace,
+            "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed},
+            "versions": _versions(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (tmp / "fit.json").write_text(json.dumps(info, indent=2, default=float))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return load_run(out)
+
+
+def load_run(path: str | Path) -> Run:
+    """Reload a run directory written by ``save_run``."""
+    path = Path(path)
+    if not (path / "fit.json").is_file():
+        raise RunNotFoundError(f"{path} is not a run directory (no fit.json); run `irt-engine fit` first")
+    info = json.loads((path / "fit.json").read_text())
+    spec = get_model(info["model"], **info["model_options"])
+    with np.load(path / "guide.npz", allow_pickle=False) as z:
+        loc = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("loc/")}
+        log_scale = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("log_scale/")}
+    return Run(path, spec, GuideState(loc, log_scale), info,
+               pd.read_parquet(path / "subjects.parquet"), pd.read_parquet(path / "items.parquet"))
+
+
+def settings_of(run: Run) -> FitSettings:
+    return FitSettings.from_dict(run.info["settings"])
