@@ -1,0 +1,39 @@
+import numpy as np
+import pytest
+from scipy.stats import rankdata
+
+from engine.readout.ranking import pairwise_beats, rank_stats, ranks_from_draws, tie_groups
+
+
+@pytest.fixture
+def draws():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(400, 7)) + np.linspace(-1, 1, 7)
+
+
+def test_ranks_match_scipy_rankdata(draws):
+    ranks = ranks_from_draws(draws)
+    expected = np.stack([rankdata(-row, method="ordinal") for row in draws])
+    np.testing.assert_array_equal(ranks, expected)
+
+
+def test_rank_stats_are_probabilities(draws):
+    st = rank_stats(draws, top_k=3)
+    assert st["p_top1"].sum() == pytest.approx(1.0)
+    assert st["p_top3"].sum() == pytest.approx(3.0)
+    assert np.all(st["rank_q05"] <= st["rank_mean"]) and np.all(st["rank_mean"] <= st["rank_q95"])
+    assert np.argmax(st["p_top1"]) == 6  # the highest mean wins most often
+
+
+def test_pairwise_beats_equals_direct_count(draws):
+    p = pairwise_beats(draws, chunk=3)
+    direct = np.array([[np.mean(draws[:, i] > draws[:, j]) for j in range(7)] for i in range(7)])
+    np.testing.assert_allclose(p, direct)
+    off = ~np.eye(7, dtype=bool)
+    np.testing.assert_allclose((p + p.T)[off], 1.0)
+
+
+def test_tie_groups_split_where_intervals_separate():
+    mean = np.array([3.0, 2.9, 1.0, 0.95, -2.0])
+    q05, q95 = mean - 0.2, mean + 0.2
+    np.testing.assert_array_equal(tie_groups(mean, q05, q95), [1, 1, 2, 2, 3])

@@ -1,0 +1,103 @@
+"""End to end through the command line, on real matrices from ../shared/data."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine.cli import main
+from engine.run import load_run
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.exists(), reason=f"shared data not found at {DATA}")
+
+SUBJECT_COLUMNS = {"subject", "ability_mean", "ability_sd", "ability_q05", "ability_q95", "accuracy",
+                   "n_responses", "rank_mean", "rank_q05", "rank_q95", "p_top1"}
+ITEM_COLUMNS = {"item", "difficulty_mean", "difficulty_sd", "discrimination_mean", "discrimination_sd",
+                "mean_response", "n_responses"}
+
+
+@needs_data
+def test_ingest_fit_leaderboard_on_lsat7(tmp_path, capsys):
+    store, run = tmp_path / "lsat7.zarr", tmp_path / "run"
+    assert main(["ingest", str(DATA / "demo" / "lsat7.csv"), "--out", str(store)]) == 0
+    assert main(["fit", str(store), "--model", "2pl", "--out", str(run), "--quiet"]) == 0
+    assert main(["leaderboard", str(run), "--top-k", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "converged" in out and "rank" in out
+    r = load_run(run)
+    assert SUBJECT_COLUMNS <= set(r.subjects.columns)
+    assert ITEM_COLUMNS <= set(r.items.columns)
+    info = json.loads((run / "fit.json").read_text())
+    for key in ("model", "spec", "settings", "elbo_trace", "timings", "versions", "data"):
+        assert key in info
+    assert info["data"]["checksum"]
+    # Item means of LSAT section 7 (Bock & Lieberman 1970) and their IRT ordering:
+    # the easiest item has the lowest difficulty.
+    np.testing.assert_allclose(r.items["mean_response"], [0.828, 0.658, 0.772, 0.606, 0.843], atol=1e-3)
+    assert np.argmin(r.items["difficulty_mean"]) in (0, 4)
+    assert r.pairwise().shape == (1000, 1000)
+    # A higher raw score never gets a lower ability posterior mean (monotone in 2PL up to
+    # discrimination weighting; check at the extremes).
+    s = r.subjects
+    assert s.loc[s.accuracy == 1.0, "ability_mean"].min() > s.loc[s.accuracy == 0.0, "ability_mean"].max()
+
+
+@needs_data
+def test_fit_on_real_nlu_slice(tmp_path):
+    wide = pd.read_parquet(DATA / "nlu" / "responses_items_x_subjects.parquet")
+    subjects = [c for c in wide.columns if c not in ("item_id", "item", "dataset")]
+    part = wide.iloc[:3000]
+    df = pd.DataFrame(part[subjects].to_numpy().T, columns=part["item"].tolist())
+    df.insert(0, "subject", subjects)
+    src = tmp_path / "nlu.csv"
+    df.to_csv(src, index=False)
+    assert main(["ingest", str(src), "--out", str(tmp_path / "s")]) == 0
+    assert main(["fit", str(tmp_path / "s"), "--model", "1pl", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 0
+    r = load_run(tmp_path / "r")
+    # ability orders subjects like accuracy on a complete matrix under 1PL
+    rho = pd.Series(r.subjects.ability_mean).corr(r.subjects.accuracy, method="spearman")
+    assert rho > 0.99
+
+
+def test_bad_input_exits_nonzero_with_named_file(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("subject,q1,q2\nA,1,0\nB,0.7x,1\n")
+    assert main(["ingest", str(bad), "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "0.7x" in err
+    assert not (tmp_path / "s").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.csv"]
+
+
+def test_missing_store_and_run(tmp_path, capsys):
+    assert main(["fit", str(tmp_path / "nope"), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert "irt-engine ingest" in capsys.readouterr().err
+    assert main(["leaderboard", str(tmp_path / "nope")]) == 2
+    assert "fit.json" in capsys.readouterr().err
+
+
+def test_unknown_model_is_a_clear_error(tmp_path, capsys):
+    y = tmp_path / "y.csv"
+    y.write_text("subject,a,b\ns1,1,0\ns2,0,1\n")
+    assert main(["ingest", str(y), "--out", str(tmp_path / "s")]) == 0
+    assert main(["fit", str(tmp_path / "s"), "--model", "5pl", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 2
+    assert "5pl" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_run_dir_not_overwritten_without_flag(tmp_path, capsys):
+    y = tmp_path / "y.csv"
+    y.write_text("subject,a,b,c\ns1,1,0,1\ns2,0,1,1\ns3,0,0,1\n")
+    main(["ingest", str(y), "--out", str(tmp_path / "s")])
+    args = ["fit", str(tmp_path / "s"), "--model", "1pl", "--out", str(tmp_path / "r"), "--quiet",
+            "--max-passes", "20"]
+    assert main(args) == 0
+    assert main(args) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(args + ["--overwrite"]) == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".r.tmp")]
