@@ -64,8 +64,11 @@ def converged_at(values: list[float], tol: float, window: int, min_passes: int) 
     last, before = np.asarray(values[-window:]), np.asarray(values[-2 * window : -window])
     change = abs(last.mean() - before.mean())
     # Two standard errors of the difference of window means: below that the ELBO no
-    # longer improves detectably; Monte Carlo noise alone explains the change.
-    noise = 2.0 * np.sqrt((last.var(ddof=1) + before.var(ddof=1)) / window) if window > 1 else 0.0
+    # longer improves detectably and Monte Carlo noise alone explains the change. The
+    # noise variance is von Neumann's successive-difference estimate, blind to trends.
+    both = np.concatenate([before, last])
+    noise_var = 0.5 * np.mean(np.diff(both) ** 2)
+    noise = 2.0 * np.sqrt(2.0 * noise_var / window)
     return bool(change < max(tol * max(abs(last.mean()), 1.0), noise))
 
 
