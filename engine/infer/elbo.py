@@ -57,13 +57,17 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
             params = {p.name: p.constrain(xc[p.name]) for p in lik}
             return m * spec.loglik(params, y, m)
 
-        g_fn = jax.grad(f)
-        out = (f(x), g_fn(x))
-        if with_hessian:
-            h = jax.jacfwd(g_fn)(x)
-            out += ({n: _diag(h[n][n], shapes[n]) for n in names},
-                    {f"{a}|{b}": h[a][b] for a, b in pairs})
-        return out
+        if not with_hessian:
+            return jax.value_and_grad(f)(x)
+
+        def grad_with_aux(xc):
+            v, g = jax.value_and_grad(f)(xc)
+            return g, (v, g)
+
+        # One forward-over-reverse trace gives value, gradient and Hessian together.
+        h, (v, g) = jax.jacfwd(grad_with_aux, has_aux=True)(x)
+        return (v, g, {n: _diag(h[n][n], shapes[n]) for n in names},
+                {f"{a}|{b}": h[a][b] for a, b in pairs})
 
     def axes(owner_axis):
         return {p.name: (0 if p.owner == owner_axis else None) for p in lik}
