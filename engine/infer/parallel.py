@@ -34,9 +34,12 @@ def make_parallel_terms(block_terms: Callable, num_devices: int) -> Callable:
     pmapped = jax.pmap(per_device, axis_name="devices", in_axes=(None, 0, 0, 0),
                        devices=jax.local_devices()[:num_devices])
 
+    first = jax.local_devices()[0]
+
     def terms(z, group: Block):
         out = pmapped(z, group.subject_idx, group.item_idx, group.y)
-        return jax.tree.map(lambda x: x[0], out)
+        # psum left every device with the same sum: keep one copy, on the first device.
+        return jax.device_put(jax.tree.map(lambda x: x[0], out), first)
 
     return terms
 

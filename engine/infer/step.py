@@ -82,8 +82,8 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, rng_key, num_draws: i
     The expected log-likelihood is constant along a symmetry, so only the prior term
     (estimated with ``num_draws`` fixed reparameterised draws) and the entropy move.
     """
-    for sym in spec.symmetries:
-        keys = jax.random.split(jax.random.fold_in(rng_key, hash(sym.name) % (1 << 30)), num_draws)
+    for index, sym in enumerate(spec.symmetries):
+        keys = jax.random.split(jax.random.fold_in(rng_key, index), num_draws)
 
         def objective(t, base):
             g = _move(base, sym.moves, t)

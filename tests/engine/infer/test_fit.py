@@ -1,0 +1,256 @@
+"""Tests for engine.infer.fit: seeded recovery, coverage, frozen blocks, one compile."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from engine.data.blocks import MISSING, InMemorySource
+from engine.infer.fit import fit_source
+from engine.infer.settings import FitSettings
+from engine.models import get_model
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _simulate(name, num_subjects, num_items, *, seed, missing=0.0, negative=0.0,
+              guessing=(0.05, 0.25), feasibility=(0.75, 0.95)):
+    """Responses from known parameters: theta, b ~ N(0, 1), log a ~ N(0, 0.3^2), modest asymptotes.
+
+    ``negative`` is the share of items whose discrimination is flipped to negative.
+    """
+    rng = np.random.default_rng(seed)
+    truth = {
+        "ability": rng.normal(size=num_subjects),
+        "difficulty": rng.normal(size=num_items),
+        "discrimination": np.exp(0.3 * rng.normal(size=num_items)),
+        "guessing": rng.uniform(*guessing, size=num_items),
+        "feasibility": rng.uniform(*feasibility, size=num_items),
+    }
+    truth["discrimination"] *= np.where(rng.random(num_items) < negative, -1.0, 1.0)
+    a = 1.0 if name == "1pl" else truth["discrimination"]
+    s = 1.0 / (1.0 + np.exp(-a * (truth["ability"][:, None] - truth["difficulty"])))
+    c, d = truth["guessing"], truth["feasibility"]
+    p = {"1pl": s, "2pl": s, "3pl": c + (1 - c) * s, "4pl": c + (d - c) * s, "feas": d * s}[name]
+    y = (rng.random(p.shape) < p).astype(np.int8)
+    y[rng.random(p.shape) < missing] = MISSING
+    return y, truth
+
+
+def _r(a, b):
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def _correlations(res, truth):
+    return {k: _r(v, truth[k]) for k, v in res.means().items() if k in truth}
+
+
+# name, options, (subjects, items), minimum Pearson r per block (measured values in comments:
+# two hash seeds each; thresholds leave a margin below the worst).
+RECOVERY = [
+    ("1pl", {}, (200, 400), {"ability": 0.95, "difficulty": 0.95}),  # .992 .986
+    ("2pl", {}, (200, 400), {"ability": 0.95, "difficulty": 0.9, "discrimination": 0.6}),
+    # ^ .991 .969 .78-.80
+    ("2pl", {"prior": "hierarchical"}, (200, 400),
+     {"ability": 0.95, "difficulty": 0.9, "discrimination": 0.6}),  # .992 .975 .81
+    ("2pl", {"signed_discrimination": True}, (200, 400),
+     {"ability": 0.95, "difficulty": 0.9, "discrimination": 0.6}),  # .991 .970 .80
+    # Asymptotes are weakly identified (c in [.05, .25], d in [.75, .95]): looser bars.
+    ("3pl", {}, (300, 800),
+     {"ability": 0.95, "difficulty": 0.85, "discrimination": 0.4, "guessing": 0.1}),
+    # ^ .987-.993 .926-.936 .53-.65 .21-.34
+    ("4pl", {}, (300, 800),
+     {"ability": 0.95, "difficulty": 0.75, "guessing": 0.1, "feasibility": 0.1}),
+    # ^ .988-.989 .82-.84 (discrimination .06-.33: not asserted) .26-.34 .29-.35
+    ("feas", {}, (300, 800),
+     {"ability": 0.95, "difficulty": 0.88, "discrimination": 0.45, "feasibility": 0.15}),
+    # ^ .990-.993 .935-.938 .57-.60 .30-.32
+]
+
+
+@pytest.mark.parametrize("name,options,size,minimum", RECOVERY,
+                         ids=[f"{n}-{'-'.join(o.keys()) or 'vague'}" for n, o, _, _ in RECOVERY])
+def test_seeded_recovery(name, options, size, minimum):
+    y, truth = _simulate(name, *size, seed=2)
+    res = fit_source(get_model(name, **options), InMemorySource(y), FitSettings(seed=0))
+    r = _correlations(res, truth)
+    print(name, options, res.num_passes, res.converged, {k: round(v, 3) for k, v in r.items()})
+    for block, bar in minimum.items():
+        assert r[block] > bar, f"{name} {block}: r = {r[block]:.3f} <= {bar}"
+    assert all(np.isfinite(v).all() for v in res.means().values())
+    assert all(np.isfinite(t["elbo"]) for t in res.trace)
+    if name in ("1pl", "2pl"):
+        assert res.converged, f"{name} did not converge in {res.num_passes} passes"
+    if options.get("prior") == "hierarchical":
+        # The 2PL scale is set by the priors, not the data, so the pooled sd need not be
+        # the true 1 (measured .48-.57), but it must describe the fitted abilities.
+        m = res.means()
+        pooled_sd = 1.0 / np.sqrt(m["u_ability"])
+        assert 0.8 < pooled_sd / np.std(m["ability"]) < 1.25
+        assert abs(m["mu_ability"] - np.mean(m["ability"])) < 0.1 * np.std(m["ability"])
+
+
+def test_recovery_with_missing_cells():
+    y, truth = _simulate("2pl", 200, 400, seed=3, missing=0.2)
+    assert 0.18 < (y == MISSING).mean() < 0.22
+    res = fit_source(get_model("2pl"), InMemorySource(y), FitSettings(seed=0))
+    r = _correlations(res, truth)
+    print("2pl 20% missing", res.num_passes, r)
+    assert res.converged
+    assert r["ability"] > 0.95 and r["difficulty"] > 0.9 and r["discrimination"] > 0.5
+    assert res.num_observed == int((y >= 0).sum())
+
+
+def test_adam_recovers_2pl():
+    y, truth = _simulate("2pl", 200, 200, seed=4)
+    settings = FitSettings(optimizer="adam", max_passes=200, seed=0)
+    res = fit_source(get_model("2pl"), InMemorySource(y), settings)
+    r = _correlations(res, truth)
+    print("adam", res.num_passes, res.converged, r)  # .983 .972 .75 in 61 passes
+    assert r["ability"] > 0.95 and r["difficulty"] > 0.9 and r["discrimination"] > 0.55
+
+
+def test_interval_coverage_1pl():
+    """90% intervals (loc +- 1.645 sd) of a vague 1PL cover the truth about 90% of the time."""
+    y, truth = _simulate("1pl", 200, 400, seed=5)
+    res = fit_source(get_model("1pl"), InMemorySource(y), FitSettings(seed=0))
+    rates = {}
+    for block in ("ability", "difficulty"):
+        loc, sd = res.guide.loc[block], res.sds()[block]
+        rates[block] = float(np.mean(np.abs(loc - truth[block]) <= 1.645 * sd))
+    print("90% interval coverage", rates)
+    for block, rate in rates.items():
+        assert 0.75 < rate <= 0.99, f"{block} coverage {rate:.3f}"
+
+
+def _frozen_refit(seed=6):
+    y, truth = _simulate("2pl", 150, 300, seed=seed)
+    spec, source = get_model("2pl"), InMemorySource(y)
+    first = fit_source(spec, source, FitSettings(seed=0))
+    frozen = frozenset({"difficulty", "discrimination"})
+    refit = fit_source(spec, source, FitSettings(seed=1, min_passes=5), init=first.guide,
+                       frozen=frozen)
+    return truth, first, refit
+
+
+def test_frozen_items_keep_locs_and_match_full_fit():
+    truth, first, refit = _frozen_refit()
+    assert refit.frozen == ("difficulty", "discrimination")
+    for block in refit.frozen:
+        np.testing.assert_array_equal(refit.guide.loc[block], first.guide.loc[block])
+        np.testing.assert_array_equal(refit.guide.log_scale[block], first.guide.log_scale[block])
+    full, again = first.means()["ability"], refit.means()["ability"]
+    gap = np.abs(full - again) / first.sds()["ability"]  # in posterior sds
+    print("frozen refit: max gap", gap.max(), "median gap", np.median(gap))  # ~.8 and ~.22 sd
+    assert _r(full, again) > 0.995
+    assert gap.max() < 1.2 and np.median(gap) < 0.4
+    assert _r(again, truth["ability"]) > 0.95
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "joint 2PL fit is not a fixed point of its own ability update: with items frozen at its "
+    "guide the abilities shrink by ~4% (slope .96-.97); without spec.symmetries (or for the "
+    "1PL) the slope is .995-1.00, so _follow_symmetries and the Newton step disagree on scale"))
+def test_frozen_refit_has_no_systematic_scale_change():
+    _, first, refit = _frozen_refit()
+    slope = np.polyfit(first.means()["ability"], refit.means()["ability"], 1)[0]
+    print("frozen refit slope", slope)
+    assert abs(slope - 1.0) < 0.015
+
+
+def _count_loglik_traces(spec):
+    """A spec whose loglik counts its calls; it only runs while jax traces."""
+    calls = []
+
+    def loglik(params, y, mask):
+        calls.append(1)
+        return spec.loglik(params, y, mask)
+
+    return spec.replace(loglik=loglik), calls
+
+
+def test_fit_step_compiles_once(caplog):
+    y, _ = _simulate("2pl", 100, 300, seed=7)
+    source = InMemorySource(y, max_block_cells=8192)
+    counts = {}
+    for passes in (3, 8):
+        spec, calls = _count_loglik_traces(get_model("2pl"))
+        settings = FitSettings(seed=0, min_passes=passes, max_passes=passes, max_block_cells=8192)
+        compiles_after = []
+
+        def progress(i, record):
+            compiles_after.append(sum("Compiling" in r.getMessage() for r in caplog.records))
+
+        with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+            res = fit_source(spec, source, settings, progress_fn=progress)
+        assert res.num_passes == passes
+        counts[passes] = len(calls)
+        # nothing compiles after the first pass, however many blocks and passes follow
+        assert compiles_after[0] > 0 and compiles_after[-1] == compiles_after[0], compiles_after
+    assert len(list(source.blocks())) > 1
+    assert counts[3] > 0 and counts[3] == counts[8], counts
+
+
+def _repro_fit():
+    rng = np.random.default_rng(0)
+    t, b = rng.normal(size=60), rng.normal(size=80)
+    y = (rng.random((60, 80)) < 1 / (1 + np.exp(-(t[:, None] - b)))).astype(np.int8)
+    res = fit_source(get_model("1pl"), InMemorySource(y),
+                     FitSettings(seed=0, min_passes=4, max_passes=4, num_devices=1))
+    return {k: np.asarray(v) for k, v in res.guide.loc.items()}
+
+
+_REPRO_SCRIPT = """
+import json
+from tests.engine.infer.test_fit import _repro_fit
+print(json.dumps({k: v.tolist() for k, v in _repro_fit().items()}))
+"""
+
+
+def test_fit_is_reproducible_across_processes():
+    """A fresh process with another hash salt reproduces this process's fit exactly."""
+    other = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    env = dict(os.environ, PYTHONHASHSEED=other, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.Popen([sys.executable, "-c", _REPRO_SCRIPT], env=env, cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    here = _repro_fit()
+    out, err = child.communicate(timeout=300)
+    if child.returncode != 0:
+        pytest.fail(f"reference process failed:\n{err[-3000:]}")
+    there = {k: np.asarray(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+    for k in here:
+        np.testing.assert_array_equal(here[k], there[k], err_msg=k)
+
+
+def test_signed_discrimination_keeps_positive_items():
+    """With 10% negatively discriminating items, the rest are recovered as in the 2PL."""
+    y, truth = _simulate("2pl", 200, 400, seed=1, negative=0.1)
+    res = fit_source(get_model("2pl", signed_discrimination=True), InMemorySource(y),
+                     FitSettings(seed=0))
+    m, pos = res.means(), truth["discrimination"] > 0
+    assert _r(m["ability"], truth["ability"]) > 0.95
+    assert _r(m["difficulty"][pos], truth["difficulty"][pos]) > 0.85
+    assert np.mean(m["discrimination"][pos] > 0) > 0.95
+    assert _r(m["discrimination"], truth["discrimination"]) > 0.6
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "signed 2PL: about half of the negatively discriminating items get stuck at a ~ +0.03 with "
+    "|b| running off to 20-40 along the a*b ridge through a = 0 (the a (theta - b) "
+    "parameterisation cannot flip a's sign without b passing through infinity)"))
+def test_signed_discrimination_recovers_negative_items():
+    y, truth = _simulate("2pl", 200, 400, seed=1, negative=0.1)
+    res = fit_source(get_model("2pl", signed_discrimination=True), InMemorySource(y),
+                     FitSettings(seed=0))
+    m, neg = res.means(), truth["discrimination"] < 0
+    print("negative items with fitted a < 0:", np.mean(m["discrimination"][neg] < 0))
+    assert np.mean(m["discrimination"][neg] < 0) > 0.8
+    assert _r(m["difficulty"], truth["difficulty"]) > 0.9

@@ -1,0 +1,46 @@
+"""pmap over 4 fake CPU devices gives the same fit as 1 device."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+SCRIPT = """
+import json, numpy as np, jax
+from engine.data.blocks import InMemorySource
+from engine.infer.fit import fit_source
+from engine.infer.settings import FitSettings
+from engine.models import get_model
+rng = np.random.default_rng(3)
+S, N = 120, 600
+th, b, a = rng.normal(size=S), rng.normal(size=N), np.exp(rng.normal(0, 0.3, size=N))
+y = (rng.random((S, N)) < 1 / (1 + np.exp(-a * (th[:, None] - b)))).astype(np.int8)
+y[rng.random((S, N)) < 0.1] = -1
+spec = get_model("2pl")
+src = InMemorySource(y, max_block_cells=8192)  # many blocks, dealt over the devices
+out = {}
+for k in (1, 4):
+    res = fit_source(spec, src, FitSettings(seed=0, num_devices=k, max_passes=40, min_passes=40))
+    out[k] = (res.num_devices, {n: v.tolist() for n, v in res.guide.loc.items()})
+print(json.dumps({"devices": jax.local_device_count(), "blocks": len(src.tile_origins()),
+                  "one": out[1], "four": out[4]}))
+"""
+
+
+def test_four_devices_equal_one():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["devices"] == 4 and res["blocks"] > 4
+    assert res["one"][0] == 1 and res["four"][0] == 4
+    import numpy as np
+
+    for name, loc in res["one"][1].items():
+        diff = np.max(np.abs(np.asarray(loc) - np.asarray(res["four"][1][name])))
+        assert diff < 1e-3, f"{name}: max |1 device - 4 devices| = {diff}"

@@ -1,0 +1,223 @@
+"""Tests for engine.models.logistic: every loglik against scipy, extremes, symmetries, errors."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+from scipy.special import expit, log_expit
+
+from engine.errors import IRTError, ModelError
+from engine.models import MODELS, bernoulli_loglik, get_model
+from engine.models.spec import TRANSFORMS
+
+NAMES = ["1pl", "2pl", "3pl", "4pl", "feas"]
+VARIANTS = [(n, {}) for n in NAMES] + [
+    (n, {"signed_discrimination": True}) for n in ["2pl", "3pl", "4pl", "feas"]
+] + [(n, {"prior": "hierarchical"}) for n in NAMES]
+
+# Per-item grids: (difficulty, discrimination, guessing, feasibility); abilities per subject.
+ABILITY = np.array([-6.0, -3.0, -1.0, 0.0, 0.5, 2.0, 6.0], np.float32)
+DIFFICULTY = np.array([-6.0, -1.5, 0.0, 0.7, 6.0], np.float32)
+DISCRIMINATION = np.array([0.05, 0.5, 1.0, 2.5], np.float32)  # |a (t - b)| up to 30
+GUESSING = np.array([1e-4, 0.2, 0.5, 0.9], np.float32)
+FEASIBILITY = np.array([1e-4, 0.3, 0.8, 1 - 1e-4], np.float32)
+
+
+def _p_correct(name, t, b, a, c, d):
+    """P(y = 1) written out per model in float64, independent of the engine."""
+    t, b, a, c, d = (np.asarray(v, np.float64) for v in (t, b, a, c, d))
+    if name == "1pl":
+        return expit(t - b)
+    s = expit(a * (t - b))
+    return {"2pl": s, "3pl": c + (1 - c) * s, "4pl": c + (d - c) * s, "feas": d * s}[name]
+
+
+def _q_incorrect(name, t, b, a, c, d):
+    """P(y = 0), computed directly (not as 1 - p) so it stays accurate where p is ~1."""
+    t, b, a, c, d = (np.asarray(v, np.float64) for v in (t, b, a, c, d))
+    if name == "1pl":
+        return expit(b - t)
+    s, r = expit(a * (t - b)), expit(-a * (t - b))
+    return {"2pl": r, "3pl": (1 - c) * r, "4pl": (1 - c) * r + (1 - d) * s,
+            "feas": (1 - d) * s + r}[name]
+
+
+def _reference(name, t, b, a, c, d, y):
+    p = _p_correct(name, t, b, a, c, d)
+    q = _q_incorrect(name, t, b, a, c, d)
+    # logpmf(0, p) == logpmf(1, q); using q keeps float64 accuracy at extreme logits.
+    return np.where(y == 1, stats.bernoulli.logpmf(1, p), stats.bernoulli.logpmf(1, q))
+
+
+def _item_grid():
+    cols = np.array(list(itertools.product(DIFFICULTY, DISCRIMINATION, GUESSING, FEASIBILITY)),
+                    np.float32)
+    return cols.T  # (4, n)
+
+
+def _params(spec, t, b, a, c, d):
+    """Constrained params broadcast as the engine passes them: subjects (s,1), items (1,n)."""
+    values = {"ability": t[:, None], "difficulty": b[None, :], "discrimination": a[None, :],
+              "guessing": c[None, :], "feasibility": d[None, :]}
+    return {p.name: jnp.asarray(values[p.name]) for p in spec.likelihood_params}
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("y_value", [0, 1])
+def test_loglik_matches_scipy_bernoulli(name, y_value):
+    spec = get_model(name)
+    b, a, c, d = _item_grid()
+    t = ABILITY
+    y = np.full((t.size, b.size), y_value, np.float32)
+    got = np.asarray(spec.loglik(_params(spec, t, b, a, c, d), jnp.asarray(y), jnp.ones_like(y)))
+    assert got.shape == (t.size, b.size)
+    want = _reference(name, t[:, None], b, a, c, d, y)
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loglik_per_cell_scalars(name):
+    """The engine also calls loglik with every block a per-cell scalar (for derivatives)."""
+    spec = get_model(name)
+    b, a, c, d = _item_grid()
+    rng = np.random.default_rng(0)
+    k = 50
+    cols = rng.integers(0, b.size, k)
+    t = rng.choice(ABILITY, k)
+    y = rng.integers(0, 2, k).astype(np.float32)
+    for i in range(k):
+        j = cols[i]
+        values = {"ability": t[i], "difficulty": b[j], "discrimination": a[j], "guessing": c[j],
+                  "feasibility": d[j]}
+        params = {p.name: jnp.float32(values[p.name]) for p in spec.likelihood_params}
+        got = spec.loglik(params, jnp.float32(y[i]), jnp.float32(1.0))
+        assert np.shape(got) == ()
+        want = _reference(name, t[i], b[j], a[j], c[j], d[j], y[i])
+        np.testing.assert_allclose(float(got), want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loglik_finite_at_extreme_logits(name):
+    """|a (t - b)| far beyond float32 sigmoid saturation and asymptotes at exactly 0 and 1."""
+    spec = get_model(name)
+    t = np.array([-200.0, -40.0, 0.0, 40.0, 200.0], np.float32)
+    b = np.array([-200.0, 0.0, 200.0, 0.0, 0.0], np.float32)
+    a = np.array([1.0, 5.0, 1.0, 1e-8, 50.0], np.float32)
+    c = np.array([0.0, 1e-9, 0.5, 1.0, 0.0], np.float32)
+    d = np.array([1.0, 1.0 - 1e-9, 0.5, 0.0, 1.0], np.float32)
+    for y_value in (0.0, 1.0):
+        y = jnp.full((t.size, b.size), y_value, jnp.float32)
+        params = _params(spec, t, b, a, c, d)
+        out = np.asarray(spec.loglik(params, y, jnp.ones_like(y)))
+        assert np.isfinite(out).all(), out
+        assert (out <= 0).all()
+        grads = jax.grad(lambda p: spec.loglik(p, y, jnp.ones_like(y)).sum())(params)
+        for key, g in grads.items():
+            assert np.isfinite(np.asarray(g)).all(), key
+
+
+def test_loglik_saturated_logit_is_exact():
+    """Without asymptotes the log-likelihood is the exact log-sigmoid, not a clipped one."""
+    z = np.array([-30.0, -10.0, 10.0, 30.0], np.float32)
+    for y in (0.0, 1.0):
+        got = np.asarray(bernoulli_loglik(jnp.asarray(z), jnp.full(4, y)))
+        want = log_expit(np.where(y == 1.0, z, -z).astype(np.float64))
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_probabilities_sum_to_one():
+    """exp(loglik(y=1)) + exp(loglik(y=0)) == 1 for every model and parameter cell."""
+    b, a, c, d = _item_grid()
+    for name in NAMES:
+        spec = get_model(name)
+        params = _params(spec, ABILITY, b, a, c, d)
+        ones = jnp.ones((ABILITY.size, b.size))
+        total = np.exp(spec.loglik(params, ones, ones)) + np.exp(spec.loglik(params, 0 * ones, ones))
+        np.testing.assert_allclose(np.asarray(total), 1.0, atol=1e-5)
+
+
+def _unconstrained(spec, rng, num_subjects=6, num_items=8):
+    x = {}
+    for p in spec.likelihood_params:
+        shape = (num_subjects, 1) if p.owner == "subject" else (1, num_items)
+        x[p.name] = rng.normal(p.init, 0.8, size=shape).astype(np.float32)
+    return x
+
+
+def _total_loglik(spec, x, y):
+    params = {p.name: TRANSFORMS[p.transform](jnp.asarray(x[p.name])) for p in spec.likelihood_params}
+    return float(jnp.sum(spec.loglik(params, y, jnp.ones_like(y))))
+
+
+@pytest.mark.parametrize("name,options", VARIANTS)
+def test_symmetries_leave_loglik_unchanged(name, options):
+    spec = get_model(name, **options)
+    expected = {"shift"} | ({"scale"} if name != "1pl" else set())
+    assert {s.name for s in spec.symmetries} == expected
+    rng = np.random.default_rng(1)
+    x = _unconstrained(spec, rng)
+    y = jnp.asarray(rng.integers(0, 2, size=(6, 8)), jnp.float32)
+    base = _total_loglik(spec, x, y)
+    for sym in spec.symmetries:
+        for t in (-0.7, 0.3, 1.2):
+            moved = dict(x)
+            for block, m, v in sym.moves:
+                assert block in x, f"symmetry {sym.name} moves unknown block {block}"
+                moved[block] = x[block] * np.exp(t * m) + t * v
+            assert any(not np.allclose(moved[k], x[k]) for k in x)
+            np.testing.assert_allclose(_total_loglik(spec, moved, y), base, rtol=2e-6)
+    # The test can fail: shifting ability alone does change the likelihood.
+    shifted = dict(x, ability=x["ability"] + 2.0)
+    assert abs(_total_loglik(spec, shifted, y) - base) > 1e-3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_params_and_transforms(name):
+    spec = get_model(name)
+    has = {"discrimination": name != "1pl", "guessing": name in ("3pl", "4pl"),
+           "feasibility": name in ("4pl", "feas")}
+    expected = ["ability", "difficulty"] + [k for k, v in has.items() if v]
+    assert list(spec.names) == expected
+    assert spec.param("ability").owner == "subject"
+    assert all(spec.param(n).owner == "item" for n in expected[1:])
+    if has["discrimination"]:
+        assert spec.param("discrimination").transform == "exp"
+        signed = get_model(name, signed_discrimination=True).param("discrimination")
+        assert signed.transform == "identity" and signed.init == 1.0
+    for n in ("guessing", "feasibility"):
+        if has[n]:
+            assert spec.param(n).transform == "sigmoid"
+    assert set(MODELS) == set(NAMES)
+
+
+def test_hierarchical_adds_global_hyperparameters():
+    spec = get_model("2pl", prior="hierarchical")
+    glob = {p.name for p in spec.by_owner("global")}
+    assert glob == {f"{k}_{b}" for k in ("mu", "u") for b in ("ability", "difficulty", "discrimination")}
+    assert {p.name for p in spec.likelihood_params} == {"ability", "difficulty", "discrimination"}
+
+
+def test_unknown_model_name():
+    with pytest.raises(ModelError, match=r"unknown model 'irt5'.*1pl.*2pl.*3pl.*4pl.*feas"):
+        get_model("irt5")
+
+
+def test_signed_discrimination_needs_discrimination():
+    with pytest.raises(ModelError, match=r"signed-discrimination.*'1pl'"):
+        get_model("1pl", signed_discrimination=True)
+
+
+def test_unknown_prior_family():
+    with pytest.raises(ModelError, match=r"unknown prior family 'flat'.*'vague'.*'hierarchical'"):
+        get_model("2pl", prior="flat")
+
+
+def test_model_error_is_irt_error_and_value_error():
+    with pytest.raises(IRTError):
+        get_model("nope")
+    with pytest.raises(ValueError):
+        get_model("nope")
