@@ -72,8 +72,6 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     >>> res.means()["ability"]  # doctest: +SKIP
     """
     options = {"prior": prior, "signed_discrimination": signed_discrimination}
-    if model == "1pl":
-        options.pop("signed_discrimination") if not signed_discrimination else None
     spec = get_model(model, **options)
     y, subjects, items, info = _as_matrix(data)
     source = InMemorySource(y, max_block_cells=settings.max_block_cells)

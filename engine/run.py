@@ -18,7 +18,6 @@ import pandas as pd
 from engine.errors import RunExistsError, RunNotFoundError
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
-from engine.infer.settings import FitSettings
 from engine.models.registry import get_model
 from engine.models.spec import ModelSpec
 from engine.readout.posterior import draw_posterior, summarize
@@ -136,6 +135,3 @@ def load_run(path: str | Path) -> Run:
     return Run(path, spec, GuideState(loc, log_scale), info,
                pd.read_parquet(path / "subjects.parquet"), pd.read_parquet(path / "items.parquet"))
 
-
-def settings_of(run: Run) -> FitSettings:
-    return FitSettings.from_dict(run.info["settings"])
