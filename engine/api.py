@@ -14,7 +14,7 @@ from engine.infer.guide import GuideState, init_guide
 from engine.infer.settings import FitSettings
 from engine.models.registry import get_model
 
-__all__ = ["fit", "response_stats"]
+__all__ = ["fit", "response_stats", "load_responses"]
 
 
 def response_stats(y: np.ndarray) -> dict[str, np.ndarray]:
@@ -84,3 +84,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         stats=response_stats(y), data=info,
     )
     return result
+
+
+def load_responses(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """``(responses, subject ids, item ids, provenance)`` of a store, store path or array."""
+    return _as_matrix(data)
