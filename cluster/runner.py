@@ -23,7 +23,7 @@ from cluster.settings import RunnerSettings
 from cluster.trials import TrialSpec
 from engine.errors import IRTError, SettingsError
 
-__all__ = ["run_trials", "ray_session", "batches", "done_keys", "LOOPBACK"]
+__all__ = ["run_trials", "ray_session", "batches", "done_keys", "worker_runtime_env", "LOOPBACK"]
 
 LOOPBACK = "127.0.0.1"
 KEY = ("trial_group", "trial_index")
@@ -112,20 +112,20 @@ def ray_session(settings: RunnerSettings) -> Iterator[None]:
 
     An already initialised Ray (e.g. a test's cluster) is used as it is and left running.
     """
+    if not settings.address:
+        _loopback_only()
     import ray
 
     if ray.is_initialized():
         yield
         return
-    # Without this variable Ray advertises the machine's network address, even for a
-    # local instance; with it every Ray process binds to loopback.
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    env = {"env_vars": _worker_env()}
+    env = worker_runtime_env()
     try:
         if settings.address:
             ray.init(address=settings.address, runtime_env=env, log_to_driver=False)
         else:
-            ray.init(num_cpus=settings.num_cpus, include_dashboard=False,
+            # "local" starts a new instance even when another Ray runs on this machine.
+            ray.init(address="local", num_cpus=settings.num_cpus, include_dashboard=False,
                      _node_ip_address=LOOPBACK, runtime_env=env, log_to_driver=False)
     except (ConnectionError, ValueError, RuntimeError) as err:
         where = settings.address or "a local Ray instance"
@@ -137,15 +137,29 @@ def ray_session(settings: RunnerSettings) -> Iterator[None]:
         ray.shutdown()
 
 
-def _worker_env() -> dict[str, str]:
-    """Environment for Ray workers: a shared JAX compilation cache, so each compiled batch
-    program is built once per machine rather than once per worker process."""
+def _loopback_only() -> None:
+    """Make a local Ray bind every process to 127.0.0.1.
+
+    Ray otherwise advertises the machine's network address, even for a local instance. The
+    switch is read from the environment when Ray is imported (by this process, and by every
+    Ray process it starts), so set it in both places.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    if "ray" in sys.modules:
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def worker_runtime_env() -> dict:
+    """Runtime environment for Ray workers: a shared JAX compilation cache, so each compiled
+    batch program is built once per machine rather than once per worker process."""
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR",
                            str(Path.home() / ".cache" / "irt-engine" / "jax"))
     env = {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     if "XLA_FLAGS" in os.environ:
         env["XLA_FLAGS"] = os.environ["XLA_FLAGS"]
-    return env
+    return {"env_vars": env}
 
 
 def _system_errors():

@@ -22,7 +22,7 @@ __all__ = ["submit", "entrypoint"]
 EXCLUDES = [".venv", ".git", "**/__pycache__", "*.zarr", "benchmarks/results"]
 
 
-def entrypoint(command: list[str]) -> str:
+def entrypoint(command: list[str], python: str = "python") -> str:
     """The shell command a job runs for ``irt-engine COMMAND...``."""
     if command and command[0] == "irt-engine":
         command = command[1:]
@@ -31,7 +31,7 @@ def entrypoint(command: list[str]) -> str:
                             "irt-engine submit --address URL -- fit store --out run")
     if command[0] == "submit":
         raise SettingsError("a submitted job cannot itself be `submit`")
-    return shlex.join(["python", "-m", "engine.cli", *command])
+    return shlex.join([python, "-m", "engine.cli", *command])
 
 
 async def _stream(client, job_id: str, out) -> None:
@@ -41,9 +41,11 @@ async def _stream(client, job_id: str, out) -> None:
 
 
 def submit(command: list[str], *, address: str, working_dir: str | Path = ".",
-           out=sys.stdout, poll_s: float = 0.5) -> int:
+           python: str = "python", out=sys.stdout, poll_s: float = 0.5) -> int:
     """Submit ``irt-engine COMMAND...`` to the Ray job server at ``address``; stream its logs.
 
+    ``python`` is the interpreter the job runs on the cluster (one with irt-engine's
+    dependencies); the shipped working directory supplies the irt-engine code itself.
     Returns 0 if the job succeeded, else its entrypoint's exit code (1 if none is known).
     """
     from ray.job_submission import JobStatus, JobSubmissionClient
@@ -57,7 +59,7 @@ def submit(command: list[str], *, address: str, working_dir: str | Path = ".",
         raise SettingsError(f"no Ray job server at {address}: {err}; give the dashboard address "
                             "of a running cluster, e.g. http://127.0.0.1:8265") from err
     job_id = client.submit_job(
-        entrypoint=entrypoint(command),
+        entrypoint=entrypoint(command, python),
         runtime_env={"working_dir": str(working_dir), "excludes": EXCLUDES},
     )
     print(f"submitted {job_id} to {address}", file=sys.stderr)

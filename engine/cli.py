@@ -160,7 +160,7 @@ def cmd_submit(args) -> int:
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
-    return submit(command, address=args.address, working_dir=args.working_dir)
+    return submit(command, address=args.address, working_dir=args.working_dir, python=args.python)
 
 
 def _runner_options(p: argparse.ArgumentParser) -> None:
@@ -254,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", required=True, help="the cluster's job server, e.g. "
                    "http://127.0.0.1:8265")
     p.add_argument("--working-dir", default=".", help="shipped to the job (default: here)")
+    p.add_argument("--python", default="python", help="interpreter on the cluster that has "
+                   "irt-engine's dependencies (default: python on the cluster's PATH)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- irt-engine COMMAND ...")
     p.set_defaults(func=cmd_submit)
     return parser

@@ -94,10 +94,16 @@ def fit_batch(spec: ModelSpec, y: np.ndarray, init: GuideState, seeds, num_passe
     T, S, N = y.shape
     window = max(1, min(settings.patience, num_passes))
     run = _batched(spec, settings, S, N, int(num_passes), window)
-    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(np.asarray(seeds, np.uint32)))
-    guide = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), init)
-    out, trace = run(guide, jnp.asarray(y), keys)
-    trace = np.asarray(trace)
+    # Pad the batch to a power of two by repeating trial 0, so a few programs serve all
+    # batch sizes; the padding is dropped below.
+    padded = 1 << max(0, (T - 1).bit_length())
+    fill = lambda a: np.concatenate([a, np.repeat(a[:1], padded - T, axis=0)]) if padded > T else a
+    seeds = fill(np.asarray(seeds, np.uint32).reshape(T))
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
+    guide = jax.tree.map(lambda a: jnp.asarray(fill(np.asarray(a, np.float32))), init)
+    out, trace = run(guide, jnp.asarray(fill(y)), keys)
+    out = jax.tree.map(lambda a: np.asarray(a)[:T], out)
+    trace = np.asarray(trace)[:T]
     converged = np.array([converged_at(list(t), settings.tol, window, min(settings.min_passes, len(t)))
                           for t in trace])
-    return BatchResult(jax.tree.map(np.asarray, out), trace, converged)
+    return BatchResult(out, trace, converged)
