@@ -23,7 +23,7 @@ from cluster.settings import RunnerSettings
 from cluster.trials import TrialSpec
 from engine.errors import IRTError, SettingsError
 
-__all__ = ["run_trials", "ray_session", "batches", "done_keys", "worker_runtime_env", "LOOPBACK"]
+__all__ = ["run_trials", "ray_session", "batches", "interleave", "done_keys", "worker_runtime_env", "LOOPBACK"]
 
 LOOPBACK = "127.0.0.1"
 KEY = ("trial_group", "trial_index")
@@ -39,6 +39,20 @@ def batches(trials: Sequence[TrialSpec], size: int) -> list[list[TrialSpec]]:
         current.append(t)
     if current:
         out.append(current)
+    return out
+
+
+def interleave(work: list[list[TrialSpec]]) -> list[list[TrialSpec]]:
+    """Batches reordered round-robin over groups: the first batch of every group, then the
+    second, ... so that tasks running at once have different shapes and each shape's program
+    is compiled by one worker (the others then load it from the shared compilation cache)."""
+    by_group: dict[int, list] = {}
+    for b in work:
+        by_group.setdefault(b[0].group, []).append(b)
+    queues = list(by_group.values())
+    out = []
+    for i in range(max((len(q) for q in queues), default=0)):
+        out += [q[i] for q in queues if i < len(q)]
     return out
 
 
@@ -189,7 +203,7 @@ def run_trials(fn: Callable, context, trials: Sequence[TrialSpec], out: str | Pa
         raise SettingsError("trial keys (group, index) must be unique")
     done = done_keys(out)
     todo = [t for t in trials if t.key not in done]
-    work = batches(todo, settings.batch_size)
+    work = interleave(batches(todo, settings.batch_size))
     with _progress(settings, len(trials), len(trials) - len(todo), desc) as bar:
         def finished(n_done: int, batch: list[TrialSpec], rows: list[dict]) -> None:
             _write_part(out, batch, rows)

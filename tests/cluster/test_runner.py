@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cluster.runner import batches, done_keys, run_trials
+from cluster.runner import batches, done_keys, interleave, run_trials
 from cluster.settings import RunnerSettings, StabilitySettings, default_sizes, parse_sizes
 from cluster.stability import plan
 from cluster.trials import TrialSpec, kendall, stability_batch, trial_seed
@@ -22,6 +22,8 @@ def test_batches_hold_one_group_and_cover_every_trial_once():
     flat = [t.key for b in got for t in b]
     assert sorted(flat) == sorted(t.key for t in trials) and len(flat) == len(set(flat))
     assert len(got) == 6  # 5 trials per group in batches of 2 -> 3 + 3
+    order = [b[0].group for b in interleave(got)]
+    assert order == [10, 30, 10, 30, 10, 30] and sorted(map(id, interleave(got))) == sorted(map(id, got))
 
 
 def test_trial_seeds_are_distinct_and_reproducible():
@@ -72,7 +74,7 @@ def test_interrupted_run_resumes_without_redoing_finished_trials(stability_ctx, 
 
     with pytest.raises(KeyboardInterrupt):
         run_trials(stability_batch, stability_ctx, trials, out, INPROCESS, on_batch=interrupt)
-    first_two = batches(trials, 2)[:2]
+    first_two = interleave(batches(trials, 2))[:2]
     assert done_keys(out) == {t.key for b in first_two for t in b} and not out.exists()
     calls = []
     resumed = run_trials(stability_batch, stability_ctx, trials, out, INPROCESS,
