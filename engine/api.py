@@ -107,6 +107,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     if info["kind"] != "binary":
         info["boundary"] = boundary_counts(y)  # exact 0 / 1 cells, fitted by inflation
     source = source_for(y, settings.max_block_cells)
+    if init is None and spec.initial is not None:  # a model-declared, data-driven start
+        init = GuideState(spec.initial(y), {})
     if init is not None:
         base = init_guide(spec, *y.shape)
         init = GuideState({**base.loc, **init.loc}, {**base.log_scale, **init.log_scale})

@@ -9,6 +9,7 @@ from typing import Callable
 from engine.errors import ModelError
 from engine.models.continuous import beta3_model, beta_model, gamma_model
 from engine.models.logistic import logistic_model
+from engine.models.multidim import mirt_model
 from engine.models.spec import ModelSpec
 
 __all__ = ["MODELS", "get_model"]
@@ -23,6 +24,9 @@ MODELS: dict[str, Callable[..., ModelSpec]] = {
     "beta-1pl": partial(beta_model, discrimination=False),
     "gamma": gamma_model,
     "beta3": beta3_model,
+    "mirt-comp": partial(mirt_model, "comp"),
+    "mirt-noncomp": partial(mirt_model, "noncomp"),
+    "irt-vec": partial(mirt_model, "vec"),
 }
 
 

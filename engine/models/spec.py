@@ -128,6 +128,8 @@ class ModelSpec:
     expected : ``expected(params) -> E[y]`` per cell (the item characteristic curve).
     adapt : ``adapt(y) -> dict`` of builder options the data calls for (e.g. boundary
         inflation when scores hit 0 or 1 exactly); raises if the data cannot be fitted.
+    initial : ``initial(y) -> {name: unconstrained location}``, a data-driven start for
+        blocks that would otherwise start symmetric (e.g. exploratory skills).
     """
 
     name: str
@@ -140,6 +142,7 @@ class ModelSpec:
     skills: tuple[str, ...] = ()
     expected: Callable | None = field(default=None, compare=False, repr=False)
     adapt: Callable | None = field(default=None, compare=False, repr=False)
+    initial: Callable | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         names = [p.name for p in self.params]
