@@ -49,21 +49,6 @@ def test_non_dominated_sort_known_cases():
     assert non_dominated_sort(np.zeros((0, 2))).tolist() == []
 
 
-def test_non_dominated_sort_scales_subquadratically():
-    """Comparisons grow like N log N for two skills: 4x the points, well under 16x the time."""
-    import time
-
-    rng = np.random.default_rng(1)
-    times = {}
-    for n in (2000, 8000):
-        x = rng.normal(size=(n, 2))
-        t0 = time.perf_counter()
-        fronts = non_dominated_sort(x)
-        times[n] = time.perf_counter() - t0
-        assert fronts.min() == 1
-    assert times[8000] < 10 * times[2000] + 0.05, times
-
-
 def test_dominance_matrix_matches_direct_counting():
     rng = np.random.default_rng(2)
     draws = rng.normal(size=(50, 7, 3))
