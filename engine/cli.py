@@ -52,10 +52,12 @@ def _fit_and_save(store_path, out, args) -> "object":
     from engine.run import save_run
 
     settings = _settings(args)
+    options = _skill_options(store_path, args)
     update, bar = _progress(settings.progress, settings.max_passes)
     try:
         res = fit(store_path, model=args.model, settings=settings, prior=args.prior,
-                  signed_discrimination=args.signed_discrimination, progress_fn=update)
+                  signed_discrimination=args.signed_discrimination, progress_fn=update,
+                  model_options=options)
     finally:
         for bar in bar or []:
             bar.close()
@@ -64,8 +66,27 @@ def _fit_and_save(store_path, out, args) -> "object":
     status = "converged" if res.converged else "NOT converged (raise --max-passes)"
     print(f"{args.model} fit {status} in {res.num_passes} passes, {res.wall_time_s:.1f} s "
           f"({res.num_observed * res.num_passes / res.wall_time_s:.3g} cells/s); ELBO {res.elbo:.6g}")
+    inflation = res.extra["model_options"].get("inflation")
+    if inflation not in (None, "none"):
+        print(f"exact boundary values {res.extra['data'].get('boundary')}: fitted with "
+              f"{inflation} inflation (recorded in fit.json)")
     print(f"wrote {run.path}")
     return run
+
+
+def _skill_options(store_path, args) -> dict:
+    """``--dims`` / ``--q-matrix`` as model options (Q rows matched to the store's item ids)."""
+    options = {}
+    if getattr(args, "dims", None) is not None:
+        options["dims"] = args.dims
+    if getattr(args, "q_matrix", None):
+        from engine.data.store import open_store
+        from engine.models.multidim import read_q_matrix
+
+        items = [str(i) for i in open_store(store_path).items]
+        q, skills = read_q_matrix(args.q_matrix, items=items)
+        options.update(q_matrix=q.tolist(), skills=skills)
+    return options
 
 
 def cmd_fit(args) -> int:
@@ -78,7 +99,25 @@ def cmd_leaderboard(args) -> int:
     from engine.run import load_run
 
     run = load_run(args.run)
-    print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
+    vector = run.spec.param("ability").shape != ()
+    if args.rank is None and not vector:
+        print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
+        return 0
+    return _vector_leaderboard(run, args)
+
+
+def _vector_leaderboard(run, args) -> int:
+    import jax
+
+    from engine.readout.posterior import draw_posterior
+    from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
+
+    spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
+    draws = draw_posterior(run.spec, run.guide, args.draws, rng_key=jax.random.PRNGKey(args.seed),
+                           names=("ability",))["ability"]
+    skills = list(run.spec.skills) or ["ability"]
+    board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec)
+    print(format_vector_board(board, args.top_k))
     return 0
 
 
@@ -183,7 +222,9 @@ def _trial_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
-    p.add_argument("--model", default=model_default, help="1pl, 2pl, 3pl, 4pl or feas")
+    p.add_argument("--model", default=model_default,
+                   help="1pl, 2pl, 3pl, 4pl, feas, beta, beta-1pl, gamma, beta3, mirt-comp, "
+                        "mirt-noncomp or irt-vec")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
@@ -195,6 +236,9 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--draws", type=int, default=1000, help="joint posterior draws for ranks")
     p.add_argument("--top-k", type=int, default=3, help="k of the P(top-k) column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dims", type=int, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
+    p.add_argument("--q-matrix", default=None,
+                   help="items x skills CSV (item id column, one 0/1 column per skill): confirmatory")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("leaderboard", help="print a run's leaderboard")
     p.add_argument("run")
     p.add_argument("--top-k", type=int, default=None, help="show the first K rows")
+    p.add_argument("--rank", default=None,
+                   help="vector abilities: pareto | weights=W1,W2,... | lexicographic | dominance | "
+                        "skill=NAME (default pareto for multi-skill runs)")
+    p.add_argument("--threshold", type=float, default=0.9,
+                   help="posterior mass for --rank dominance to count (ties below it)")
+    p.add_argument("--draws", type=int, default=1000, help="joint posterior draws")
+    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_leaderboard)
 
     p = sub.add_parser("demo", help="ingest + fit + leaderboard on bundled data")
