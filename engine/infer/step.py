@@ -95,8 +95,9 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, rng_key, num_draws: i
             return lp / num_draws + entropy(g.log_scale)
 
         for _ in range(newton_iters):
-            d1 = jax.grad(objective)(0.0, guide)
-            d2 = jax.grad(jax.grad(objective))(0.0, guide)
+            # One forward-over-reverse pass gives the slope and the curvature together.
+            slope = lambda t: jax.grad(objective)(t, guide)
+            d1, d2 = jax.jvp(slope, (jnp.float32(0.0),), (jnp.float32(1.0),))
             t = jnp.clip(-d1 / jnp.minimum(d2, -1e-6), -max_t, max_t)
             t = jnp.where(jnp.isfinite(t), t, 0.0)
             guide = _move(guide, sym.moves, t)
