@@ -53,10 +53,10 @@ def run_dimensions(data, out: str | Path, settings: DimensionsSettings = Dimensi
     (``n_factors`` and the reading behind it) and ``scree.png`` under ``out``.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     seconds = {}
     t0 = time.perf_counter()
     y, _, _, info = load_responses(data)
+    out.mkdir(parents=True, exist_ok=True)
     k = min(settings.num_eigenvalues, *y.shape)
     observed = correlation_eigenvalues(y, k=k)
     seconds["observed"] = time.perf_counter() - t0

@@ -185,7 +185,8 @@ def cmd_dimensions(args) -> int:
     from engine.infer.settings import FitSettings
 
     settings = DimensionsSettings(shuffles=args.shuffles, model=args.model, prior=args.prior,
-                                  num_eigenvalues=args.num_eigenvalues, seed=args.seed)
+                                  num_eigenvalues=args.num_eigenvalues,
+                                  residual_simulations=args.residual_simulations, seed=args.seed)
     res = run_dimensions(args.store, args.out, settings, _runner(args), FitSettings(seed=args.seed))
     print(res.table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"suggested number of skills: {res.summary['n_factors']} ({res.summary['reading']})")
@@ -298,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     _trial_model_options(p)
     p.add_argument("--shuffles", type=int, default=200)
     p.add_argument("--num-eigenvalues", type=int, default=20)
+    p.add_argument("--residual-simulations", type=int, default=60,
+                   help="data sets simulated from the one-skill fit for the residual test")
     _runner_options(p)
     p.set_defaults(func=cmd_dimensions)
 
