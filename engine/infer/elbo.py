@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from engine.models.spec import ModelSpec
 
-__all__ = ["Terms", "make_block_terms", "cross_pairs", "log_prior", "prior_terms", "entropy", "add_terms",
+__all__ = ["Terms", "make_block_terms", "make_observation_terms", "cross_pairs", "log_prior", "prior_terms", "entropy", "add_terms",
            "scale_terms"]
 
 
@@ -44,9 +44,8 @@ def _diag(h, shape):
     return h if shape == () else jnp.diagonal(h, axis1=-2, axis2=-1)
 
 
-def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
-                     with_hessian: bool = True) -> Callable:
-    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block."""
+def _make_cell(spec: ModelSpec, with_hessian: bool) -> Callable:
+    """``cell(x, y, m) -> (value, grad[, hess, cross])`` of one cell's log-likelihood."""
     lik = spec.likelihood_params
     names = [p.name for p in lik]
     shapes = {p.name: p.shape for p in lik}
@@ -68,6 +67,27 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
         h, (v, g) = jax.jacfwd(grad_with_aux, has_aux=True)(x)
         return (v, g, {n: _diag(h[n][n], shapes[n]) for n in names},
                 {f"{a}|{b}": h[a][b] for a, b in pairs})
+
+    return cell
+
+
+def _gather(spec: ModelSpec, z: dict, subject_idx, item_idx) -> dict:
+    x = {}
+    for p in spec.likelihood_params:
+        if p.owner == "subject":
+            x[p.name] = z[p.name][subject_idx]
+        elif p.owner == "item":
+            x[p.name] = z[p.name][item_idx]
+        else:
+            x[p.name] = z[p.name]
+    return x
+
+
+def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
+                     with_hessian: bool = True) -> Callable:
+    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block."""
+    lik = spec.likelihood_params
+    cell = _make_cell(spec, with_hessian)
 
     def axes(owner_axis):
         return {p.name: (0 if p.owner == owner_axis else None) for p in lik}
@@ -91,17 +111,49 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
         return out
 
     def terms(z, subject_idx, item_idx, y):
-        x = {}
-        for p in lik:
-            if p.owner == "subject":
-                x[p.name] = z[p.name][subject_idx]
-            elif p.owner == "item":
-                x[p.name] = z[p.name][item_idx]
-            else:
-                x[p.name] = z[p.name]
+        x = _gather(spec, z, subject_idx, item_idx)
         mask = (y >= 0).astype(jnp.float32)
         yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
         res = over_cells(x, yf, mask)
+        grad = reduce(res[1], subject_idx, item_idx)
+        if not with_hessian:
+            return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})
+        return Terms(res[0].sum(), grad, reduce(res[2], subject_idx, item_idx),
+                     reduce(res[3], subject_idx, item_idx))
+
+    return terms
+
+
+def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
+                           with_hessian: bool = True) -> Callable:
+    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded batch of
+    observations: ``y[k]`` is subject ``subject_idx[k]``'s response to item ``item_idx[k]``
+    (all ``(b,)``; ``y < 0`` is padding). The same per-cell derivatives as
+    :func:`make_block_terms`, scattered to each observation's owners: no dense matrix."""
+    lik = spec.likelihood_params
+    cell = _make_cell(spec, with_hessian)
+    over_obs = jax.vmap(cell, in_axes=({p.name: (None if p.owner == "global" else 0)
+                                        for p in lik}, 0, 0))
+    owner_of = {p.name: p for p in lik}
+
+    def reduce(per_obs, subject_idx, item_idx):
+        out = {}
+        for key, v in per_obs.items():
+            p = owner_of[key.split("|")[0]]
+            full = jnp.zeros(p.full_shape(num_subjects, num_items), jnp.float32)
+            if p.owner == "subject":
+                out[key] = full.at[subject_idx].add(v)
+            elif p.owner == "item":
+                out[key] = full.at[item_idx].add(v)
+            else:
+                out[key] = v.sum(axis=0)
+        return out
+
+    def terms(z, subject_idx, item_idx, y):
+        x = _gather(spec, z, subject_idx, item_idx)
+        mask = (y >= 0).astype(jnp.float32)
+        yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
+        res = over_obs(x, yf, mask)
         grad = reduce(res[1], subject_idx, item_idx)
         if not with_hessian:
             return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})
