@@ -122,7 +122,7 @@ def _prepare(data, settings: FitSettings) -> tuple[BlockSource, np.ndarray, np.n
 
 
 # Settings that do not change a fit's result (or may change on resume).
-_UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every", "max_passes")
+_UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every")
 
 
 def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prior: str = "vague",
