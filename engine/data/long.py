@@ -182,14 +182,14 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
 
 def _band_rows(layout: str, S: int, N: int, num_observed: int, budget: int,
                chunks: Sequence[int]) -> int:
-    """Subject rows per band: a band (and its spilled records) within the budget."""
+    """Subject rows per band, so that a band's records, their sorting temporaries and (for
+    dense stores) its rows stay within the budget; the dense writer itself buffers one
+    chunk row band (``chunks[0] x N`` bytes) beside it."""
+    per_obs = 64  # a 17-byte record read back, plus index and sorting temporaries
+    per_row = per_obs * max(1.0, num_observed / max(1, S)) + (N if layout == "dense" else 0)
     if layout == "dense":
-        unit = max(1, min(int(chunks[0]), S))  # whole chunk rows: each shard written once
-        per_row = N * (1 + 2 * _SPILL.itemsize)  # band cells + records (+ a sorted copy)
-        rows = max(unit, budget // max(1, per_row) // unit * unit)
-    else:
-        per_row = 3 * _SPILL.itemsize * max(1.0, num_observed / max(1, S))
-        rows = max(1, int(budget // per_row))
+        budget = max(1, budget - min(int(chunks[0]), S) * N)
+    rows = max(1, int(budget // per_row))
     return int(max(rows, -(-S // _MAX_BANDS)))
 
 
