@@ -144,3 +144,18 @@ def test_peak_memory_does_not_grow_with_cells(tmp_path):
     assert small["cells"] == 1_000_000 and large["cells"] == 4_000_000
     # Holding the input, as a non-streaming reader does, adds ~325 MB for the extra 3M rows.
     assert large["rss_mb"] - small["rss_mb"] < 64, (small, large)  # measured +5 MB
+
+
+def test_cli_ingest_layout_and_budget(tmp_path, capsys):
+    from engine.cli import main
+
+    src = tmp_path / "l.csv"
+    src.write_text("subject,item,response\na,q1,1\nb,q2,0\na,q2,1\n")
+    assert main(["ingest", str(src), "--out", str(tmp_path / "s.zarr"), "--layout", "sparse",
+                 "--memory-budget", "64M"]) == 0
+    assert "layout sparse" in capsys.readouterr().out
+    assert open_store(tmp_path / "s.zarr").layout == "sparse"
+    assert main(["ingest", str(src), "--out", str(tmp_path / "t.zarr"),
+                 "--memory-budget", "12Q"]) == 2
+    assert "memory budget '12Q' is not a size" in capsys.readouterr().err
+    assert not (tmp_path / "t.zarr").exists()
