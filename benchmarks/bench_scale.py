@@ -69,16 +69,23 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker_fit(store_path: str, budget: str, devices: int, max_passes: int, fixed: int) -> dict:
+def worker_fit(store_path: str, budget: str, devices: int, max_passes: int, fixed: int,
+               checkpoint_dir: str = "") -> dict:
     from engine.api import fit
     from engine.infer.settings import FitSettings, parse_bytes
 
     t0 = time.perf_counter()
     settings = FitSettings(seed=0, max_passes=max_passes, memory_budget=parse_bytes(budget),
-                           num_devices=devices)
+                           num_devices=devices, checkpoint_every=1 if checkpoint_dir else 0)
     if fixed:
         settings = settings.replace(min_passes=fixed, max_passes=fixed)
-    res = fit(store_path, "2pl", settings)
+
+    def log(i, record):
+        print(json.dumps(record), file=sys.stderr, flush=True)
+
+    # Long fits checkpoint every pass and resume, so an interrupted benchmark loses little.
+    res = fit(store_path, "2pl", settings, progress_fn=log, checkpoint_dir=checkpoint_dir or None,
+              resume=bool(checkpoint_dir))
     wall = time.perf_counter() - t0
     truth = np.load(store_path + ".truth.npz")
     means = res.means()
@@ -109,9 +116,9 @@ def worker_ingest(folder: str, out: str) -> dict:
 def _run_worker(args: list[str], env_extra: dict, timeout: float) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **env_extra)
     proc = subprocess.run([sys.executable, __file__, "--worker", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          stdout=subprocess.PIPE, text=True, timeout=timeout)  # stderr: progress
     if proc.returncode != 0:
-        return {"error": proc.stderr[-2000:], "returncode": proc.returncode}
+        return {"error": f"worker exited with {proc.returncode}", "returncode": proc.returncode}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -131,8 +138,9 @@ def run_case(case: str, work: Path, max_passes: int, timeout: float) -> dict:
     store, budget, devices, env = CASES[case]
     path = ensure_store(work, store)
     fixed = 10 if case.startswith("pmap") else 0
-    return _run_worker(["fit", str(path), budget, str(devices), str(max_passes), str(fixed)],
-                       env, timeout)
+    checkpoint = str(work / f"checkpoint-{case}") if store == "1b" else ""
+    return _run_worker(["fit", str(path), budget, str(devices), str(max_passes), str(fixed),
+                        checkpoint], env, timeout)
 
 
 def machine() -> dict:
@@ -180,7 +188,8 @@ def main(argv=None) -> int:
     if args.worker:
         kind, *rest = args.worker
         if kind == "fit":
-            out = worker_fit(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4]))
+            out = worker_fit(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4]),
+                             rest[5] if len(rest) > 5 else "")
         else:
             out = worker_ingest(*rest)
         print(json.dumps(out))

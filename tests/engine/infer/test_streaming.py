@@ -30,7 +30,7 @@ def _ids(prefix, n):
     return [f"{prefix}{k}" for k in range(n)]
 
 
-SETTINGS = FitSettings(seed=0, max_passes=15, min_passes=15, max_block_cells=4096)
+SETTINGS = FitSettings(seed=0, max_passes=10, min_passes=10, max_block_cells=4096)
 
 
 @pytest.fixture(scope="module")
@@ -97,11 +97,12 @@ def test_sparse_equals_dense_on_the_same_observations(tmp_path):
     # through a sparse store, streamed batch by batch (tiny budget) and loaded
     store = write_store(y, _ids("s", 80), _ids("i", 200), tmp_path / "sp.zarr", layout="auto")
     assert store.layout == "sparse" and store.num_observed == int((y >= 0).sum())
-    for budget in (1 << 10, None):
-        res = fit(store, "2pl", SETTINGS.replace(memory_budget=budget))
-        assert res.extra["layout"] == "sparse"
-        assert max(_max_gap_in_sds(dense, res).values()) < 0.02
-        np.testing.assert_array_equal(res.extra["stats"]["subject_n"], (y >= 0).sum(axis=1))
+    res = fit(store, "2pl", SETTINGS.replace(memory_budget=1 << 10))  # streamed batches
+    assert res.extra["layout"] == "sparse" and not make_source(
+        store, SETTINGS.replace(memory_budget=1 << 10)).resident
+    assert max(_max_gap_in_sds(dense, res).values()) < 0.02
+    np.testing.assert_array_equal(res.extra["stats"]["subject_n"], (y >= 0).sum(axis=1))
+    assert make_source(store, SETTINGS).resident  # a budget that holds it: loaded
 
 
 def test_sparse_source_never_builds_a_dense_matrix(tmp_path):
@@ -147,3 +148,52 @@ def test_prefetch_reads_ahead_and_propagates_errors():
     next(it)
     it.close()  # stops the thread
     assert threading.active_count() <= before
+
+
+_TWO_DEVICES = """
+import json, sys, numpy as np, jax
+from engine.api import fit
+from engine.data.store import write_store
+from engine.infer.settings import FitSettings
+rng = np.random.default_rng(5)
+S, N = 64, 300
+th, b = rng.normal(size=S), rng.normal(size=N)
+y = (rng.random((S, N)) < 1 / (1 + np.exp(-(th[:, None] - b)))).astype(np.int8)
+y[rng.random((S, N)) < 0.1] = -1
+ids = lambda p, n: [f"{p}{k}" for k in range(n)]
+dense = write_store(y, ids("s", S), ids("i", N), sys.argv[1] + "/d.zarr", chunks=(32, 50))
+sparse = write_store(y, ids("s", S), ids("i", N), sys.argv[1] + "/s.zarr", layout="sparse")
+base = FitSettings(seed=0, max_passes=8, min_passes=8, max_block_cells=1024)
+out = {}
+for name, store, k in (("dense1", dense, 1), ("dense2", dense, 2), ("sparse2", sparse, 2)):
+    res = fit(store, "1pl", base.replace(num_devices=k, memory_budget=1024))
+    out[name] = [res.extra["source"], res.num_devices,
+                 {n: v.tolist() for n, v in res.guide.loc.items()},
+                 {n: np.exp(v).tolist() for n, v in res.guide.log_scale.items()}]
+print(json.dumps({"devices": jax.local_device_count(), **out}))
+"""
+
+
+def test_two_devices_equal_one_for_streaming_and_sparse(tmp_path):
+    """Streamed tiles and sparse batches are dealt over 2 devices by the same pmap path."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path)], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["devices"] == 2
+    assert res["dense1"][:2] == ["StreamingSource", 1] and res["dense2"][:2] == ["StreamingSource", 2]
+    assert res["sparse2"][:2] == ["SparseSource", 2]
+    for name in ("dense2", "sparse2"):  # the same observations, dense tiles or sparse batches
+        for block, loc in res["dense1"][2].items():
+            sd = np.asarray(res["dense1"][3][block])
+            gap = np.max(np.abs(np.asarray(loc) - np.asarray(res[name][2][block])) / sd)
+            assert gap < 0.01, f"{name} {block}: max |1 device - {name}| = {gap} sd"
