@@ -20,7 +20,8 @@ from engine.infer.guide import GuideState, init_guide
 from engine.infer.settings import FitSettings
 from engine.models.registry import get_model
 
-__all__ = ["fit", "response_stats", "make_source", "default_memory_budget", "IN_MEMORY_FACTOR"]
+__all__ = ["fit", "response_stats", "load_responses", "make_source", "default_memory_budget",
+           "IN_MEMORY_FACTOR"]
 
 # An in-memory fit holds the matrix about three times over: the host copy, the padded
 # device-resident tiles and per-cell temporaries; COO observations take 9 bytes each.
@@ -99,6 +100,16 @@ def _ids(values) -> np.ndarray:
     return np.array([str(v) for v in np.asarray(values).tolist()], dtype=object)
 
 
+def _check_array(data) -> np.ndarray:
+    y = np.asarray(data)
+    if y.ndim != 2:
+        raise DataFormatError(f"responses must be a 2-D subjects x items array, got shape {y.shape}")
+    if not np.isin(np.unique(y), (-1, 0, 1)).all():
+        raise DataFormatError("binary responses must be 0, 1 or -1 (missing); "
+                              f"found {sorted(set(np.unique(y).tolist()) - {-1, 0, 1})[:5]}")
+    return y.astype(np.int8)
+
+
 def _prepare(data, settings: FitSettings) -> tuple[BlockSource, np.ndarray, np.ndarray, dict, dict]:
     """Block source, subject ids, item ids, response statistics and provenance of any input."""
     if isinstance(data, (str, Path)):
@@ -108,13 +119,7 @@ def _prepare(data, settings: FitSettings) -> tuple[BlockSource, np.ndarray, np.n
         info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind,
                 "layout": data.layout}
         return source, _ids(data.subjects), _ids(data.items), _store_stats(data, source), info
-    y = np.asarray(data)
-    if y.ndim != 2:
-        raise DataFormatError(f"responses must be a 2-D subjects x items array, got shape {y.shape}")
-    if not np.isin(np.unique(y), (-1, 0, 1)).all():
-        raise DataFormatError("binary responses must be 0, 1 or -1 (missing); "
-                              f"found {sorted(set(np.unique(y).tolist()) - {-1, 0, 1})[:5]}")
-    y = y.astype(np.int8)
+    y = _check_array(data)
     ids = lambda n: np.array([str(i) for i in range(n)], dtype=object)  # noqa: E731
     source = InMemorySource(y, max_block_cells=settings.max_block_cells)
     return source, ids(y.shape[0]), ids(y.shape[1]), response_stats(y), {"store": None,
@@ -174,3 +179,18 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         stats=stats, data=info,
     )
     return result
+
+
+def load_responses(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """``(responses, subject ids, item ids, provenance)`` of a store, store path or array.
+
+    The whole matrix is read into memory (a sparse store is densified): for data that fits.
+    """
+    if isinstance(data, (str, Path)):
+        data = open_store(data)
+    if isinstance(data, Store):
+        info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind}
+        return data.load(), _ids(data.subjects), _ids(data.items), info
+    y = _check_array(data)
+    ids = lambda n: np.array([str(i) for i in range(n)], dtype=object)  # noqa: E731
+    return y, ids(y.shape[0]), ids(y.shape[1]), {"store": None, "checksum": None}
