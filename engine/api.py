@@ -2,19 +2,85 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import dask
+import dask.array as da
 import numpy as np
 
+from engine.data.blocks import BlockSource, InMemorySource
 from engine.data.kinds import READS, as_responses, boundary_counts, detect_kind, source_for
+from engine.data.sparse import SparseSource
 from engine.data.store import Store, open_store
+from engine.data.streaming import StreamingSource
 from engine.errors import ModelError
+from engine.infer.checkpoint import Checkpointer
 from engine.infer.fit import FitResult, fit_source
 from engine.infer.guide import GuideState, init_guide
 from engine.infer.settings import FitSettings
 from engine.models.registry import get_model
 
-__all__ = ["fit", "response_stats", "resolve_model", "load_responses"]
+__all__ = ["fit", "response_stats", "resolve_model", "load_responses", "make_source",
+           "default_memory_budget", "IN_MEMORY_FACTOR"]
+
+# An in-memory fit holds the matrix about three times over: the host copy, the padded
+# device-resident tiles and per-cell temporaries; COO observations take 9 bytes each.
+IN_MEMORY_FACTOR = 3
+_COO_BYTES = 9
+
+
+def default_memory_budget() -> int:
+    """Half the memory the machine has available now (at least 256 MiB)."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        available = 4 << 30
+    return max(256 << 20, available // 2)
+
+
+def make_source(store: Store, settings: FitSettings) -> BlockSource:
+    """The block source for a store under ``settings.memory_budget``.
+
+    Dense stores load into memory when ``IN_MEMORY_FACTOR`` copies fit the budget and
+    stream tiles through Dask otherwise; sparse stores give observation batches (loaded,
+    or streamed when larger than the budget), never a dense matrix.
+    """
+    budget = settings.memory_budget or default_memory_budget()
+    if store.layout == "sparse":
+        in_memory = store.num_observed * _COO_BYTES * IN_MEMORY_FACTOR <= budget
+        return SparseSource.from_store(store, settings.max_block_cells, in_memory=in_memory)
+    if store.num_subjects * store.num_items * IN_MEMORY_FACTOR <= budget:
+        return InMemorySource(np.asarray(store.responses.compute()),  # read through Dask
+                              max_block_cells=settings.max_block_cells)
+    return StreamingSource.from_store(store, settings.max_block_cells)
+
+
+def _store_stats(store: Store, source: BlockSource) -> dict[str, np.ndarray]:
+    """``response_stats`` without a dense matrix: Dask reductions or COO counts."""
+    if isinstance(source, InMemorySource):
+        return response_stats(source.responses)
+    if store.layout == "sparse":
+        n_s, w_s = np.zeros(store.num_subjects, np.int64), np.zeros(store.num_subjects)
+        n_i, w_i = np.zeros(store.num_items, np.int64), np.zeros(store.num_items)
+        step = source.batch_size
+        for start in range(0, source.length, step):  # a batch at a time: no dense matrix
+            s, i, v = (np.asarray(a[start:start + step]) for a in source.arrays)
+            seen = v >= 0
+            s, i, v = s[seen], i[seen], v[seen].astype(np.float64)
+            n_s += np.bincount(s, minlength=store.num_subjects)
+            w_s += np.bincount(s, v, minlength=store.num_subjects)
+            n_i += np.bincount(i, minlength=store.num_items)
+            w_i += np.bincount(i, v, minlength=store.num_items)
+    else:
+        y = store.responses
+        observed = y >= 0
+        values = da.where(observed, y, 0).astype(np.float64)
+        n_s, n_i, w_s, w_i = dask.compute(observed.sum(axis=1), observed.sum(axis=0),
+                                          values.sum(axis=1), values.sum(axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"subject_n": np.asarray(n_s), "subject_mean": w_s / n_s,
+                "item_n": np.asarray(n_i), "item_mean": w_i / n_i}
 
 
 def response_stats(y: np.ndarray) -> dict[str, np.ndarray]:
@@ -31,26 +97,44 @@ def response_stats(y: np.ndarray) -> dict[str, np.ndarray]:
         }
 
 
-def _as_matrix(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """Responses, subject ids, item ids and data provenance from any accepted input."""
+def _ids(values) -> np.ndarray:
+    return np.array([str(v) for v in np.asarray(values).tolist()], dtype=object)
+
+
+def _array_ids(n: int) -> np.ndarray:
+    return np.array([str(i) for i in range(n)], dtype=object)
+
+
+def _prepare(data, settings: FitSettings):
+    """Block source, subject ids, item ids, response statistics, provenance and the matrix
+    (``None`` when the data is not held in memory) of any input."""
     if isinstance(data, (str, Path)):
         data = open_store(data)
     if isinstance(data, Store):
-        y = np.asarray(data.responses.compute())  # read through Dask
-        info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind}
-        ids = lambda a: np.array([str(v) for v in np.asarray(a).tolist()], dtype=object)
-        return y, ids(data.subjects), ids(data.items), info
+        source = make_source(data, settings)
+        info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind,
+                "layout": data.layout}
+        y = source.responses if isinstance(source, InMemorySource) else None
+        return source, _ids(data.subjects), _ids(data.items), _store_stats(data, source), info, y
     # int8 with -1 missing (binary), or float32 with NaN missing (unit scores, errors)
     y, kind = as_responses(data)
-    ids = lambda n: np.array([str(i) for i in range(n)], dtype=object)
-    return y, ids(y.shape[0]), ids(y.shape[1]), {"store": None, "checksum": None, "kind": kind}
+    source = source_for(y, settings.max_block_cells)
+    info = {"store": None, "checksum": None, "kind": kind}
+    return source, _array_ids(y.shape[0]), _array_ids(y.shape[1]), response_stats(y), info, y
 
 
-def resolve_model(model: str, options: dict, y: np.ndarray, kind: str | None = None):
+# Settings that do not change a fit's result (or may change on resume).
+_UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every")
+
+
+def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | None = None,
+                  shape: tuple[int, int] | None = None):
     """Build ``model`` for the data ``y``: check its response kind, let it adapt to the data.
 
     A model may ask for options the data calls for (``ModelSpec.adapt``), e.g. zero/one
-    inflation when unit scores hit 0 or 1 exactly; the returned options record them.
+    inflation when unit scores hit 0 or 1 exactly; the returned options record them. ``y`` is
+    ``None`` for data not held in memory (streamed or sparse stores): then ``kind`` and ``shape``
+    must be given and the model is not adapted.
 
     Returns
     -------
@@ -65,19 +149,19 @@ def resolve_model(model: str, options: dict, y: np.ndarray, kind: str | None = N
     if kind not in READS.get(spec.kind, (spec.kind,)):
         raise ModelError(f"model {model!r} reads {spec.kind} responses but the data is {kind}; "
                          f"choose a model for {kind} responses")
-    if spec.adapt is not None:
+    if spec.adapt is not None and y is not None:
         updates = spec.adapt(y)
         if updates:
             options = {**options, **updates}
             spec = get_model(model, **options)
-    spec.constant_values(*y.shape)  # a Q-matrix of the wrong size fails here, not in the fit
+    spec.constant_values(*(shape or y.shape))  # a Q-matrix of the wrong size fails here, not in the fit
     return spec, options
 
 
 def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prior: str = "vague",
         signed_discrimination: bool = False, init: GuideState | None = None,
-        frozen: frozenset = frozenset(), progress_fn=None,
-        model_options: dict | None = None) -> FitResult:
+        frozen: frozenset = frozenset(), progress_fn=None, model_options: dict | None = None,
+        checkpoint_dir: str | Path | None = None, resume: bool = False) -> FitResult:
     """Fit a named IRT model by variational inference.
 
     Parameters
@@ -88,6 +172,12 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     prior : ``vague`` or ``hierarchical`` (seed 003).
     init, frozen : start from a guide and hold the named blocks fixed at it.
     model_options : further builder keywords (``dims``, ``q_matrix``, ``inflation`` ...).
+    checkpoint_dir : save the fit's progress there every ``settings.checkpoint_every`` passes.
+    resume : continue from the checkpoint in ``checkpoint_dir`` when there is one; the
+        result equals an uninterrupted fit with the same seed.
+
+    A store larger than ``settings.memory_budget`` is streamed tile by tile; a sparse
+    store is fitted from its observations. All sources run the same step.
 
     Returns
     -------
@@ -99,27 +189,45 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     >>> res.means()["ability"]  # doctest: +SKIP
     """
     options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
-    y, subjects, items, info = _as_matrix(data)
+    source, subjects, items, stats, info, y = _prepare(data, settings)
+    shape = (source.num_subjects, source.num_items)
     # options go to fit.json and rebuild the model on load: arrays become lists
     options = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in options.items()}
-    spec, options = resolve_model(model, options, y, info.get("kind"))
+    spec, options = resolve_model(model, options, y, info.get("kind"), shape)
     info = {**info, "kind": info.get("kind") or detect_kind(y)}
-    if info["kind"] != "binary":
+    if info["kind"] != "binary" and y is not None:
         info["boundary"] = boundary_counts(y)  # exact 0 / 1 cells, fitted by inflation
-    source = source_for(y, settings.max_block_cells)
-    if init is None and spec.initial is not None:  # a model-declared, data-driven start
+    if init is None and spec.initial is not None and y is not None:  # a model-declared start
         init = GuideState(spec.initial(y), {})
     if init is not None:
-        base = init_guide(spec, *y.shape)
+        base = init_guide(spec, *shape)
         init = GuideState({**base.loc, **init.loc}, {**base.log_scale, **init.log_scale})
-    result = fit_source(spec, source, settings, init=init, frozen=frozen, progress_fn=progress_fn)
+    checkpointer = None
+    if checkpoint_dir is not None:
+        kept = {k: v for k, v in settings.to_dict().items() if k not in _UNFINGERPRINTED}
+        fingerprint = {"model": model, "model_options": options, "settings": kept,
+                       "frozen": sorted(frozen), "shape": list(shape),
+                       "checksum": info.get("checksum"), "init": init is not None}
+        checkpointer = Checkpointer(Path(checkpoint_dir), settings.checkpoint_every, fingerprint)
+    result = fit_source(spec, source, settings, init=init, frozen=frozen, progress_fn=progress_fn,
+                        checkpointer=checkpointer, resume=resume)
     result.extra.update(
         model=model, model_options=options, subjects=subjects, items=items,
-        stats=response_stats(y), data=info,
+        stats=stats, data=info,
     )
     return result
 
 
 def load_responses(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """``(responses, subject ids, item ids, provenance)`` of a store, store path or array."""
-    return _as_matrix(data)
+    """``(responses, subject ids, item ids, provenance)`` of a store, store path or array.
+
+    The whole matrix is read into memory (a sparse store is densified): for data that fits.
+    """
+    if isinstance(data, (str, Path)):
+        data = open_store(data)
+    if isinstance(data, Store):
+        info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind}
+        return data.load(), _ids(data.subjects), _ids(data.items), info
+    y, kind = as_responses(data)
+    return y, _array_ids(y.shape[0]), _array_ids(y.shape[1]), {"store": None, "checksum": None,
+                                                               "kind": kind}

@@ -15,10 +15,13 @@ __all__ = ["main", "build_parser"]
 
 
 def _settings(args):
-    from engine.infer.settings import FitSettings
+    from engine.infer.settings import FitSettings, parse_bytes
 
+    budget = getattr(args, "memory_budget", None)
     return FitSettings(optimizer=args.optimizer, max_passes=args.max_passes, tol=args.tol,
-                       seed=args.seed, num_devices=args.devices, progress=not args.quiet)
+                       seed=args.seed, num_devices=args.devices, progress=not args.quiet,
+                       checkpoint_every=getattr(args, "checkpoint_every", 0),
+                       memory_budget=parse_bytes(budget) if budget is not None else None)
 
 
 def _progress(enabled: bool, max_passes: int):
@@ -41,28 +44,57 @@ def _progress(enabled: bool, max_passes: int):
 def cmd_ingest(args) -> int:
     from engine.data import ingest
 
-    store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite)
+    from engine.infer.settings import parse_bytes
+
+    budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
+    store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite,
+                   layout=args.layout, memory_budget=budget)
     print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
-          f"{store.num_observed} observed ({store.density:.1%}), kind {store.kind}")
+          f"{store.num_observed} observed ({store.density:.1%}), kind {store.kind}, "
+          f"layout {store.layout}")
     return 0
+
+
+def _check_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to fit into a finished run or an unfinished one's checkpoint unless told to."""
+    from engine.errors import RunExistsError
+    from engine.infer.checkpoint import has_checkpoint
+
+    if overwrite or not out.exists():
+        return
+    if (out / "fit.json").exists():
+        raise RunExistsError(f"run directory {out} holds a finished run; pass --overwrite to "
+                             f"replace it or choose another --out")
+    if has_checkpoint(out) and not resume:
+        raise RunExistsError(f"run directory {out} holds the checkpoint of an unfinished fit; "
+                             f"pass --resume to continue it, or --overwrite to start over")
+    if not has_checkpoint(out) and any(out.iterdir()):
+        raise RunExistsError(f"{out} exists and is not a run directory; choose another --out")
 
 
 def _fit_and_save(store_path, out, args) -> "object":
     from engine.api import fit
+    from engine.infer.checkpoint import Checkpointer
     from engine.run import save_run
 
     settings = _settings(args)
     options = _skill_options(store_path, args)
+    out, resume = Path(out), getattr(args, "resume", False)
+    _check_run_dir(out, resume, args.overwrite)
+    if args.overwrite and not resume:
+        Checkpointer(out, 0, {}).clear()
     update, bar = _progress(settings.progress, settings.max_passes)
     try:
         res = fit(store_path, model=args.model, settings=settings, prior=args.prior,
                   signed_discrimination=args.signed_discrimination, progress_fn=update,
-                  model_options=options)
+                  model_options=options,
+                  checkpoint_dir=out if settings.checkpoint_every else None, resume=resume)
     finally:
         for bar in bar or []:
             bar.close()
+    # The run directory holds at most this fit's checkpoint now: replace it with the run.
     run = save_run(res, out, num_draws=args.draws, top_k=args.top_k, seed=args.seed,
-                   overwrite=args.overwrite)
+                   overwrite=True)
     status = "converged" if res.converged else "NOT converged (raise --max-passes)"
     print(f"{args.model} fit {status} in {res.num_passes} passes, {res.wall_time_s:.1f} s "
           f"({res.num_observed * res.num_passes / res.wall_time_s:.3g} cells/s); ELBO {res.elbo:.6g}")
@@ -240,6 +272,9 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--dims", type=int, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
     p.add_argument("--q-matrix", default=None,
                    help="items x skills CSV (item id column, one 0/1 column per skill): confirmatory")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="memory for the responses, e.g. 512M or 4G (default: half the available "
+                        "memory); larger stores are streamed from disk")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="wide/long CSV or Parquet, py-irt jsonl, or a folder")
     p.add_argument("--out", required=True)
     p.add_argument("--format", choices=["wide", "long", "jsonl"], default=None)
+    p.add_argument("--layout", choices=["auto", "dense", "sparse"], default="auto",
+                   help="dense matrix or sparse (subject, item, response) observations; auto "
+                        "picks sparse below 10%% observed")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="memory for buffering long input, e.g. 512M or 4G")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_ingest)
 
@@ -257,6 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("--out", required=True)
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted fit from the checkpoint in --out")
+    p.add_argument("--checkpoint-every", type=int, default=10, metavar="PASSES",
+                   help="checkpoint into --out every this many passes (0 = never)")
     _fit_options(p)
     p.set_defaults(func=cmd_fit)
 

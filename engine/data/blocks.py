@@ -1,18 +1,26 @@
-"""Block sources: fixed-shape tiles ``(subject_idx, item_idx, y)`` of the response matrix.
+"""Block sources: fixed-shape blocks ``(subject_idx, item_idx, y)`` of the response data.
 
-Every source yields tiles padded to one shape, so the fit step compiles once. A padded
+Every source yields blocks padded to one shape, so the fit step compiles once. A padded
 cell holds the missing sentinel ``-1`` and contributes nothing. A source knows the
 total observed cell count, so a step that sees part of the matrix scales correctly.
+
+A dense block is a tile: ``y`` is ``(bs, bn)`` and cell ``(r, c)`` is subject
+``subject_idx[r]``, item ``item_idx[c]``. A sparse block is an observation batch:
+``subject_idx``, ``item_idx`` and ``y`` are all ``(b,)``. Sources: ``InMemorySource``
+(a matrix in memory), ``StreamingSource`` (tiles of a dense store read through Dask,
+prefetched; ``engine.data.streaming``) and ``SparseSource`` (COO observations, in memory
+or streamed; ``engine.data.sparse``). The fit loop only sees the ``BlockSource`` protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Hashable, Iterator, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
-__all__ = ["Block", "InMemorySource", "block_shape", "MISSING"]
+__all__ = ["Block", "BlockSource", "InMemorySource", "block_shape", "aligned_tile", "tile_block",
+           "MISSING"]
 
 MISSING = -1
 
@@ -25,11 +33,50 @@ class Block(NamedTuple):
     y: np.ndarray  # int8 (bs, bn), -1 missing
 
 
+class BlockSource(Protocol):
+    """What the fit loop needs from a source of blocks.
+
+    ``layout`` is ``dense`` (tiles) or ``sparse`` (observation batches); ``resident``
+    says the data is in memory, so the fit may keep every block on the devices;
+    otherwise it reads blocks anew each pass, prefetching ahead of the computation.
+    """
+
+    layout: str
+    resident: bool
+    num_subjects: int
+    num_items: int
+    num_observed: int
+
+    def keys(self) -> Sequence[Hashable]: ...
+
+    def block(self, key: Hashable) -> Block: ...
+
+    def empty_block(self) -> Block: ...
+
+
 def block_shape(num_subjects: int, num_items: int, max_cells: int) -> tuple[int, int]:
     """Tile shape: all subjects in a tile when they fit, items filling the cell budget."""
     rows = min(num_subjects, max(1, max_cells // max(1, min(num_items, 256))))
     cols = min(num_items, max(1, max_cells // rows))
     return rows, cols
+
+
+def aligned_tile(shape: tuple[int, int], chunks: tuple[int, int],
+                 max_cells: int) -> tuple[int, int]:
+    """Tile shape for streaming, aligned with the stored chunks.
+
+    Whole chunks (as many as fit in ``max_cells``, along items first) when a chunk fits,
+    else a whole number of chunk columns by as many rows as fit, so each stored chunk is
+    decoded as few times per pass as possible.
+    """
+    rows, cols = (max(1, min(int(c), n)) for c, n in zip(chunks, shape))
+    if rows * cols <= max_cells:
+        cols = min(shape[1], cols * max(1, max_cells // (rows * cols)))
+        rows = min(shape[0], rows * max(1, max_cells // (rows * cols)))
+        return rows, cols
+    if cols <= max_cells:
+        return max(1, max_cells // cols), cols
+    return 1, max_cells
 
 
 def _pad(idx: np.ndarray, size: int) -> np.ndarray:
@@ -38,12 +85,39 @@ def _pad(idx: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
+def tile_block(part: np.ndarray, origin: tuple[int, int], tile: tuple[int, int]) -> Block:
+    """The tile at ``origin`` holding ``part`` (clipped at the matrix edge), padded to ``tile``."""
+    r, c = origin
+    rows, cols = tile
+    y = np.full((rows, cols), MISSING, np.int8)
+    y[: part.shape[0], : part.shape[1]] = part
+    return Block(
+        _pad(np.arange(r, r + part.shape[0], dtype=np.int32), rows),
+        _pad(np.arange(c, c + part.shape[1], dtype=np.int32), cols),
+        y,
+    )
+
+
+def empty_tile(tile: tuple[int, int]) -> Block:
+    """A tile with every cell missing (pads a group of blocks to the device count)."""
+    rows, cols = tile
+    return Block(np.zeros(rows, np.int32), np.zeros(cols, np.int32),
+                 np.full((rows, cols), MISSING, np.int8))
+
+
 @dataclass
 class InMemorySource:
-    """Tiles of a response matrix held in host memory (int8, ``-1`` missing)."""
+    """Tiles of a response matrix held in host memory (int8, ``-1`` missing).
+
+    ``tile`` overrides the tile shape (default :func:`block_shape`).
+    """
 
     responses: np.ndarray
     max_block_cells: int = 1 << 22
+    tile: tuple[int, int] | None = None
+
+    layout = "dense"
+    resident = True
 
     def __post_init__(self):
         y = np.asarray(self.responses)
@@ -51,7 +125,8 @@ class InMemorySource:
             raise ValueError(f"responses must be 2-D (subjects x items), got shape {y.shape}")
         self.responses = y.astype(np.int8, copy=False)
         self.shape = self.responses.shape
-        self.tile = block_shape(*self.shape, self.max_block_cells)
+        tile = self.tile or block_shape(*self.shape, self.max_block_cells)
+        self.tile = tuple(max(1, min(int(t), n)) for t, n in zip(tile, self.shape))
         self.num_observed = int((self.responses >= 0).sum())
 
     @property
@@ -66,23 +141,17 @@ class InMemorySource:
         rows, cols = self.tile
         return [(r, c) for r in range(0, self.shape[0], rows) for c in range(0, self.shape[1], cols)]
 
+    def keys(self) -> list[tuple[int, int]]:
+        return self.tile_origins()
+
     def block(self, origin: tuple[int, int]) -> Block:
         r, c = origin
         rows, cols = self.tile
-        part = self.responses[r : r + rows, c : c + cols]
-        y = np.full((rows, cols), MISSING, np.int8)
-        y[: part.shape[0], : part.shape[1]] = part
-        return Block(
-            _pad(np.arange(r, r + part.shape[0], dtype=np.int32), rows),
-            _pad(np.arange(c, c + part.shape[1], dtype=np.int32), cols),
-            y,
-        )
+        return tile_block(self.responses[r : r + rows, c : c + cols], origin, self.tile)
 
     def blocks(self) -> Iterator[Block]:
         for origin in self.tile_origins():
             yield self.block(origin)
 
     def empty_block(self) -> Block:
-        rows, cols = self.tile
-        return Block(np.zeros(rows, np.int32), np.zeros(cols, np.int32),
-                     np.full((rows, cols), MISSING, np.int8))
+        return empty_tile(self.tile)

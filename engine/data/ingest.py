@@ -1,7 +1,8 @@
 """Read wide / long / jsonl response files, validate them, and write one response store.
 
 Formats (see ``ingest``): "wide" (CSV/Parquet, a row per subject, a column per item), "long"
-(CSV/Parquet or a folder of them, columns subject, item, response) and "jsonl" (py-irt lines
+(CSV/Parquet or a folder of them, columns subject, item, response; streamed in bounded
+memory by ``engine.data.long``) and "jsonl" (py-irt lines
 ``{"subject_id": ..., "responses": {item: value}}``). Locations in error messages are
 ``line N`` for CSV/jsonl (the CSV header is line 1) and ``row index N`` (0-based) for Parquet.
 """
@@ -22,8 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from engine.data.store import KINDS, Store, check_writable, write_store
-from engine.errors import DataFormatError
+from engine.data.store import KINDS, LAYOUTS, Store, check_writable, write_store
+from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["FORMATS", "ingest"]
 
@@ -57,7 +58,8 @@ class _BadCell(Exception):
 
 def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: str | None = None,
            kind: str | None = None, chunks: Sequence[int] = (1024, 8192),
-           overwrite: bool = False) -> Store:
+           overwrite: bool = False, layout: str = "auto",
+           memory_budget: int | None = None) -> Store:
     """Read response files of one format and write them as a zarr v3 response store.
 
     Parameters
@@ -74,6 +76,12 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         Chunk shape of the stored matrix (clipped to its shape).
     overwrite : bool
         Replace an existing store at ``out``.
+    layout : {"auto", "dense", "sparse"}
+        Store a dense matrix or (subject, item, response) observations; "auto" picks
+        sparse below ``SPARSE_DENSITY`` observed.
+    memory_budget : int, optional
+        Bytes for buffering long input (default 512 MiB). Long input is streamed: its
+        peak memory does not grow with the number of rows.
 
     Returns
     -------
@@ -99,18 +107,24 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
                               f"{sorted(KINDS)} or leave it unset to detect")
     if fmt is not None and fmt not in FORMATS:
         raise DataFormatError(f"unknown input format {fmt!r}; use one of {list(FORMATS)}")
+    if layout not in LAYOUTS:
+        raise SettingsError(f"layout={layout!r}; use one of {', '.join(LAYOUTS)}")
+    if len(chunks) != 2 or min(int(c) for c in chunks) < 1:
+        raise SettingsError(f"chunks must be two positive integers (rows, items), got {chunks}")
     check_writable(out, overwrite)
     files = _expand(inputs)
     fmt = fmt or _detect(files)
     if fmt == "long":
-        parsed = _read_long(files, kind)
-    else:
-        reader = _read_jsonl if fmt == "jsonl" else _read_wide
-        parsed = _merge([reader(path, kind) for path in files])
+        from engine.data.long import ingest_long
+
+        return ingest_long(files, out, kind=kind, chunks=chunks, overwrite=overwrite,
+                           layout=layout, memory_budget=memory_budget)
+    reader = _read_jsonl if fmt == "jsonl" else _read_wide
+    parsed = _merge([reader(path, kind) for path in files])
     _check_nonempty(parsed)
     return write_store(parsed.responses, parsed.subjects, parsed.items, out, kind=kind or "binary",
                        source=[str(p) for p in files], input_format=fmt, chunks=chunks,
-                       overwrite=overwrite)
+                       overwrite=overwrite, layout=layout)
 
 
 def _container(path: Path) -> str | None:
@@ -439,54 +453,6 @@ def _long_column(path: Path, header: list[str], role: str) -> str:
             return name
     raise DataFormatError(f"{path}: no {role} column (looked for {list(_LONG_COLS[role])}, "
                           f"found {header[:10]}); long format needs subject, item, response")
-
-
-def _read_long(files: list[Path], kind: str | None) -> _Parsed:
-    subject_parts, item_parts, value_parts, starts = [], [], [], [0]
-    for path in files:
-        header = _header(path)
-        s_col, i_col, r_col = (_long_column(path, header, role) for role in _LONG_COLS)
-        table = _read_table(path, [s_col, i_col, r_col], [s_col, i_col])
-        at = lambda r, path=path: _where_row(path, r)  # noqa: E731
-        subject_parts.append(_ids(table[s_col], "subject", at))
-        item_parts.append(_ids(table[i_col], "item", at))
-        try:
-            values = _to_float(table[r_col])
-        except _BadCell as bad:
-            raise _bad_value(f'{at(bad.index)}, column "{r_col}"', bad.value) from None
-        value_parts.append(_check_support(values, kind, lambda r: f'{at(r)}, column "{r_col}"'))
-        starts.append(starts[-1] + table.num_rows)
-    if starts[-1] == 0:
-        raise DataFormatError(f"{', '.join(map(str, files))}: no rows; expected one row per "
-                              f"(subject, item, response)")
-
-    def where(g: int) -> str:
-        k = int(np.searchsorted(starts, g, side="right")) - 1
-        return _where_row(files[k], g - starts[k])
-
-    s_codes, subjects = _encode(subject_parts)
-    i_codes, items = _encode(item_parts)
-    values = np.concatenate(value_parts)
-    matrix = np.full((len(subjects), len(items)), -1, np.int8)
-    seen = values >= 0
-    matrix[s_codes[seen], i_codes[seen]] = values[seen]
-    clash = seen & (matrix[s_codes, i_codes] != values)
-    if clash.any():
-        g = int(np.argmax(clash))
-        same = (s_codes == s_codes[g]) & (i_codes == i_codes[g]) & seen & ~clash
-        h = int(np.argmax(same))
-        raise DataFormatError(
-            f"{where(g)}: conflicting duplicate for subject {subjects[s_codes[g]]!r}, item "
-            f"{items[i_codes[g]]!r}: {values[g]} here but {values[h]} at {where(h)}; keep one "
-            f"response per (subject, item)")
-    return _Parsed(matrix, subjects, items,
-                   lambda s: where(int(np.argmax(s_codes == s))),
-                   lambda i: where(int(np.argmax(i_codes == i))))
-
-
-def _encode(parts: list[pa.Array]) -> tuple[np.ndarray, list[str]]:
-    encoded = pa.chunked_array(parts, pa.large_string()).combine_chunks().dictionary_encode()
-    return encoded.indices.to_numpy().astype(np.int64), encoded.dictionary.to_pylist()
 
 
 def _merge(parts: list[_Parsed]) -> _Parsed:

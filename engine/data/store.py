@@ -1,15 +1,23 @@
 """The on-disk response store: a zarr v3 group holding one dense response matrix.
 
-Layout of a store directory ``out/``::
+Layout of a store directory ``out/`` (``layout`` "dense")::
 
     out/zarr.json        group metadata; attributes["irt_engine"] is the metadata below
     out/responses/       int8 array (S, N), -1 = missing, chunked + sharded (zstd)
     out/subjects/        string array (S,), subject ids in row order
     out/items/           string array (N,), item ids in column order
 
+A very sparse matrix (density below ``SPARSE_DENSITY``) is stored as observations instead
+(``layout`` "sparse"), sorted by (subject, item), with no dense matrix anywhere::
+
+    out/subject_idx/     int32 (M,) row of each observation
+    out/item_idx/        int32 (M,) column of each observation
+    out/response/        int8 (M,) the observed responses
+
 ``attributes["irt_engine"]`` holds ``format_version`` (1), ``kind``, ``dtype``, ``missing``,
-``layout`` ("dense"), ``num_subjects``, ``num_items``, ``num_observed``, ``source`` (input file
-names), ``input_format``, ``checksum`` (see :func:`store_checksum`) and ``created`` (ISO 8601).
+``layout``, ``num_subjects``, ``num_items``, ``num_observed``, ``source`` (input file
+names), ``input_format``, ``checksum`` (see :func:`store_checksum` and
+:func:`sparse_checksum`) and ``created`` (ISO 8601).
 """
 
 from __future__ import annotations
@@ -33,11 +41,28 @@ import zarr
 
 from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
 
-__all__ = ["FORMAT_VERSION", "KINDS", "ResponseKind", "Store", "open_store", "write_store",
-           "store_checksum", "check_writable"]
+__all__ = ["FORMAT_VERSION", "KINDS", "LAYOUTS", "SPARSE_DENSITY", "ResponseKind", "Store",
+           "open_store", "write_store", "store_checksum", "sparse_checksum", "check_writable",
+           "resolve_layout"]
 
 FORMAT_VERSION = 1
 _ATTR = "irt_engine"
+LAYOUTS = ("auto", "dense", "sparse")
+# Below this share of observed cells a store holds (subject, item, response) observations:
+# 9 bytes per observation against 1 byte per cell, so about where COO becomes smaller.
+SPARSE_DENSITY = 0.1
+COO_FIELDS = ("subject_idx", "item_idx", "response")
+_COO_RECORD = np.dtype([("s", "<i4"), ("i", "<i4"), ("v", "i1")])
+
+
+def resolve_layout(layout: str, num_observed: int, num_subjects: int, num_items: int) -> str:
+    """``dense`` or ``sparse`` for a requested ``layout`` (``auto`` picks by density)."""
+    if layout not in LAYOUTS:
+        raise SettingsError(f"layout={layout!r}; use one of {', '.join(LAYOUTS)}")
+    if layout != "auto":
+        return layout
+    density = num_observed / max(1, num_subjects * num_items)
+    return "sparse" if density < SPARSE_DENSITY else "dense"
 
 
 @dataclass(frozen=True)
@@ -81,12 +106,43 @@ class Store:
 
     @cached_property
     def _array(self) -> zarr.Array:
+        if self.layout == "sparse":
+            raise DataFormatError(f"{self.path}: a sparse store has no dense response array; "
+                                  f"use Store.observations()")
         return zarr.open_array(self.path / "responses", mode="r", zarr_format=3)
 
     @property
+    def layout(self) -> str:
+        """``dense`` (an S x N matrix) or ``sparse`` (COO observations)."""
+        return str(self.meta.get("layout", "dense"))
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """Inner chunk shape: (rows, items) for dense stores, (observations,) for sparse ones."""
+        name = "responses" if self.layout == "dense" else "response"
+        return tuple(zarr.open_array(self.path / name, mode="r", zarr_format=3).chunks)
+
+    @property
     def responses(self) -> da.Array:
-        """Lazy ``Int8[Array, "s n"]`` dask array of responses; ``meta["missing"]`` = missing."""
+        """Lazy ``Int8[Array, "s n"]`` dask array of responses; ``meta["missing"]`` = missing.
+
+        For a sparse store this densifies on compute (one task): meant for small stores.
+        """
+        if self.layout == "sparse":
+            import dask
+
+            return da.from_delayed(dask.delayed(self.load)(), self.shape,
+                                   dtype=np.dtype(KINDS[self.kind].dtype))
         return da.from_zarr(self._array)
+
+    def observations(self) -> tuple[da.Array, da.Array, da.Array]:
+        """Lazy COO arrays ``(subject_idx int32, item_idx int32, response int8)`` of a sparse
+        store, sorted by (subject, item)."""
+        if self.layout != "sparse":
+            raise DataFormatError(f"{self.path}: a dense store has no observation arrays; use "
+                                  f"Store.responses, or ingest with --layout sparse")
+        return tuple(da.from_zarr(zarr.open_array(self.path / name, mode="r", zarr_format=3))
+                     for name in COO_FIELDS)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -111,6 +167,11 @@ class Store:
 
     def load(self) -> np.ndarray:
         """Read the whole response matrix into memory as ``Int8[ndarray, "s n"]``."""
+        if self.layout == "sparse":
+            s, i, v = (np.asarray(a) for a in self.observations())
+            y = np.full(self.shape, KINDS[self.kind].missing, np.dtype(KINDS[self.kind].dtype))
+            y[s, i] = v
+            return y
         return np.asarray(self._array[...])
 
 
@@ -148,7 +209,11 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
                               f"upgrade irt-engine")
     store = Store(path=path, subjects=subjects, items=items, kind=meta["kind"], meta=meta)
     if verify:
-        got = store_checksum(store._array, subjects, items, kind=store.kind)
+        if store.layout == "sparse":
+            got = sparse_checksum(*store.observations(), subjects, items, kind=store.kind,
+                                  shape=store.shape)
+        else:
+            got = store_checksum(store._array, subjects, items, kind=store.kind)
         if got != meta["checksum"]:
             raise DataFormatError(f"{path}: checksum mismatch (stored {meta['checksum']}, "
                                   f"computed {got}); the store is corrupt, re-run ingest")
@@ -177,15 +242,50 @@ def store_checksum(responses: Any, subjects: Sequence[str], items: Sequence[str]
     """
     num_subjects, num_items = responses.shape
     dtype = np.dtype(KINDS[kind].dtype)
-    digest = hashlib.sha256(
-        f"irt-engine/{FORMAT_VERSION} {kind} {dtype.name} {num_subjects} {num_items}\n".encode())
+    digest = checksum_header(kind, num_subjects, num_items)
+    rows_per_block = max(1, min(rows_per_block, (1 << 26) // max(1, num_items)))
     for start in range(0, num_subjects, rows_per_block):
         block = np.asarray(responses[start:start + rows_per_block], dtype=dtype)
         digest.update(np.ascontiguousarray(block).tobytes())
+    return hash_ids(digest, subjects, items)
+
+
+def checksum_header(kind: str, num_subjects: int, num_items: int, layout: str = "dense"):
+    """A SHA-256 object primed with the header of :func:`store_checksum` (or the sparse one)."""
+    dtype = np.dtype(KINDS[kind].dtype)
+    tail = "" if layout == "dense" else " sparse"
+    return hashlib.sha256(f"irt-engine/{FORMAT_VERSION} {kind} {dtype.name} {num_subjects} "
+                          f"{num_items}{tail}\n".encode())
+
+
+def hash_ids(digest, subjects: Sequence[str], items: Sequence[str]) -> str:
+    """Finish a checksum with the ids; return the hex digest."""
     for ids in (subjects, items):
         text = json.dumps([str(i) for i in ids], ensure_ascii=False, separators=(",", ":"))
         digest.update(text.encode("utf-8") + b"\n")
     return digest.hexdigest()
+
+
+def coo_bytes(subject_idx: np.ndarray, item_idx: np.ndarray, response: np.ndarray) -> bytes:
+    """Observations packed as 9-byte records (<i4 subject, <i4 item, i1 response)."""
+    rec = np.empty(len(response), _COO_RECORD)
+    rec["s"], rec["i"], rec["v"] = subject_idx, item_idx, response
+    return rec.tobytes()
+
+
+def sparse_checksum(subject_idx: Any, item_idx: Any, response: Any, subjects: Sequence[str],
+                    items: Sequence[str], *, kind: str = "binary",
+                    shape: tuple[int, int] | None = None, per_block: int = 1 << 22) -> str:
+    """SHA-256 hex digest of a sparse store: header ``f"irt-engine/{FORMAT_VERSION} {kind}
+    {dtype} {S} {N} sparse\\n"``, the observations in stored (subject, item) order as
+    :func:`coo_bytes` records read ``per_block`` at a time, then the ids as in
+    :func:`store_checksum`."""
+    shape = shape or (len(subjects), len(items))
+    digest = checksum_header(kind, *shape, layout="sparse")
+    for start in range(0, len(response), per_block):
+        part = [np.asarray(a[start:start + per_block]) for a in (subject_idx, item_idx, response)]
+        digest.update(coo_bytes(*part))
+    return hash_ids(digest, subjects, items)
 
 
 def _is_store(path: Path) -> bool:
@@ -218,7 +318,7 @@ def _chunking(shape: tuple[int, int], chunks: Sequence[int]) -> tuple[tuple, tup
 def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[str],
                 out: str | Path, *, kind: str = "binary", source: Sequence[str] = (),
                 input_format: str | None = None, chunks: Sequence[int] = (1024, 8192),
-                overwrite: bool = False) -> Store:
+                overwrite: bool = False, layout: str = "dense") -> Store:
     """Write an in-memory response matrix as a store, atomically.
 
     The store is written to ``.{name}.tmp-<random>`` next to ``out`` and renamed into
@@ -240,6 +340,9 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
         Chunk shape (clipped to the matrix); shards hold up to 8 chunks along items.
     overwrite : bool
         Replace an existing store at ``out``.
+    layout : {"dense", "sparse", "auto"}
+        "sparse" stores the observed cells as (subject, item, response) observations;
+        "auto" picks sparse below ``SPARSE_DENSITY``.
 
     Returns
     -------
@@ -273,6 +376,15 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
         if len(set(ids)) != len(ids):
             dup = next(i for i, c in Counter(ids).items() if c > 1)
             raise DataFormatError(f"duplicate {what} id {dup!r}; ids must be unique")
+    num_observed = int((responses != spec.missing).sum())
+    if resolve_layout(layout, num_observed, *responses.shape) == "sparse":
+        from engine.data.writer import SparseWriter
+
+        rows, cols = np.nonzero(responses != spec.missing)  # row-major: (subject, item) order
+        with SparseWriter(out, subjects, items, kind=kind, source=source, overwrite=overwrite,
+                          input_format=input_format, expected=len(rows)) as writer:
+            writer.append(rows, cols, responses[rows, cols])
+            return writer.commit()
     out = check_writable(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(6)}"
@@ -280,7 +392,7 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
         _write_group(tmp, responses, subjects, items, spec, chunks, {
             "format_version": FORMAT_VERSION, "kind": kind, "dtype": spec.dtype,
             "missing": spec.missing, "layout": "dense", "num_subjects": len(subjects),
-            "num_items": len(items), "num_observed": int((responses != spec.missing).sum()),
+            "num_items": len(items), "num_observed": num_observed,
             "source": [str(s) for s in source], "input_format": input_format,
             "checksum": store_checksum(responses, subjects, items, kind=kind),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from engine.models.spec import ModelSpec
 
-__all__ = ["Terms", "make_block_terms", "cross_pairs", "log_prior", "prior_terms", "entropy", "add_terms",
+__all__ = ["Terms", "make_block_terms", "make_observation_terms", "cross_pairs", "log_prior", "prior_terms", "entropy", "add_terms",
            "scale_terms"]
 
 
@@ -44,15 +44,12 @@ def _diag(h, shape):
     return h if shape == () else jnp.diagonal(h, axis1=-2, axis2=-1)
 
 
-def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
-                     with_hessian: bool = True) -> Callable:
-    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block."""
+def _make_cell(spec: ModelSpec, with_hessian: bool) -> Callable:
+    """``cell(x, y, m) -> (value, grad[, hess, cross])`` of one cell's log-likelihood."""
     lik = spec.likelihood_params
     names = [p.name for p in lik]
     shapes = {p.name: p.shape for p in lik}
     pairs = cross_pairs(spec)
-    consts = {k: jnp.asarray(v, jnp.float32) for k, v in spec.constant_values(num_subjects, num_items).items()}
-    const_owner = {c.name: c.owner for c in spec.constants}
 
     def cell(x, c, y, m):
         def f(xc):
@@ -70,6 +67,39 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
         h, (v, g) = jax.jacfwd(grad_with_aux, has_aux=True)(x)
         return (v, g, {n: _diag(h[n][n], shapes[n]) for n in names},
                 {f"{a}|{b}": h[a][b] for a, b in pairs})
+
+    return cell
+
+
+def _constants(spec: ModelSpec, num_subjects: int, num_items: int) -> tuple[dict, dict]:
+    """The model's constants (e.g. a skill mask) as arrays, and each one's owner."""
+    values = spec.constant_values(num_subjects, num_items).items()
+    return ({k: jnp.asarray(v, jnp.float32) for k, v in values},
+            {c.name: c.owner for c in spec.constants})
+
+
+def _gather_constants(consts: dict, owners: dict, subject_idx, item_idx) -> dict:
+    return {k: v[subject_idx] if owners[k] == "subject" else v[item_idx] for k, v in consts.items()}
+
+
+def _gather(spec: ModelSpec, z: dict, subject_idx, item_idx) -> dict:
+    x = {}
+    for p in spec.likelihood_params:
+        if p.owner == "subject":
+            x[p.name] = z[p.name][subject_idx]
+        elif p.owner == "item":
+            x[p.name] = z[p.name][item_idx]
+        else:
+            x[p.name] = z[p.name]
+    return x
+
+
+def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
+                     with_hessian: bool = True) -> Callable:
+    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block."""
+    lik = spec.likelihood_params
+    cell = _make_cell(spec, with_hessian)
+    consts, const_owner = _constants(spec, num_subjects, num_items)
 
     def axes(owner_axis):
         return {p.name: (0 if p.owner == owner_axis else None) for p in lik}
@@ -96,19 +126,52 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
         return out
 
     def terms(z, subject_idx, item_idx, y):
-        x = {}
-        for p in lik:
-            if p.owner == "subject":
-                x[p.name] = z[p.name][subject_idx]
-            elif p.owner == "item":
-                x[p.name] = z[p.name][item_idx]
-            else:
-                x[p.name] = z[p.name]
-        c = {k: v[subject_idx] if const_owner[k] == "subject" else v[item_idx]
-             for k, v in consts.items()}
+        x = _gather(spec, z, subject_idx, item_idx)
+        c = _gather_constants(consts, const_owner, subject_idx, item_idx)
         mask = (y >= 0).astype(jnp.float32)  # -1 (int8) and NaN (float32) are missing
         yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
         res = over_cells(x, c, yf, mask)
+        grad = reduce(res[1], subject_idx, item_idx)
+        if not with_hessian:
+            return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})
+        return Terms(res[0].sum(), grad, reduce(res[2], subject_idx, item_idx),
+                     reduce(res[3], subject_idx, item_idx))
+
+    return terms
+
+
+def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
+                           with_hessian: bool = True) -> Callable:
+    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded batch of
+    observations: ``y[k]`` is subject ``subject_idx[k]``'s response to item ``item_idx[k]``
+    (all ``(b,)``; ``y < 0`` is padding). The same per-cell derivatives as
+    :func:`make_block_terms`, scattered to each observation's owners: no dense matrix."""
+    lik = spec.likelihood_params
+    cell = _make_cell(spec, with_hessian)
+    consts, const_owner = _constants(spec, num_subjects, num_items)
+    over_obs = jax.vmap(cell, in_axes=({p.name: (None if p.owner == "global" else 0)
+                                        for p in lik}, {k: 0 for k in consts}, 0, 0))
+    owner_of = {p.name: p for p in lik}
+
+    def reduce(per_obs, subject_idx, item_idx):
+        out = {}
+        for key, v in per_obs.items():
+            p = owner_of[key.split("|")[0]]
+            full = jnp.zeros(p.full_shape(num_subjects, num_items), jnp.float32)
+            if p.owner == "subject":
+                out[key] = full.at[subject_idx].add(v)
+            elif p.owner == "item":
+                out[key] = full.at[item_idx].add(v)
+            else:
+                out[key] = v.sum(axis=0)
+        return out
+
+    def terms(z, subject_idx, item_idx, y):
+        x = _gather(spec, z, subject_idx, item_idx)
+        c = _gather_constants(consts, const_owner, subject_idx, item_idx)
+        mask = (y >= 0).astype(jnp.float32)
+        yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
+        res = over_obs(x, c, yf, mask)
         grad = reduce(res[1], subject_idx, item_idx)
         if not with_hessian:
             return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})

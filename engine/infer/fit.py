@@ -9,8 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engine.data.blocks import Block, InMemorySource
-from engine.infer.elbo import add_terms, make_block_terms
+from engine.data.blocks import Block, BlockSource
+from engine.data.streaming import prefetch
+from engine.infer.checkpoint import Checkpointer, FitProgress
+from engine.infer.elbo import add_terms, make_block_terms, make_observation_terms
 from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
 from engine.infer.parallel import make_parallel_terms, num_local_devices, stack_blocks
 from engine.infer.settings import FitSettings
@@ -72,34 +74,51 @@ def converged_at(values: list[float], tol: float, window: int, min_passes: int) 
     return bool(change < max(tol * max(abs(last.mean()), 1.0), noise))
 
 
-def _groups(source, num_devices: int) -> list[tuple[Block, int]]:
-    """Blocks dealt into groups of ``num_devices`` (padded with empty blocks), device-resident."""
-    blocks = list(source.blocks())
-    while len(blocks) % num_devices:
-        blocks.append(source.empty_block())
+def _group_keys(source: BlockSource, num_devices: int) -> list[tuple]:
+    """Block keys dealt into groups of ``num_devices`` (None pads with an empty block)."""
+    keys = list(source.keys())
+    while len(keys) % num_devices:
+        keys.append(None)
+    return [tuple(keys[i : i + num_devices]) for i in range(0, len(keys), num_devices)]
+
+
+def _group_loader(source: BlockSource, num_devices: int):
+    """``load(keys) -> (stacked device Block, observed cells)`` for one group of blocks."""
     devices = jax.local_devices()[:num_devices]
     sharding = jax.sharding.NamedSharding(
         jax.sharding.Mesh(np.asarray(devices), ("devices",)), jax.sharding.PartitionSpec("devices"))
-    groups = []
-    for i in range(0, len(blocks), num_devices):
-        chunk = blocks[i : i + num_devices]
-        observed = int(sum((b.y >= 0).sum() for b in chunk))
-        stacked = stack_blocks(chunk, num_devices)
-        stacked = Block(*(jax.device_put(a, sharding) for a in stacked))
-        groups.append((stacked, observed))
-    return groups
+
+    def load(keys: tuple) -> tuple[Block, int]:
+        blocks = [source.block(k) if k is not None else source.empty_block() for k in keys]
+        observed = int(sum((b.y >= 0).sum() for b in blocks))
+        stacked = stack_blocks(blocks, num_devices)
+        return Block(*(jax.device_put(a, sharding) for a in stacked)), observed
+
+    return load
 
 
-def fit_source(spec: ModelSpec, source: InMemorySource, settings: FitSettings = FitSettings(),
+def _terms_factory(source: BlockSource):
+    return make_observation_terms if source.layout == "sparse" else make_block_terms
+
+
+def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = FitSettings(),
                *, init: GuideState | None = None, frozen: frozenset = frozenset(),
-               progress_fn=None) -> FitResult:
+               progress_fn=None, checkpointer: Checkpointer | None = None,
+               resume: bool = False) -> FitResult:
     """Fit ``spec`` to the blocks of ``source`` by stochastic variational inference.
+
+    In-memory sources keep every block on the devices; others (streaming, or sparse
+    batches read from a store) are read anew each pass, ``settings.prefetch`` groups
+    ahead on a background thread while the devices compute. Both run the same step.
 
     Parameters
     ----------
+    source : a ``BlockSource`` (dense tiles or sparse observation batches).
     init : a starting guide (e.g. a previous run's posterior); frozen blocks keep its values.
     frozen : names of blocks held fixed at ``init``.
     progress_fn : called as ``progress_fn(pass_index, record)`` after every pass.
+    checkpointer : saves the fit's progress every ``checkpointer.every`` passes.
+    resume : continue from ``checkpointer``'s checkpoint when there is one.
     """
     S, N = source.num_subjects, source.num_items
     K = num_local_devices(settings.num_devices)
@@ -111,28 +130,44 @@ def fit_source(spec: ModelSpec, source: InMemorySource, settings: FitSettings = 
     state = jax.device_put(
         FitState(guide, opt_state, jnp.zeros((), jnp.int32), jax.random.PRNGKey(settings.seed)), device)
     with_hessian = settings.optimizer == "newton"
-    terms_fn = make_parallel_terms(make_block_terms(spec, S, N, with_hessian), K)
+    terms_fn = make_parallel_terms(_terms_factory(source)(spec, S, N, with_hessian), K)
     update = make_update(spec, settings, frozenset(frozen))
-    groups = _groups(source, K)
+    group_keys = _group_keys(source, K)
+    load = _group_loader(source, K)
+    cached = [load(keys) for keys in group_keys] if source.resident else None
     order_key = jax.random.PRNGKey(settings.seed + 1)
 
-    trace, smooth, recent = [], [], []
-    converged, compile_time = False, 0.0
+    trace, recent, elapsed, compile_time = [], [], 0.0, 0.0
+    if resume and checkpointer is not None:
+        progress = checkpointer.load(jax.device_get(state))
+        if progress is not None:
+            state = jax.device_put(progress.state, device)
+            order_key, trace, recent = progress.order_key, list(progress.trace), progress.recent
+            elapsed, compile_time = progress.elapsed_s, progress.compile_s
+    smooth = [r["elbo_smooth"] for r in trace if "error" not in r]
+    converged = bool(trace) and converged_at(smooth, settings.tol, settings.patience,
+                                             settings.min_passes)
+    failed = any("error" in r for r in trace)
     t_start = time.perf_counter()
-    for pass_idx in range(settings.max_passes):
+    for pass_idx in range(len(trace), 0 if converged or failed else settings.max_passes):
         t0 = time.perf_counter()
-        order = np.arange(len(groups))
+        order = np.arange(len(group_keys))
         if settings.steps_per_pass > 1:
             order_key, sub = jax.random.split(order_key)
-            order = np.asarray(jax.random.permutation(sub, len(groups)))
+            order = np.asarray(jax.random.permutation(sub, len(group_keys)))
+        if cached is not None:
+            feed = (cached[g] for g in order)
+        else:
+            feed = prefetch((load(group_keys[g]) for g in order), settings.prefetch)
         infos = []
-        for chunk in np.array_split(order, min(settings.steps_per_pass, len(groups))):
+        for chunk in np.array_split(order, min(settings.steps_per_pass, len(group_keys))):
             state, z, eps = draw(state)
             lik, observed = None, 0
-            for g in chunk:
-                t = terms_fn(z, groups[g][0])
+            for _ in chunk:
+                group, count = next(feed)
+                t = terms_fn(z, group)
                 lik = t if lik is None else add_terms(lik, t)
-                observed += groups[g][1]
+                observed += count
             scale = source.num_observed / max(observed, 1)
             state, info = update(state, z, eps, lik, jnp.float32(scale))
             infos.append(info)
@@ -152,13 +187,17 @@ def fit_source(spec: ModelSpec, source: InMemorySource, settings: FitSettings = 
             break
         trace.append(record)
         smooth.append(record["elbo_smooth"])
-        recent = (recent + [state.guide])[-settings.patience:]
+        recent = (recent + [jax.device_get(state.guide)])[-settings.patience:]
         if progress_fn is not None:
             progress_fn(pass_idx, record)
         if converged_at(smooth, settings.tol, settings.patience, settings.min_passes):
             converged = True
             break
-    wall = time.perf_counter() - t_start
+        if checkpointer is not None and checkpointer.due(len(trace)):
+            checkpointer.save(FitProgress(jax.device_get(state), jax.device_get(order_key), trace,
+                                          recent, elapsed + time.perf_counter() - t_start,
+                                          compile_time))
+    wall = elapsed + time.perf_counter() - t_start
     # Polyak averaging over the final window removes most Monte Carlo jitter.
     final = jax.tree.map(lambda *g: np.mean(np.stack([np.asarray(x) for x in g]), axis=0), *recent) \
         if recent else jax.tree.map(np.asarray, state.guide)
@@ -175,4 +214,5 @@ def fit_source(spec: ModelSpec, source: InMemorySource, settings: FitSettings = 
         num_observed=source.num_observed,
         num_devices=K,
         frozen=tuple(sorted(frozen)),
+        extra={"source": type(source).__name__, "layout": source.layout},
     )

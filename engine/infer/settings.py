@@ -7,7 +7,32 @@ from dataclasses import dataclass
 
 from engine.errors import SettingsError
 
-__all__ = ["FitSettings"]
+__all__ = ["FitSettings", "parse_bytes"]
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """A byte count from ``"512M"``, ``"4G"``, ``"1.5GiB"``, ``"64k"`` or a plain integer.
+
+    Units are binary (K = 1024). Raises ``SettingsError`` on anything else or on <= 0.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        raw = str(text).strip()
+        t = raw.lower().removesuffix("ib").removesuffix("b")
+        unit = t[-1] if t and t[-1] in _UNITS else ""
+        try:
+            value = int(float(t[: len(t) - len(unit)]) * _UNITS[unit])
+        except (ValueError, OverflowError):
+            value = None
+        if value is None or not t[: len(t) - len(unit)].strip():
+            raise SettingsError(f"memory budget {raw!r} is not a size; write it like 512M, 4G or "
+                                f"1.5G (units K, M, G, T; binary)")
+    if value < 1:
+        raise SettingsError(f"memory budget {text!r} must be positive; write it like 512M or 4G")
+    return value
 
 OPTIMIZERS = ("newton", "adam")
 
@@ -30,6 +55,10 @@ class FitSettings:
     num_devices : devices to shard blocks across (None = all local devices).
     max_block_cells : cells per block (fixed shape, so the step compiles once).
     seed : the one source of randomness.
+    checkpoint_every : save the fit's progress every this many passes (0 = never).
+    memory_budget : bytes the response data may occupy in memory (None = a share of the
+        machine's available memory); larger stores are streamed from disk.
+    prefetch : block groups read ahead of the devices when streaming.
     """
 
     optimizer: str = "newton"
@@ -48,6 +77,8 @@ class FitSettings:
     seed: int = 0
     progress: bool = False
     checkpoint_every: int = 0
+    memory_budget: int | None = None
+    prefetch: int = 2
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
@@ -61,6 +92,11 @@ class FitSettings:
             raise SettingsError("tol, learning_rate and max_step must be positive")
         if self.patience < 1 or self.steps_per_pass < 1 or self.max_block_cells < 1:
             raise SettingsError("patience, steps_per_pass and max_block_cells must be >= 1")
+        if self.checkpoint_every < 0 or self.prefetch < 0:
+            raise SettingsError("checkpoint_every and prefetch must be >= 0")
+        if self.memory_budget is not None and self.memory_budget < 1:
+            raise SettingsError(f"memory_budget must be a positive number of bytes, got "
+                                f"{self.memory_budget}")
         if self.num_devices is not None and self.num_devices < 1:
             raise SettingsError(f"num_devices must be >= 1, got {self.num_devices}")
 

@@ -179,3 +179,64 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
 
 def test_errors_are_irt_errors():
     assert issubclass(StoreExistsError, IRTError) and issubclass(StoreExistsError, FileExistsError)
+
+
+def test_sparse_layout_round_trip(tmp_path):
+    y = _matrix(3, shape=(40, 60))
+    y[np.random.default_rng(4).random(y.shape) < 0.97] = -1  # ~7% observed
+    y[:, 0], y[0, :] = 1, 0
+    dense = write_store(y, _ids("s", 40), _ids("i", 60), tmp_path / "d.zarr")
+    sparse = write_store(y, _ids("s", 40), _ids("i", 60), tmp_path / "s.zarr", layout="auto")
+    assert dense.layout == "dense" and sparse.layout == "sparse"
+    assert sparse.num_observed == dense.num_observed == int((y >= 0).sum())
+    assert not (sparse.path / "responses").exists()
+    s, i, v = (np.asarray(a) for a in sparse.observations())
+    assert s.dtype == np.int32 and i.dtype == np.int32 and v.dtype == np.int8
+    np.testing.assert_array_equal(y[s, i], v)
+    assert np.all(np.diff(s.astype(np.int64) * 60 + i) > 0)  # sorted by (subject, item)
+    np.testing.assert_array_equal(sparse.load(), y)
+    np.testing.assert_array_equal(sparse.responses.compute(), y)
+    assert open_store(sparse.path, verify=True).meta["checksum"] == sparse.meta["checksum"]
+    with pytest.raises(DataFormatError, match="dense store has no observation arrays"):
+        dense.observations()
+    arr = zarr.open_array(sparse.path / "response", mode="r+", zarr_format=3)
+    arr[0] = 1 - arr[0]
+    with pytest.raises(DataFormatError, match="checksum mismatch"):
+        open_store(sparse.path, verify=True)
+
+
+def test_dense_writer_in_bands_matches_write_store(tmp_path):
+    from engine.data.writer import DenseWriter
+
+    y = _matrix(5, shape=(23, 9))
+    whole = write_store(y, _ids("s", 23), _ids("i", 9), tmp_path / "a.zarr", chunks=(4, 3))
+    with DenseWriter(tmp_path / "b.zarr", _ids("s", 23), _ids("i", 9), chunks=(4, 3)) as w:
+        for start in (0, 3, 10, 11):  # bands that do not line up with chunk rows
+            w.write_rows(y[start:{0: 3, 3: 10, 10: 11, 11: 23}[start]])
+        banded = w.commit()
+    np.testing.assert_array_equal(banded.load(), y)
+    assert banded.meta["checksum"] == whole.meta["checksum"]
+    assert banded.num_observed == whole.num_observed
+    with pytest.raises(DataFormatError, match="rows written; expected 23"):
+        with DenseWriter(tmp_path / "c.zarr", _ids("s", 23), _ids("i", 9)) as w:
+            w.write_rows(y[:5])
+            w.commit()
+    assert not (tmp_path / "c.zarr").exists() and _leftovers(tmp_path) == []
+
+
+def test_sparse_writer_rejects_unsorted_or_bad_observations(tmp_path):
+    from engine.data.writer import SparseWriter
+
+    for s, i, v, match in [([1, 0], [0, 0], [1, 1], "sorted by"),
+                           ([0, 0], [1, 1], [1, 0], "sorted by"),
+                           ([0], [7], [1], "out of range"),
+                           ([0], [0], [2], "must be 0 or 1")]:
+        with pytest.raises(DataFormatError, match=match):
+            with SparseWriter(tmp_path / "x.zarr", _ids("s", 3), _ids("i", 4)) as w:
+                w.append(np.array(s), np.array(i), np.array(v, np.int8))
+        assert _leftovers(tmp_path) == []
+    with SparseWriter(tmp_path / "x.zarr", _ids("s", 3), _ids("i", 4), chunk=2) as w:
+        w.append(np.array([0, 0, 1]), np.array([0, 3, 2]), np.array([1, 0, 1], np.int8))
+        w.append(np.array([2]), np.array([1]), np.array([0], np.int8))
+        store = w.commit()
+    assert store.num_observed == 4 and store.load()[0, 3] == 0 and store.load()[2, 1] == 0

@@ -1,0 +1,282 @@
+"""Streaming ingest of long-format files (subject, item, response), in bounded memory.
+
+Three passes, none holding the input: (1) read record batches (pyarrow; Parquet row
+groups with dictionary-encoded ids, CSV blocks), validate them and collect the subject
+and item ids in first-appearance order; (2) read again and spill each observation as a
+17-byte record (subject, item, response, input row) to a scratch file per band of
+subject rows; (3) per band, build the band (a dense row band, or sorted observations),
+detect conflicting duplicates and write it to the store. Memory is a batch plus a
+band (``memory_budget``), whatever the number of cells.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from engine.data.ingest import (_LONG_COLS, _BadCell, _bad_value, _cannot_read, _check_support,
+                                _container, _csv_rows, _delimiter, _header, _long_column,
+                                _open_text, _to_float, _where_row)
+from engine.data.store import Store, check_writable, resolve_layout
+from engine.data.writer import DenseWriter, SparseWriter
+from engine.errors import DataFormatError
+
+__all__ = ["ingest_long", "DEFAULT_BUDGET"]
+
+DEFAULT_BUDGET = 512 << 20
+_SPILL = np.dtype([("s", "<i4"), ("i", "<i4"), ("v", "i1"), ("g", "<i8")])
+_MAX_BANDS = 256
+
+
+class _Ids:
+    """Ids in first-appearance order with the input row where each first appeared."""
+
+    def __init__(self, what: str):
+        self.what, self.code, self.first = what, {}, []
+
+    def encode(self, col: pa.Array, row0: int, where: Callable[[int], str],
+               learn: bool) -> np.ndarray:
+        """Global codes of a batch column; with ``learn``, new ids are added (else all known)."""
+        if not pa.types.is_dictionary(col.type):
+            col = pc.dictionary_encode(pc.cast(col, pa.large_string()))
+        if col.null_count:
+            row = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
+            raise DataFormatError(f"{where(row)}: empty {self.what} id; give every row a "
+                                  f"{self.what} id or drop the row")
+        values = pc.utf8_trim_whitespace(pc.cast(col.dictionary, pa.large_string())).to_pylist()
+        idx = col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        if learn:
+            used, first = np.unique(idx, return_index=True)
+            order = np.argsort(first, kind="stable")  # new ids in order of first appearance
+            for u, f in zip(used[order].tolist(), first[order].tolist()):
+                value = values[u]
+                if not value:
+                    bad = int(np.argmax(idx == u))
+                    raise DataFormatError(f"{where(bad)}: empty {self.what} id; give every row "
+                                          f"a {self.what} id or drop the row")
+                if value not in self.code:
+                    self.code[value] = len(self.first)
+                    self.first.append(row0 + f)
+            return np.asarray([self.code.get(v, -1) for v in values], np.int64)[idx]
+        return np.asarray([self.code.get(v, -1) for v in values], np.int64)[idx]
+
+    @property
+    def ids(self) -> list[str]:
+        return list(self.code)
+
+
+def _batches(files: list[Path], batch_rows: int) -> Iterator[tuple[int, int, pa.RecordBatch, str]]:
+    """``(file index, first row in file, batch of [subject, item, response], response name)``."""
+    for k, path in enumerate(files):
+        header = _header(path)
+        names = [_long_column(path, header, role) for role in _LONG_COLS]
+        offset = 0
+        try:
+            for batch in _read(path, names, batch_rows):
+                yield k, offset, batch, names[2]
+                offset += batch.num_rows
+        except pa.ArrowInvalid as err:
+            if _container(path) != "parquet":
+                try:
+                    with _open_text(path) as f:
+                        for _ in _csv_rows(path, f):  # raises naming a ragged line
+                            pass
+                except (OSError, UnicodeDecodeError) as err2:
+                    raise _cannot_read(path, err2) from err2
+            raise DataFormatError(f"{path}: cannot parse it ({err}); check the file") from err
+        except (OSError, pa.ArrowException) as err:
+            raise _cannot_read(path, err) from err
+
+
+def _read(path: Path, names: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    if _container(path) == "parquet":
+        schema = pq.read_schema(path)
+        text = [n for n in names[:2] if pa.types.is_string(schema.field(n).type)
+                or pa.types.is_large_string(schema.field(n).type)]
+        with pq.ParquetFile(path, read_dictionary=text) as f:
+            yield from f.iter_batches(batch_size=batch_rows, columns=names)
+        return
+    reader = pacsv.open_csv(
+        path, read_options=pacsv.ReadOptions(block_size=16 << 20),
+        parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
+        convert_options=pacsv.ConvertOptions(
+            include_columns=names, strings_can_be_null=True,
+            column_types={n: pa.string() for n in names}))
+    for batch in reader:
+        yield batch.select(names)
+
+
+def _values(col: pa.Array, kind: str | None, at: Callable[[int], str], name: str) -> np.ndarray:
+    try:
+        values = _to_float(pa.chunked_array([col]))
+    except _BadCell as bad:
+        raise _bad_value(f'{at(bad.index)}, column "{name}"', bad.value) from None
+    return _check_support(np.asarray(values, np.float32), kind,
+                              lambda r: f'{at(r)}, column "{name}"')
+
+
+def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = None,
+                chunks: Sequence[int] = (1024, 8192), overwrite: bool = False,
+                layout: str = "auto", memory_budget: int | None = None,
+                batch_rows: int = 1 << 20) -> Store:
+    """Ingest long-format files (CSV/Parquet) into a store, streaming; see the module doc.
+
+    Raises
+    ------
+    DataFormatError
+        Malformed input, naming the file, row and column.
+    """
+    files = [Path(f) for f in files]
+    out = check_writable(out, overwrite)
+    budget = memory_budget or DEFAULT_BUDGET
+    subjects, items = _Ids("subject"), _Ids("item")
+    file_rows, num_observed = [0] * len(files), 0
+
+    # pass 1: validate, collect ids, count
+    for k, offset, batch, name in _batches(files, batch_rows):
+        at = lambda r, k=k, offset=offset: _where_row(files[k], offset + r)  # noqa: E731
+        row0 = sum(file_rows[:k]) + offset
+        subjects.encode(batch.column(0), row0, at, learn=True)
+        items.encode(batch.column(1), row0, at, learn=True)
+        num_observed += int((_values(batch.column(2), kind, at, name) >= 0).sum())
+        file_rows[k] = offset + batch.num_rows
+    starts = [0, *np.cumsum(file_rows).tolist()]
+    if starts[-1] == 0:
+        raise DataFormatError(f"{', '.join(map(str, files))}: no rows; expected one row per "
+                              f"(subject, item, response)")
+
+    def where(g: int) -> str:
+        k = int(np.searchsorted(starts, g, side="right")) - 1
+        return _where_row(files[k], g - starts[k])
+
+    S, N = len(subjects.first), len(items.first)
+    layout = resolve_layout(layout, num_observed, S, N)
+    band_rows = _band_rows(layout, S, N, num_observed, budget, chunks)
+    scratch = out.parent / f".{out.name}.spill-{secrets.token_hex(6)}"
+    scratch.mkdir(parents=True)
+    try:
+        _spill(files, batch_rows, subjects, items, starts, band_rows, scratch, kind)
+        common = dict(kind=kind or "binary", source=[str(p) for p in files], input_format="long",
+                      overwrite=overwrite)
+        if layout == "dense":
+            writer = DenseWriter(out, subjects.ids, items.ids, chunks=chunks, **common)
+        else:
+            writer = SparseWriter(out, subjects.ids, items.ids, expected=num_observed, **common)
+        with writer:
+            n_s, n_i = _write_bands(writer, layout, scratch, S, N, band_rows, subjects, items,
+                                    where)
+            _check_nonempty(n_s, subjects, where)
+            _check_nonempty(n_i, items, where)
+            return writer.commit()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _band_rows(layout: str, S: int, N: int, num_observed: int, budget: int,
+               chunks: Sequence[int]) -> int:
+    """Subject rows per band, so that a band's records, their sorting temporaries and (for
+    dense stores) its rows stay within the budget; the dense writer itself buffers one
+    chunk row band (``chunks[0] x N`` bytes) beside it."""
+    per_obs = 64  # a 17-byte record read back, plus index and sorting temporaries
+    per_row = per_obs * max(1.0, num_observed / max(1, S)) + (N if layout == "dense" else 0)
+    if layout == "dense":
+        budget = max(1, budget - min(int(chunks[0]), S) * N)
+    rows = max(1, int(budget // per_row))
+    return int(max(rows, -(-S // _MAX_BANDS)))
+
+
+def _spill(files, batch_rows, subjects: _Ids, items: _Ids, starts, band_rows: int,
+           scratch: Path, kind) -> None:
+    """Pass 2: append each observation to its band's scratch file."""
+    handles: dict[int, object] = {}
+    try:
+        for k, offset, batch, name in _batches(files, batch_rows):
+            at = lambda r, k=k, offset=offset: _where_row(files[k], offset + r)  # noqa: E731
+            s = subjects.encode(batch.column(0), 0, at, learn=False)
+            i = items.encode(batch.column(1), 0, at, learn=False)
+            v = _values(batch.column(2), kind, at, name)
+            seen = np.flatnonzero(v >= 0)
+            rec = np.empty(len(seen), _SPILL)
+            rec["s"], rec["i"], rec["v"] = s[seen], i[seen], v[seen]
+            rec["g"] = starts[k] + offset + seen
+            band = rec["s"] // band_rows
+            order = np.argsort(band, kind="stable")
+            rec, band = rec[order], band[order]
+            cuts = np.flatnonzero(np.diff(band)) + 1
+            for part in np.split(rec, cuts):
+                if len(part):
+                    b = int(part["s"][0] // band_rows)
+                    if b not in handles:
+                        handles[b] = open(scratch / f"band-{b:06d}.bin", "ab")
+                    handles[b].write(part.tobytes())
+    finally:
+        for f in handles.values():
+            f.close()
+
+
+def _conflict(where, subjects: _Ids, items: _Ids, rec: np.ndarray, clash: np.ndarray,
+              same_key: Callable[[int], np.ndarray]) -> DataFormatError:
+    g = int(np.argmax(clash))
+    h = int(np.argmax(same_key(g) & ~clash))
+    return DataFormatError(
+        f"{where(int(rec['g'][g]))}: conflicting duplicate for subject "
+        f"{subjects.ids[rec['s'][g]]!r}, item {items.ids[rec['i'][g]]!r}: {rec['v'][g]} here "
+        f"but {rec['v'][h]} at {where(int(rec['g'][h]))}; keep one response per (subject, item)")
+
+
+def _write_bands(writer, layout: str, scratch: Path, S: int, N: int, band_rows: int,
+                 subjects: _Ids, items: _Ids, where) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 3: each band in subject order into the store; returns observed counts."""
+    n_s, n_i = np.zeros(S, np.int64), np.zeros(N, np.int64)
+    for b, r0 in enumerate(range(0, S, band_rows)):
+        rows = min(band_rows, S - r0)
+        path = scratch / f"band-{b:06d}.bin"
+        rec = np.fromfile(path, _SPILL) if path.exists() else np.empty(0, _SPILL)
+        path.unlink(missing_ok=True)
+        local = rec["s"].astype(np.int64) - r0
+        if layout == "dense":
+            band = np.full((rows, N), -1, np.int8)
+            band[local, rec["i"]] = rec["v"]
+            clash = band[local, rec["i"]] != rec["v"]
+            if clash.any():
+                raise _conflict(where, subjects, items, rec, clash,
+                                lambda g: (rec["s"] == rec["s"][g]) & (rec["i"] == rec["i"][g]))
+            seen = band >= 0
+            n_s[r0:r0 + rows] = seen.sum(axis=1)
+            n_i += seen.sum(axis=0)
+            writer.write_rows(band)
+            continue
+        key = local * N + rec["i"]
+        order = np.argsort(key, kind="stable")
+        rec, key = rec[order], key[order]
+        last = np.r_[key[1:] != key[:-1], True] if len(key) else np.empty(0, bool)
+        group_end = np.flatnonzero(last)
+        winner = np.repeat(rec["v"][group_end], np.diff(np.r_[-1, group_end]))
+        clash = rec["v"] != winner
+        if clash.any():
+            by_row = np.argsort(rec["g"], kind="stable")  # report the earliest input row
+            rec, key, clash = rec[by_row], key[by_row], clash[by_row]
+            raise _conflict(where, subjects, items, rec, clash, lambda g: key == key[g])
+        keep = rec[last]
+        n_s += np.bincount(keep["s"], minlength=S)
+        n_i += np.bincount(keep["i"], minlength=N)
+        writer.append(keep["s"], keep["i"], keep["v"])
+    return n_s, n_i
+
+
+def _check_nonempty(counts: np.ndarray, ids: _Ids, where) -> None:
+    empty = np.flatnonzero(counts == 0)
+    if empty.size:
+        k = int(empty[0])
+        more = f" (and {empty.size - 1} more)" if empty.size > 1 else ""
+        raise DataFormatError(f"{where(ids.first[k])}: {ids.what} {ids.ids[k]!r} has no observed "
+                              f"response{more}; drop that {ids.what} from the input, it carries "
+                              f"no information")

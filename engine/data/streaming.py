@@ -1,0 +1,113 @@
+"""Streaming tiles of a dense store through Dask, read ahead on a background thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterable, Iterator, TypeVar
+
+import dask.array as da
+import numpy as np
+
+from engine.data.blocks import Block, aligned_tile, empty_tile, tile_block
+
+__all__ = ["StreamingSource", "prefetch"]
+
+T = TypeVar("T")
+
+
+class StreamingSource:
+    """Tiles of a dense ``(S, N)`` dask array, computed only when the fit asks for them.
+
+    Tiles are aligned with the stored chunks (:func:`aligned_tile`) so each chunk is
+    decoded once per pass. Nothing is cached: memory is a few tiles, whatever ``S x N``.
+
+    Parameters
+    ----------
+    responses : dask array ``Int8[Array, "s n"]`` (e.g. ``Store.responses``), -1 missing.
+    num_observed : observed cells in the whole matrix (the ELBO scale).
+    max_block_cells : cells per tile at most.
+    tile : an explicit tile shape (overrides the chunk-aligned default).
+    """
+
+    layout = "dense"
+    resident = False
+
+    def __init__(self, responses: da.Array, *, num_observed: int, max_block_cells: int = 1 << 22,
+                 tile: tuple[int, int] | None = None):
+        if responses.ndim != 2:
+            raise ValueError(f"responses must be 2-D (subjects x items), got {responses.shape}")
+        self.responses = responses
+        self.shape = tuple(int(n) for n in responses.shape)
+        self.num_subjects, self.num_items = self.shape
+        self.num_observed = int(num_observed)
+        chunks = (responses.chunks[0][0], responses.chunks[1][0])
+        self.tile = tuple(min(int(t), n) for t, n in zip(
+            tile or aligned_tile(self.shape, chunks, max_block_cells), self.shape))
+
+    @classmethod
+    def from_store(cls, store, max_block_cells: int = 1 << 22) -> "StreamingSource":
+        """A streaming source over a dense ``Store``."""
+        return cls(store.responses, num_observed=store.num_observed, max_block_cells=max_block_cells)
+
+    def keys(self) -> list[tuple[int, int]]:
+        rows, cols = self.tile
+        return [(r, c) for r in range(0, self.shape[0], rows) for c in range(0, self.shape[1], cols)]
+
+    def block(self, origin: tuple[int, int]) -> Block:
+        r, c = origin
+        rows, cols = self.tile
+        # The synchronous scheduler: this runs on the prefetch thread, beside the devices.
+        part = self.responses[r : r + rows, c : c + cols].compute(scheduler="synchronous")
+        return tile_block(np.asarray(part, np.int8), origin, self.tile)
+
+    def empty_block(self) -> Block:
+        return empty_tile(self.tile)
+
+
+_DONE = object()
+
+
+def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """Iterate ``items`` with up to ``depth`` of them produced ahead on a background thread.
+
+    Exceptions raised while producing an item are re-raised here; closing the iterator
+    early stops the thread.
+    """
+    if depth < 1:
+        yield from items
+        return
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work():
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((_DONE, None))
+        except BaseException as err:  # handed to the consumer
+            put((_DONE, err))
+
+    thread = threading.Thread(target=work, name="irt-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, err = slots.get()
+            if item is _DONE:
+                if err is not None:
+                    raise err
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()
