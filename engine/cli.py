@@ -102,6 +102,112 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# --- item analysis and evaluation design -----------------------------------------------
+
+def _write_table(df, out) -> None:
+    """Write a table to ``out`` (.csv or .parquet) atomically."""
+    import os
+
+    out = Path(out)
+    if out.suffix not in (".csv", ".parquet"):
+        raise SettingsError(f"--out {out}: use a .csv or .parquet file name")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        df.to_csv(tmp, index=False) if out.suffix == ".csv" else df.to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {out}")
+
+
+def _ability_range(text: str | None):
+    if text is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise SettingsError(f"--ability {text!r}: expected LO,HI, e.g. --ability -1,2") from None
+    return lo, hi
+
+
+def cmd_items(args) -> int:
+    import pandas as pd
+
+    from engine.readout.items import (choose_subjects, expected_probabilities, load_run_responses,
+                                      quartile_table, review_items)
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    table = review_items(run, y, top=len(run.items) if args.out else args.top,
+                         num_subjects=args.num_subjects)
+    show = ["item", "review_score"] + [c for c in ("p_negative_discrimination", "p_low_feasibility")
+                                       if c in table] + \
+        [c for c in ("difficulty_mean", "discrimination_mean", "feasibility_mean") if c in table] + \
+        ["mean_response", "expected_mean", "outfit", "residual_corr", "residual_z"]
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 80):
+        print(f"items ranked for review (of {len(run.items)}):")
+        print(table.head(args.top)[show].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print("\nsubjects disagreeing most with the model on those items:")
+        for r in table.head(args.top).itertuples():
+            print(f"  {r.item}: {r.disagreeing}")
+        names = args.subjects.split(",") if args.subjects else None
+        chosen = choose_subjects(run, y, names)
+        quart = quartile_table(run.items, run.subjects, y, chosen, expected_probabilities(run, chosen))
+        print(f"\naccuracy by difficulty and discrimination quartile ({quart.attrs['num_items']} items, "
+              f"{quart.attrs['excluded_negative_discrimination']} with negative discrimination left out):")
+        print(quart.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if args.out:
+        _write_table(table, args.out)
+    return 0
+
+
+def cmd_score(args) -> int:
+    from engine.readout.leaderboard import format_leaderboard, leaderboard
+    from engine.score import score
+
+    t0 = time.perf_counter()
+    board, res = score(args.run, args.responses, num_draws=args.draws, seed=args.seed)
+    lb = leaderboard(board)
+    new = lb[lb["new"]]
+    print(f"scored {len(new)} new subject(s) against frozen items in {time.perf_counter() - t0:.1f} s "
+          f"({res.num_passes} passes, {'converged' if res.converged else 'NOT converged'})")
+    print(format_leaderboard(lb if args.all else new))
+    if args.out:
+        _write_table(lb, args.out)
+    return 0
+
+
+def cmd_subset(args) -> int:
+    import numpy as np
+
+    from engine.readout.items import item_bank, load_run_responses
+    from engine.readout.subset import evaluate_subsets, select_informative, target_grid
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    bank = item_bank(run.spec, run.guide)
+    grid = target_grid(run.subjects["ability_mean"].to_numpy(), _ability_range(args.ability))
+    chosen = select_informative(bank, args.size, grid)
+    subsets = {"informative": chosen}
+    if "discrimination" in bank.params:
+        subsets["top_discrimination"] = np.argsort(-bank.params["discrimination"], kind="stable")[:args.size]
+    ev = evaluate_subsets(run, y, subsets, num_random=args.random, seed=args.seed)
+    info = bank.subset(chosen).information(grid).sum(axis=1)
+    items = run.items.iloc[chosen].reset_index(drop=True)
+    print(f"{args.size} items maximising test information over abilities "
+          f"{grid.min():+.2f}..{grid.max():+.2f} (test information {info.min():.2f}..{info.max():.2f}):")
+    cols = ["item"] + [c for c in ("difficulty_mean", "discrimination_mean") if c in items]
+    print(items[cols].to_string(float_format=lambda v: f"{v:.3f}"))
+    print("\nKendall tau of the ranking on the subset (items frozen) to the full ranking:")
+    print(ev.summary().to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.out:
+        _write_table(items.assign(selection_order=range(1, len(items) + 1)), args.out)
+    return 0
+
+
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
     p.add_argument("--model", default=model_default, help="1pl, 2pl, 3pl, 4pl or feas")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
@@ -115,6 +221,36 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--draws", type=int, default=1000, help="joint posterior draws for ranks")
     p.add_argument("--top-k", type=int, default=3, help="k of the P(top-k) column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_item_commands(sub) -> None:
+    p = sub.add_parser("items", help="items ranked for review (annotation errors) + quartile table")
+    p.add_argument("run")
+    p.add_argument("--store", default=None, help="response store (default: the run's)")
+    p.add_argument("--top", type=int, default=20, help="items to show")
+    p.add_argument("--num-subjects", type=int, default=3, help="disagreeing subjects per item")
+    p.add_argument("--subjects", default=None, help="comma-separated subjects for the quartile table")
+    p.add_argument("--out", default=None, help="write every item's flags to this .csv/.parquet")
+    p.set_defaults(func=cmd_items)
+
+    p = sub.add_parser("score", help="score new subjects against a run's frozen items")
+    p.add_argument("run")
+    p.add_argument("responses", help="a store or response file with the run's item ids")
+    p.add_argument("--all", action="store_true", help="print the whole leaderboard, not only new rows")
+    p.add_argument("--draws", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the combined leaderboard (.csv/.parquet)")
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("subset", help="K items maximising test information; ranking agreement")
+    p.add_argument("run")
+    p.add_argument("--size", type=int, required=True, help="K, the number of items")
+    p.add_argument("--ability", default=None, help="LO,HI target ability range (default: the subjects')")
+    p.add_argument("--random", type=int, default=20, help="random subsets for the baseline")
+    p.add_argument("--store", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the chosen items (.csv/.parquet)")
+    p.set_defaults(func=cmd_subset)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", dest="top_k_rows", type=int, default=None)
     _fit_options(p, model_default="1pl")  # seed 003: 1PL when subjects number in the tens
     p.set_defaults(func=cmd_demo)
+    _add_item_commands(sub)
     return parser
 
 
