@@ -208,6 +208,34 @@ def cmd_subset(args) -> int:
     return 0
 
 
+def cmd_calibration(args) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from engine.readout.calibration import calibration_report, load_confidences
+    from engine.readout.items import expected_probabilities, load_run_responses
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    subjects, items = run.subjects["subject"].astype(str), run.items["item"].astype(str)
+    conf = load_confidences(args.confidences, subjects, items)
+    p = expected_probabilities(run, np.arange(len(subjects)))
+    rep = calibration_report(p, y, conf, subjects, items, top=args.top)
+    fmt = lambda v: f"{v:.3f}"
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print("per subject: overconfidence = P_irt(correct) - confidence (negative: claims too much);")
+        print("ECE before (raw confidence), after (joint response-and-confidence model), of the IRT probability")
+        print(rep["subjects"].to_string(index=False, float_format=fmt))
+        print(f"\nitems with the most extreme mean overconfidence (of {len(items)}):")
+        print(rep["extreme_items"].to_string(index=False, float_format=fmt))
+    if not rep["joint"]["converged"]:
+        print("warning: the joint confidence model did not converge")
+    if args.out:
+        _write_table(rep["subjects"], args.out)
+    return 0
+
+
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
     p.add_argument("--model", default=model_default, help="1pl, 2pl, 3pl, 4pl or feas")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
@@ -251,6 +279,14 @@ def _add_item_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the chosen items (.csv/.parquet)")
     p.set_defaults(func=cmd_subset)
+
+    p = sub.add_parser("calibration", help="overconfidence and ECE from a confidence matrix")
+    p.add_argument("run")
+    p.add_argument("confidences", help="wide CSV/Parquet: subject column, one column per item, values in [0, 1]")
+    p.add_argument("--store", default=None)
+    p.add_argument("--top", type=int, default=10, help="extreme items to show")
+    p.add_argument("--out", default=None, help="write the per-subject table (.csv/.parquet)")
+    p.set_defaults(func=cmd_calibration)
 
 
 def build_parser() -> argparse.ArgumentParser:
