@@ -236,6 +236,26 @@ def cmd_calibration(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from engine.errors import StoreNotFoundError
+    from engine.readout.items import load_run_responses
+    from engine.readout.report import write_report
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    try:
+        y = load_run_responses(run, args.store)
+    except StoreNotFoundError as err:
+        if args.store:
+            raise
+        print(f"note: no item flags in the report ({err})", file=sys.stderr)
+        y = None
+    written = write_report(run, args.out, y, items=args.items.split(",") if args.items else None,
+                           stability=args.stability, dimensions=args.dimensions)
+    print(f"wrote {written.pop('html')} and {len(written)} PNGs beside it")
+    return 0
+
+
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
     p.add_argument("--model", default=model_default, help="1pl, 2pl, 3pl, 4pl or feas")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
@@ -287,6 +307,15 @@ def _add_item_commands(sub) -> None:
     p.add_argument("--top", type=int, default=10, help="extreme items to show")
     p.add_argument("--out", default=None, help="write the per-subject table (.csv/.parquet)")
     p.set_defaults(func=cmd_calibration)
+
+    p = sub.add_parser("report", help="one static HTML page (+ PNGs) of a run")
+    p.add_argument("run")
+    p.add_argument("--out", required=True, help="the .html file; PNGs are written beside it")
+    p.add_argument("--store", default=None)
+    p.add_argument("--items", default=None, help="comma-separated items whose curves to draw")
+    p.add_argument("--stability", default=None, help="directory with stability.parquet / summary.parquet")
+    p.add_argument("--dimensions", default=None, help="directory with eigenvalues.parquet / summary.json")
+    p.set_defaults(func=cmd_report)
 
 
 def build_parser() -> argparse.ArgumentParser:
