@@ -32,7 +32,7 @@ from engine.readout.items import STRATEGIES, ItemBank, item_bank, load_run_respo
     strategy_scores
 
 __all__ = ["AdaptiveTrialSpec", "TrialData", "load_trial_data", "adaptive_trial", "simulate_adaptive",
-           "TRIAL_GRID"]
+           "summarize_trials", "TRIAL_GRID"]
 
 TRIAL_GRID = np.linspace(-6.0, 6.0, 121)
 

@@ -30,7 +30,7 @@ from scipy.optimize import minimize
 from engine.errors import DataFormatError
 
 __all__ = ["load_confidences", "overconfidence", "expected_calibration_error", "fit_confidence_model",
-           "calibration_report"]
+           "calibrated_confidence", "calibration_report"]
 
 _CLIP = 1e-4  # confidences of exactly 0 or 1 (rounded softmax) are moved inside (0, 1)
 

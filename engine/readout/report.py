@@ -54,7 +54,8 @@ def _leaderboard_plot(board: pd.DataFrame) -> bytes:
 
 def _heatmap(p_beats: np.ndarray, board: pd.DataFrame, index: dict) -> bytes:
     order = [index[s] for s in board["subject"].head(MAX_BARS)]
-    m = p_beats[np.ix_(order, order)]
+    m = p_beats[np.ix_(order, order)].astype(np.float64)
+    np.fill_diagonal(m, np.nan)  # a subject against itself: left blank
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     im = ax.imshow(m, vmin=0, vmax=1, cmap="RdBu_r")
     labels = [str(s)[:20] for s in board["subject"].head(MAX_BARS)]
