@@ -217,16 +217,23 @@ def item_flags(spec: ModelSpec, guide: GuideState, y: np.ndarray, *,
     return df
 
 
-def disagreeing_subjects(bank: ItemBank, ability: np.ndarray, y: np.ndarray, item: int,
-                         subjects: np.ndarray, k: int = 3) -> list[dict]:
-    """The ``k`` subjects whose response to ``item`` the model found least likely."""
-    col = y[:, item]
-    m = col >= 0
-    p = bank.subset(np.array([item])).prob(ability.astype(np.float32))[:, 0].astype(np.float64)
-    surprise = np.where(m, -np.log(np.clip(np.where(col == 1, p, 1 - p), 1e-12, 1)), -np.inf)
-    order = np.argsort(-surprise, kind="stable")[: min(k, int(m.sum()))]
-    return [{"subject": str(subjects[s]), "response": int(col[s]), "p_correct": float(p[s]),
-             "ability": float(ability[s])} for s in order]
+def disagreeing_subjects(bank: ItemBank, ability: np.ndarray, y: np.ndarray, items: np.ndarray,
+                         subjects: np.ndarray, k: int = 3) -> list[list[dict]]:
+    """For each of ``items``, the ``k`` subjects whose response the model found least likely."""
+    items = np.asarray(items, dtype=np.int64)
+    out = []
+    for start in range(0, len(items), max(1, _CELLS // max(len(ability), 1))):
+        idx = items[start:start + max(1, _CELLS // max(len(ability), 1))]
+        p = bank.subset(idx).prob(ability.astype(np.float32)).astype(np.float64)  # (S, k)
+        cols = y[:, idx]
+        m = cols >= 0
+        surprise = np.where(m, -np.log(np.clip(np.where(cols == 1, p, 1 - p), 1e-12, 1)), -np.inf)
+        order = np.argsort(-surprise, axis=0, kind="stable")
+        for c in range(len(idx)):
+            top = order[: min(k, int(m[:, c].sum())), c]
+            out.append([{"subject": str(subjects[s]), "response": int(cols[s, c]), "p_correct": float(p[s, c]),
+                         "ability": float(ability[s])} for s in top])
+    return out
 
 
 BIN_LABELS = ("low", "med-low", "med-high", "high")
@@ -330,9 +337,8 @@ def review_items(run, y: np.ndarray, *, top: int = 20, num_subjects: int = 3) ->
     ability = run.subjects["ability_mean"].to_numpy()
     ids = run.subjects["subject"].astype(str).to_numpy()
     table["disagreeing"] = [
-        "; ".join(f"{d['subject']} (y={d['response']}, p={d['p_correct']:.2f})"
-                  for d in disagreeing_subjects(bank, ability, y, int(i), ids, num_subjects))
-        for i in table["item_index"]]
+        "; ".join(f"{d['subject']} (y={d['response']}, p={d['p_correct']:.2f})" for d in found)
+        for found in disagreeing_subjects(bank, ability, y, table["item_index"].to_numpy(), ids, num_subjects)]
     return table
 
 
