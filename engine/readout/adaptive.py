@@ -110,24 +110,41 @@ def load_trial_data(run, store: str | Path | None = None) -> TrialData:
                      bank.information(TRIAL_GRID).astype(np.float32))
 
 
-def _replay(data: TrialData, subject: int, pool: np.ndarray, strategy: str, checkpoints: tuple[int, ...],
+def _restrict(data: TrialData, pool: np.ndarray) -> TrialData:
+    """The trial data on a pool of items only."""
+    return data._replace(bank=data.bank.subset(pool), responses=data.responses[:, pool],
+                         log_p1=data.log_p1[:, pool], log_p0=data.log_p0[:, pool], info=data.info[:, pool])
+
+
+def _replay(data: TrialData, subject: int, strategy: str, checkpoints: tuple[int, ...],
             rng: np.random.Generator) -> list[float]:
     """Ability estimates (posterior means) of one subject after each checkpoint's items."""
-    y = data.responses[subject, pool]
+    y = data.responses[subject]
+    info, log_p1, log_p0 = data.info, data.log_p1, data.log_p0
     available = y >= 0
-    fixed = strategy_scores(data.bank.subset(pool), strategy, rng_key=rng)
+    fixed = strategy_scores(data.bank, strategy, rng_key=rng)
+    # a fixed priority is one ordering of the items, walked past the unanswered ones
+    queue = iter(j for j in np.argsort(-fixed, kind="stable") if available[j]) if fixed is not None else None
     log_post = data.log_prior.copy()
     estimates, given = [], 0
-    post_mean = lambda lp: float(np.sum(TRIAL_GRID * np.exp(lp - lp.max())) / np.sum(np.exp(lp - lp.max())))
+
+    def post_mean(lp):
+        w = np.exp(lp - lp.max())
+        return float(np.sum(TRIAL_GRID * w) / np.sum(w))
+
     for target in checkpoints:
-        while given < target and available.any():
-            info = None
-            if fixed is None:
+        while given < target:
+            if queue is not None:
+                j = next(queue, None)
+                if j is None:
+                    break
+            else:
+                if not available.any():
+                    break
                 g = int(np.argmin(np.abs(TRIAL_GRID - post_mean(log_post))))
-                info = data.info[g, pool]
-            j = next_item(available, info, fixed)
+                j = next_item(available, info[g], None)
             available[j] = False
-            log_post += data.log_p1[:, pool[j]] if y[j] == 1 else data.log_p0[:, pool[j]]
+            log_post = log_post + (log_p1[:, j] if y[j] == 1 else log_p0[:, j])
             given += 1
         estimates.append(post_mean(log_post))
     return estimates
@@ -149,13 +166,13 @@ def adaptive_trial(spec: AdaptiveTrialSpec | dict, data: TrialData | None = None
     if num_out > S:
         raise SettingsError(f"holding out {num_out} subjects needs more than the run's {S}")
     heldout = np.sort(rng.permutation(S)[:num_out])
-    pool = np.sort(rng.choice(N, size=min(spec.pool_size, N), replace=False)) if spec.pool_size \
-        else np.arange(N)
+    if spec.pool_size:
+        data = _restrict(data, np.sort(rng.choice(N, size=min(spec.pool_size, N), replace=False)))
     truth = data.full_ability[heldout]
     rows = []
     for strategy in spec.strategies:
         sub_rng = np.random.default_rng([spec.seed, STRATEGIES.index(strategy)])
-        est = np.array([_replay(data, s, pool, strategy, spec.checkpoints, sub_rng) for s in heldout])
+        est = np.array([_replay(data, s, strategy, spec.checkpoints, sub_rng) for s in heldout])
         for c, n in enumerate(spec.checkpoints):
             tau = kendalltau(est[:, c], truth).statistic
             rows.append({"seed": spec.seed, "strategy": strategy, "num_items": n,
