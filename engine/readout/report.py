@@ -110,13 +110,15 @@ def _stability_plot(directory: Path) -> tuple[bytes | None, str]:
         return None, f"no summary.parquet or stability.parquet in {directory}"
     xcol = next((c for c in ("sample_size", "size", "num_items", "n") if c in df), None)
     ycols = [c for c in df.columns if "tau" in c and pd.api.types.is_numeric_dtype(df[c])]
+    ycols = [c for c in ycols if c.endswith("_mean")] or ycols[:1]  # e.g. tau_between_mean, tau_full_mean
     if xcol is None or not ycols:
         return None, f"{f.name}: columns {list(df.columns)[:8]} hold no sample size and tau"
     group = next((c for c in ("method", "ranking", "strategy") if c in df), None)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for key, part in (df.groupby(group) if group else [("", df)]):
         part = part.groupby(xcol)[ycols].mean().reset_index()
-        ax.plot(part[xcol], part[ycols[0]], marker="o", label=f"{key} {ycols[0]}".strip())
+        for c in ycols:
+            ax.plot(part[xcol], part[c], marker="o", label=f"{key} {c}".strip())
     ax.set_xscale("log")
     ax.set_xlabel(xcol)
     ax.set_ylabel("Kendall tau")
@@ -142,7 +144,8 @@ def _scree_plot(directory: Path) -> tuple[bytes | None, str]:
            and c not in ("component", "index", "k", "rank")]
     if not num:
         return None, f"{f.name}: no numeric eigenvalue columns"
-    xs = df["component"] if "component" in df else np.arange(1, len(df) + 1)
+    xcol = next((c for c in ("component", "index", "k") if c in df), None)
+    xs = df[xcol] if xcol else np.arange(1, len(df) + 1)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for c in num:
         ax.plot(xs, df[c], marker="o", ms=3, label=c)

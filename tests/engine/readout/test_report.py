@@ -41,11 +41,13 @@ def _cluster_outputs(tmp):
     stab, dims = tmp / "stability", tmp / "dims"
     stab.mkdir(exist_ok=True)
     dims.mkdir(exist_ok=True)
-    pd.DataFrame({"sample_size": [10, 10, 100, 100], "method": ["irt", "accuracy"] * 2,
-                  "tau_mean": [0.5, 0.4, 0.8, 0.7]}).to_parquet(stab / "summary.parquet")
-    pd.DataFrame({"component": [1, 2, 3], "eigenvalue": [3.0, 1.1, 0.6],
-                  "parallel_q95": [1.4, 1.2, 1.0]}).to_parquet(dims / "eigenvalues.parquet")
-    (dims / "summary.json").write_text(json.dumps({"num_dimensions": 1}))
+    # the shapes written by `irt-engine stability` and `irt-engine dimensions`
+    pd.DataFrame({"size": [10, 10, 100, 100], "method": ["irt", "accuracy"] * 2,
+                  "tau_between_mean": [0.5, 0.4, 0.8, 0.7], "tau_between_q05": [0.3, 0.2, 0.7, 0.6],
+                  "tau_full_mean": [0.6, 0.5, 0.9, 0.8]}).to_parquet(stab / "summary.parquet")
+    pd.DataFrame({"index": [1, 2, 3], "observed": [3.0, 1.1, 0.6], "residual": [1.2, 0.9, 0.7],
+                  "envelope_q95": [1.4, 1.2, 1.0]}).to_parquet(dims / "eigenvalues.parquet")
+    (dims / "summary.json").write_text(json.dumps({"n_factors": 1, "details": {"x": 1}}))
     return stab, dims
 
 
@@ -75,7 +77,7 @@ def test_report_renders_in_chromium_with_leaderboard_rows(run_dir, capsys):
     for name in ("leaderboard", "p_beats", "item_curves", "items_scatter", "stability", "scree"):
         png = out.with_name(f"report_{name}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "num_dimensions: 1" in dom
+    assert "n_factors: 1" in dom
     text = out.read_text()
     assert not re.search(r'(src|href)="(?!data:)', text)  # nothing fetched at view time
 
