@@ -52,10 +52,12 @@ def _fit_and_save(store_path, out, args) -> "object":
     from engine.run import save_run
 
     settings = _settings(args)
+    options = _skill_options(store_path, args)
     update, bar = _progress(settings.progress, settings.max_passes)
     try:
         res = fit(store_path, model=args.model, settings=settings, prior=args.prior,
-                  signed_discrimination=args.signed_discrimination, progress_fn=update)
+                  signed_discrimination=args.signed_discrimination, progress_fn=update,
+                  model_options=options)
     finally:
         for bar in bar or []:
             bar.close()
@@ -64,8 +66,27 @@ def _fit_and_save(store_path, out, args) -> "object":
     status = "converged" if res.converged else "NOT converged (raise --max-passes)"
     print(f"{args.model} fit {status} in {res.num_passes} passes, {res.wall_time_s:.1f} s "
           f"({res.num_observed * res.num_passes / res.wall_time_s:.3g} cells/s); ELBO {res.elbo:.6g}")
+    inflation = res.extra["model_options"].get("inflation")
+    if inflation not in (None, "none"):
+        print(f"exact boundary values {res.extra['data'].get('boundary')}: fitted with "
+              f"{inflation} inflation (recorded in fit.json)")
     print(f"wrote {run.path}")
     return run
+
+
+def _skill_options(store_path, args) -> dict:
+    """``--dims`` / ``--q-matrix`` as model options (Q rows matched to the store's item ids)."""
+    options = {}
+    if getattr(args, "dims", None) is not None:
+        options["dims"] = args.dims
+    if getattr(args, "q_matrix", None):
+        from engine.data.store import open_store
+        from engine.models.multidim import read_q_matrix
+
+        items = [str(i) for i in open_store(store_path).items]
+        q, skills = read_q_matrix(args.q_matrix, items=items)
+        options.update(q_matrix=q.tolist(), skills=skills)
+    return options
 
 
 def cmd_fit(args) -> int:
@@ -78,7 +99,25 @@ def cmd_leaderboard(args) -> int:
     from engine.run import load_run
 
     run = load_run(args.run)
-    print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
+    vector = run.spec.param("ability").shape != ()
+    if args.rank is None and not vector:
+        print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
+        return 0
+    return _vector_leaderboard(run, args)
+
+
+def _vector_leaderboard(run, args) -> int:
+    import jax
+
+    from engine.readout.posterior import draw_posterior
+    from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
+
+    spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
+    draws = draw_posterior(run.spec, run.guide, args.draws, rng_key=jax.random.PRNGKey(args.seed),
+                           names=("ability",))["ability"]
+    skills = list(run.spec.skills) or ["ability"]
+    board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec)
+    print(format_vector_board(board, args.top_k))
     return 0
 
 
@@ -256,8 +295,91 @@ def cmd_report(args) -> int:
     return 0
 
 
+def _runner(args):
+    from cluster.settings import RunnerSettings
+
+    return RunnerSettings(backend=args.backend, address=args.address, batch_size=args.batch_size,
+                          max_in_flight=args.max_in_flight, max_retries=args.max_retries,
+                          num_cpus=args.num_cpus, progress=not args.quiet)
+
+
+def cmd_stability(args) -> int:
+    from cluster.settings import StabilitySettings, parse_sizes
+    from cluster.stability import run_stability
+    from engine.infer.settings import FitSettings
+
+    settings = StabilitySettings(
+        sizes=parse_sizes(args.sizes) if args.sizes else None, trials_per_size=args.trials_per_size,
+        model=args.model, prior=args.prior, passes=args.passes, bootstrap=args.bootstrap,
+        seed=args.seed)
+    res = run_stability(args.store, args.out, settings, _runner(args), FitSettings(seed=args.seed))
+    cols = ["size", "method", "trials", "tau_between_mean", "tau_full_mean", "diff_mean",
+            "diff_p_value"]
+    print(res.summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {res.path / 'stability.parquet'}, summary.parquet, stability.png")
+    return 0
+
+
+def cmd_bootstrap(args) -> int:
+    from cluster.bootstrap import run_bootstrap
+    from cluster.settings import BootstrapSettings
+    from engine.infer.settings import FitSettings
+
+    settings = BootstrapSettings(replicates=args.replicates, model=args.model, prior=args.prior,
+                                 passes=args.passes, seed=args.seed)
+    res = run_bootstrap(args.store, args.out, settings, _runner(args), FitSettings(seed=args.seed))
+    print(res.intervals.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {res.path / 'bootstrap.parquet'}, intervals.parquet")
+    return 0
+
+
+def cmd_dimensions(args) -> int:
+    from cluster.dimensions import run_dimensions
+    from cluster.settings import DimensionsSettings
+    from engine.infer.settings import FitSettings
+
+    settings = DimensionsSettings(shuffles=args.shuffles, model=args.model, prior=args.prior,
+                                  num_eigenvalues=args.num_eigenvalues,
+                                  residual_simulations=args.residual_simulations, seed=args.seed)
+    res = run_dimensions(args.store, args.out, settings, _runner(args), FitSettings(seed=args.seed))
+    print(res.table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"suggested number of skills: {res.summary['n_factors']} ({res.summary['reading']})")
+    print(f"wrote {res.path / 'eigenvalues.parquet'}, summary.json, scree.png")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from cluster.submit import submit
+
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    return submit(command, address=args.address, working_dir=args.working_dir, python=args.python)
+
+
+def _runner_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", default=None,
+                   help="join this Ray cluster (default: start a local Ray on 127.0.0.1)")
+    p.add_argument("--backend", default="ray", choices=["ray", "inprocess"])
+    p.add_argument("--batch-size", type=int, default=8, help="trials fitted together per task")
+    p.add_argument("--max-in-flight", type=int, default=None, help="tasks running at once")
+    p.add_argument("--max-retries", type=int, default=3, help="resubmissions of a failed task")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _trial_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("store")
+    p.add_argument("--out", required=True, help="directory for the results (resumes if present)")
+    p.add_argument("--model", default="2pl", help="1pl, 2pl, 3pl, 4pl or feas")
+    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
+
+
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
-    p.add_argument("--model", default=model_default, help="1pl, 2pl, 3pl, 4pl or feas")
+    p.add_argument("--model", default=model_default,
+                   help="1pl, 2pl, 3pl, 4pl, feas, beta, beta-1pl, gamma, beta3, mirt-comp, "
+                        "mirt-noncomp or irt-vec")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
@@ -269,6 +391,9 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--draws", type=int, default=1000, help="joint posterior draws for ranks")
     p.add_argument("--top-k", type=int, default=3, help="k of the P(top-k) column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dims", type=int, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
+    p.add_argument("--q-matrix", default=None,
+                   help="items x skills CSV (item id column, one 0/1 column per skill): confirmatory")
 
 
 def _add_item_commands(sub) -> None:
@@ -339,6 +464,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("leaderboard", help="print a run's leaderboard")
     p.add_argument("run")
     p.add_argument("--top-k", type=int, default=None, help="show the first K rows")
+    p.add_argument("--rank", default=None,
+                   help="vector abilities: pareto | weights=W1,W2,... | lexicographic | dominance | "
+                        "skill=NAME (default pareto for multi-skill runs)")
+    p.add_argument("--threshold", type=float, default=0.9,
+                   help="posterior mass for --rank dominance to count (ties below it)")
+    p.add_argument("--draws", type=int, default=1000, help="joint posterior draws")
+    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_leaderboard)
 
     p = sub.add_parser("demo", help="ingest + fit + leaderboard on bundled data")
@@ -346,6 +478,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", dest="top_k_rows", type=int, default=None)
     _fit_options(p, model_default="1pl")  # seed 003: 1PL when subjects number in the tens
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("stability", help="ranking stability over item samples (Ray trials)")
+    _trial_model_options(p)
+    p.add_argument("--sizes", default=None, help="item sample sizes, e.g. 25,50,100 "
+                   "(default: 25, 50, 100, ... doubling, up to half the items)")
+    p.add_argument("--trials-per-size", type=int, default=10)
+    p.add_argument("--passes", type=int, default=20, help="refit passes per trial (warm start)")
+    p.add_argument("--bootstrap", type=int, default=2000, help="resamples for the tau difference")
+    _runner_options(p)
+    p.set_defaults(func=cmd_stability)
+
+    p = sub.add_parser("bootstrap", help="bootstrap intervals of abilities and ranks (Ray trials)")
+    _trial_model_options(p)
+    p.add_argument("--replicates", type=int, default=200)
+    p.add_argument("--passes", type=int, default=20, help="refit passes per replicate")
+    _runner_options(p)
+    p.set_defaults(func=cmd_bootstrap)
+
+    p = sub.add_parser("dimensions", help="how many skills: parallel analysis + residuals (Ray)")
+    _trial_model_options(p)
+    p.add_argument("--shuffles", type=int, default=200)
+    p.add_argument("--num-eigenvalues", type=int, default=20)
+    p.add_argument("--residual-simulations", type=int, default=60,
+                   help="data sets simulated from the one-skill fit for the residual test")
+    _runner_options(p)
+    p.set_defaults(func=cmd_dimensions)
+
+    p = sub.add_parser("submit", help="run an irt-engine command as a Ray job on a cluster")
+    p.add_argument("--address", required=True, help="the cluster's job server, e.g. "
+                   "http://127.0.0.1:8265")
+    p.add_argument("--working-dir", default=".", help="shipped to the job (default: here)")
+    p.add_argument("--python", default="python", help="interpreter on the cluster that has "
+                   "irt-engine's dependencies (default: python on the cluster's PATH)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- irt-engine COMMAND ...")
+    p.set_defaults(func=cmd_submit)
     _add_item_commands(sub)
     return parser
 

@@ -69,8 +69,11 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
     if settings is None:
         settings = FitSettings.from_dict(run.info["settings"]).replace(progress=False)
     init, frozen = _frozen_init(run, item_idx)
-    return fit(np.asarray(y, np.int8), model=run.info["model"], settings=settings,
-               **run.info["model_options"], init=init, frozen=frozen)
+    options = dict(run.info["model_options"])
+    prior = options.pop("prior", "vague")
+    signed = options.pop("signed_discrimination", False)
+    return fit(np.asarray(y, np.int8), model=run.info["model"], settings=settings, prior=prior,
+               signed_discrimination=signed, model_options=options, init=init, frozen=frozen)
 
 
 def read_new_responses(run: Run, responses: str | Path | Store) -> tuple[np.ndarray, np.ndarray]:

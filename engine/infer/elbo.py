@@ -51,11 +51,13 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
     names = [p.name for p in lik]
     shapes = {p.name: p.shape for p in lik}
     pairs = cross_pairs(spec)
+    consts = {k: jnp.asarray(v, jnp.float32) for k, v in spec.constant_values(num_subjects, num_items).items()}
+    const_owner = {c.name: c.owner for c in spec.constants}
 
-    def cell(x, y, m):
+    def cell(x, c, y, m):
         def f(xc):
             params = {p.name: p.constrain(xc[p.name]) for p in lik}
-            return m * spec.loglik(params, y, m)
+            return m * spec.loglik({**params, **c}, y, m)
 
         if not with_hessian:
             return jax.value_and_grad(f)(x)
@@ -72,8 +74,11 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
     def axes(owner_axis):
         return {p.name: (0 if p.owner == owner_axis else None) for p in lik}
 
-    over_items = jax.vmap(cell, in_axes=(axes("item"), 0, 0))
-    over_cells = jax.vmap(over_items, in_axes=(axes("subject"), 0, 0))
+    def const_axes(owner_axis):
+        return {k: (0 if o == owner_axis else None) for k, o in const_owner.items()}
+
+    over_items = jax.vmap(cell, in_axes=(axes("item"), const_axes("item"), 0, 0))
+    over_cells = jax.vmap(over_items, in_axes=(axes("subject"), const_axes("subject"), 0, 0))
 
     owner_of = {p.name: p for p in lik}
 
@@ -99,9 +104,11 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
                 x[p.name] = z[p.name][item_idx]
             else:
                 x[p.name] = z[p.name]
-        mask = (y >= 0).astype(jnp.float32)
+        c = {k: v[subject_idx] if const_owner[k] == "subject" else v[item_idx]
+             for k, v in consts.items()}
+        mask = (y >= 0).astype(jnp.float32)  # -1 (int8) and NaN (float32) are missing
         yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
-        res = over_cells(x, yf, mask)
+        res = over_cells(x, c, yf, mask)
         grad = reduce(res[1], subject_idx, item_idx)
         if not with_hessian:
             return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})
