@@ -173,6 +173,160 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# --- item analysis and evaluation design -----------------------------------------------
+
+def _write_table(df, out) -> None:
+    """Write a table to ``out`` (.csv or .parquet) atomically."""
+    import os
+
+    out = Path(out)
+    if out.suffix not in (".csv", ".parquet"):
+        raise SettingsError(f"--out {out}: use a .csv or .parquet file name")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        df.to_csv(tmp, index=False) if out.suffix == ".csv" else df.to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {out}")
+
+
+def _ability_range(text: str | None):
+    if text is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise SettingsError(f"--ability {text!r}: expected LO,HI, e.g. --ability -1,2") from None
+    return lo, hi
+
+
+def cmd_items(args) -> int:
+    import pandas as pd
+
+    from engine.readout.items import (choose_subjects, expected_probabilities, load_run_responses,
+                                      quartile_table, review_items)
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    table = review_items(run, y, top=len(run.items) if args.out else args.top,
+                         num_subjects=args.num_subjects)
+    show = ["item", "review_score"] + [c for c in ("p_negative_discrimination", "p_low_feasibility")
+                                       if c in table] + \
+        [c for c in ("difficulty_mean", "discrimination_mean", "feasibility_mean") if c in table] + \
+        ["mean_response", "expected_mean", "outfit", "residual_corr", "residual_z"]
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 80):
+        print(f"items ranked for review (of {len(run.items)}):")
+        print(table.head(args.top)[show].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print("\nsubjects disagreeing most with the model on those items:")
+        for r in table.head(args.top).itertuples():
+            print(f"  {r.item}: {r.disagreeing}")
+        names = args.subjects.split(",") if args.subjects else None
+        chosen = choose_subjects(run, y, names)
+        quart = quartile_table(run.items, run.subjects, y, chosen, expected_probabilities(run, chosen))
+        print(f"\naccuracy by difficulty and discrimination quartile ({quart.attrs['num_items']} items, "
+              f"{quart.attrs['excluded_negative_discrimination']} with negative discrimination left out):")
+        print(quart.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if args.out:
+        _write_table(table, args.out)
+    return 0
+
+
+def cmd_score(args) -> int:
+    from engine.readout.leaderboard import format_leaderboard, leaderboard
+    from engine.score import score
+
+    t0 = time.perf_counter()
+    board, res = score(args.run, args.responses, num_draws=args.draws, seed=args.seed)
+    lb = leaderboard(board)
+    new = lb[lb["new"]]
+    print(f"scored {len(new)} new subject(s) against frozen items in {time.perf_counter() - t0:.1f} s "
+          f"({res.num_passes} passes, {'converged' if res.converged else 'NOT converged'})")
+    print(format_leaderboard(lb if args.all else new))
+    if args.out:
+        _write_table(lb, args.out)
+    return 0
+
+
+def cmd_subset(args) -> int:
+    import numpy as np
+
+    from engine.readout.items import item_bank, load_run_responses
+    from engine.readout.subset import evaluate_subsets, select_informative, target_grid
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    bank = item_bank(run.spec, run.guide)
+    grid = target_grid(run.subjects["ability_mean"].to_numpy(), _ability_range(args.ability))
+    chosen = select_informative(bank, args.size, grid)
+    subsets = {"informative": chosen}
+    if "discrimination" in bank.params:
+        subsets["top_discrimination"] = np.argsort(-bank.params["discrimination"], kind="stable")[:args.size]
+    ev = evaluate_subsets(run, y, subsets, num_random=args.random, seed=args.seed)
+    info = bank.subset(chosen).information(grid).sum(axis=1)
+    items = run.items.iloc[chosen].reset_index(drop=True)
+    print(f"{args.size} items maximising test information over abilities "
+          f"{grid.min():+.2f}..{grid.max():+.2f} (test information {info.min():.2f}..{info.max():.2f}):")
+    cols = ["item"] + [c for c in ("difficulty_mean", "discrimination_mean") if c in items]
+    print(items[cols].to_string(float_format=lambda v: f"{v:.3f}"))
+    print("\nKendall tau of the ranking on the subset (items frozen) to the full ranking:")
+    print(ev.summary().to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.out:
+        _write_table(items.assign(selection_order=range(1, len(items) + 1)), args.out)
+    return 0
+
+
+def cmd_calibration(args) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from engine.readout.calibration import calibration_report, load_confidences
+    from engine.readout.items import expected_probabilities, load_run_responses
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    subjects, items = run.subjects["subject"].astype(str), run.items["item"].astype(str)
+    conf = load_confidences(args.confidences, subjects, items)
+    p = expected_probabilities(run, np.arange(len(subjects)))
+    rep = calibration_report(p, y, conf, subjects, items, top=args.top)
+    fmt = lambda v: f"{v:.3f}"
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print("per subject: overconfidence = P_irt(correct) - confidence (negative: claims too much);")
+        print("ECE before (raw confidence), after (joint response-and-confidence model), of the IRT probability")
+        print(rep["subjects"].to_string(index=False, float_format=fmt))
+        print(f"\nitems with the most extreme mean overconfidence (of {len(items)}):")
+        print(rep["extreme_items"].to_string(index=False, float_format=fmt))
+    if not rep["joint"]["converged"]:
+        print("warning: the joint confidence model did not converge")
+    if args.out:
+        _write_table(rep["subjects"], args.out)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from engine.errors import StoreNotFoundError
+    from engine.readout.items import load_run_responses
+    from engine.readout.report import write_report
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    try:
+        y = load_run_responses(run, args.store)
+    except StoreNotFoundError as err:
+        if args.store:
+            raise
+        print(f"note: no item flags in the report ({err})", file=sys.stderr)
+        y = None
+    written = write_report(run, args.out, y, items=args.items.split(",") if args.items else None,
+                           stability=args.stability, dimensions=args.dimensions)
+    print(f"wrote {written.pop('html')} and {len(written)} PNGs beside it")
+    return 0
+
+
 def _runner(args):
     from cluster.settings import RunnerSettings
 
@@ -277,6 +431,53 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
                         "memory); larger stores are streamed from disk")
 
 
+def _add_item_commands(sub) -> None:
+    p = sub.add_parser("items", help="items ranked for review (annotation errors) + quartile table")
+    p.add_argument("run")
+    p.add_argument("--store", default=None, help="response store (default: the run's)")
+    p.add_argument("--top", type=int, default=20, help="items to show")
+    p.add_argument("--num-subjects", type=int, default=3, help="disagreeing subjects per item")
+    p.add_argument("--subjects", default=None, help="comma-separated subjects for the quartile table")
+    p.add_argument("--out", default=None, help="write every item's flags to this .csv/.parquet")
+    p.set_defaults(func=cmd_items)
+
+    p = sub.add_parser("score", help="score new subjects against a run's frozen items")
+    p.add_argument("run")
+    p.add_argument("responses", help="a store or response file with the run's item ids")
+    p.add_argument("--all", action="store_true", help="print the whole leaderboard, not only new rows")
+    p.add_argument("--draws", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the combined leaderboard (.csv/.parquet)")
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("subset", help="K items maximising test information; ranking agreement")
+    p.add_argument("run")
+    p.add_argument("--size", type=int, required=True, help="K, the number of items")
+    p.add_argument("--ability", default=None, help="LO,HI target ability range (default: the subjects')")
+    p.add_argument("--random", type=int, default=20, help="random subsets for the baseline")
+    p.add_argument("--store", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the chosen items (.csv/.parquet)")
+    p.set_defaults(func=cmd_subset)
+
+    p = sub.add_parser("calibration", help="overconfidence and ECE from a confidence matrix")
+    p.add_argument("run")
+    p.add_argument("confidences", help="wide CSV/Parquet: subject column, one column per item, values in [0, 1]")
+    p.add_argument("--store", default=None)
+    p.add_argument("--top", type=int, default=10, help="extreme items to show")
+    p.add_argument("--out", default=None, help="write the per-subject table (.csv/.parquet)")
+    p.set_defaults(func=cmd_calibration)
+
+    p = sub.add_parser("report", help="one static HTML page (+ PNGs) of a run")
+    p.add_argument("run")
+    p.add_argument("--out", required=True, help="the .html file; PNGs are written beside it")
+    p.add_argument("--store", default=None)
+    p.add_argument("--items", default=None, help="comma-separated items whose curves to draw")
+    p.add_argument("--stability", default=None, help="directory with stability.parquet / summary.parquet")
+    p.add_argument("--dimensions", default=None, help="directory with eigenvalues.parquet / summary.json")
+    p.set_defaults(func=cmd_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="irt-engine", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -356,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "irt-engine's dependencies (default: python on the cluster's PATH)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- irt-engine COMMAND ...")
     p.set_defaults(func=cmd_submit)
+    _add_item_commands(sub)
     return parser
 
 
