@@ -34,6 +34,18 @@ def entrypoint(command: list[str], python: str = "python") -> str:
     return shlex.join([python, "-m", "engine.cli", *command])
 
 
+def _submit_when_ready(client, command: str, runtime_env: dict, wait_s: float = 60.0) -> str:
+    """Submit, retrying while a freshly started cluster has no job agent up yet."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return client.submit_job(entrypoint=command, runtime_env=runtime_env)
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
 async def _stream(client, job_id: str, out) -> None:
     async for lines in client.tail_job_logs(job_id):
         out.write(lines)
@@ -58,10 +70,8 @@ def submit(command: list[str], *, address: str, working_dir: str | Path = ".",
     except (ConnectionError, RuntimeError, ValueError) as err:
         raise SettingsError(f"no Ray job server at {address}: {err}; give the dashboard address "
                             "of a running cluster, e.g. http://127.0.0.1:8265") from err
-    job_id = client.submit_job(
-        entrypoint=entrypoint(command, python),
-        runtime_env={"working_dir": str(working_dir), "excludes": EXCLUDES},
-    )
+    job_id = _submit_when_ready(client, entrypoint(command, python),
+                                {"working_dir": str(working_dir), "excludes": EXCLUDES})
     print(f"submitted {job_id} to {address}", file=sys.stderr)
     asyncio.run(_stream(client, job_id, out))
     terminal = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}

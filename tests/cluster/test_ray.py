@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,34 +45,39 @@ def test_ray_run_equals_inprocess_run(ray_cluster, stability_ctx, reference, tmp
     pd.testing.assert_frame_equal(got, ref)
 
 
-def _kill_a_running_batch(timeout_s: float = 20.0) -> int | None:
+def _kill_a_running_batch(killed: list, timeout_s: float = 120.0) -> None:
+    """Wait for a worker process that is running a batch, and SIGKILL it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for p in psutil.process_iter(["cmdline"]):
             if p.info["cmdline"] and p.info["cmdline"][0].startswith("ray::run_batch"):
                 os.kill(p.pid, signal.SIGKILL)
-                return p.pid
-        time.sleep(0.05)
-    return None
+                killed.append(p.pid)
+                return
+        time.sleep(0.02)
 
 
 def test_node_removed_and_worker_killed_mid_run_yield_every_trial_once(
-        ray_cluster, stability_ctx, reference, tmp_path):
-    trials, ref = reference
-    killed = []
+        ray_cluster, stability_ctx, tmp_path):
+    settings = StabilitySettings(sizes=(10, 30), trials_per_size=8)
+    trials = plan(settings, 120)
+    ref = run_trials(stability_batch, stability_ctx, trials, tmp_path / "ref.parquet", INPROCESS)
+    killed, killer = [], []
 
     def chaos(n_done):
         if n_done == 1:
             ray_cluster.remove_node(ray_cluster.worker_node, allow_graceful=False)
-        if n_done == 2:
-            killed.append(_kill_a_running_batch())
+            killer.append(threading.Thread(target=_kill_a_running_batch, args=(killed,)))
+            killer[0].start()
 
     try:
         got = run_trials(stability_batch, stability_ctx, trials, tmp_path / "s.parquet",
-                         RAY.replace(max_in_flight=4), on_batch=chaos)
+                         RAY.replace(max_in_flight=2), on_batch=chaos)
     finally:
         ray_cluster.worker_node = ray_cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-    assert killed and killed[0] is not None, "no running batch process found to kill"
+        for t in killer:
+            t.join()
+    assert killed, "no running batch process found to kill"
     counts = got.groupby(["trial_group", "trial_index"]).size()
     assert sorted(counts.index) == sorted(t.key for t in trials) and (counts == 2).all()
     pd.testing.assert_frame_equal(got, ref)

@@ -33,7 +33,9 @@ def job_cluster():
     before = listeners()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": True,
-        "dashboard_host": "127.0.0.1", "dashboard_port": _free_port()})
+        "dashboard_host": "127.0.0.1", "dashboard_port": _free_port(),
+        # The job agent's default port (52365) may be held by another Ray on this machine.
+        "dashboard_agent_listen_port": _free_port()})
     cluster.started_listeners = listeners() - before
     yield cluster
     cluster.shutdown()
