@@ -380,6 +380,25 @@ def cmd_dimensions(args) -> int:
     return 0
 
 
+def cmd_adaptive(args) -> int:
+    from cluster.adaptive import run_adaptive
+    from engine.readout.adaptive import AdaptiveTrialSpec
+
+    if args.trials < 1:
+        raise SettingsError(f"--trials must be >= 1, got {args.trials}")
+    try:
+        checkpoints = tuple(int(c) for c in args.checkpoints.split(","))
+    except ValueError:
+        raise SettingsError(f"--checkpoints {args.checkpoints!r}: give whole numbers, e.g. 1,5,10")
+    spec = AdaptiveTrialSpec(run=str(args.run), store=args.store,
+                             strategies=tuple(args.strategies.split(",")), checkpoints=checkpoints,
+                             holdout_fraction=args.holdout, pool_size=args.pool_size, seed=args.seed)
+    res = run_adaptive(args.run, args.out, spec, args.trials, _runner(args))
+    print(res.summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {res.path / 'adaptive.parquet'}, summary.parquet, adaptive.png")
+    return 0
+
+
 def cmd_submit(args) -> int:
     from cluster.submit import submit
 
@@ -548,6 +567,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data sets simulated from the one-skill fit for the residual test")
     _runner_options(p)
     p.set_defaults(func=cmd_dimensions)
+
+    p = sub.add_parser("adaptive", help="replay held-out subjects under adaptive item selection "
+                       "(Ray trials)")
+    p.add_argument("run", help="a run directory from `fit`")
+    p.add_argument("--out", required=True, help="directory for the results (resumes if present)")
+    p.add_argument("--store", default=None, help="the run's store (default: from fit.json)")
+    p.add_argument("--trials", type=int, default=100)
+    p.add_argument("--strategies", default="fisher,discrimination,disc_diff,difficulty,random")
+    p.add_argument("--checkpoints", default="1,2,5,10,20,50,100", help="item counts scored")
+    p.add_argument("--holdout", type=float, default=0.2, help="share of subjects held out")
+    p.add_argument("--pool-size", type=int, default=None, help="candidate items per trial")
+    _runner_options(p)
+    p.set_defaults(func=cmd_adaptive)
 
     p = sub.add_parser("submit", help="run an irt-engine command as a Ray job on a cluster")
     p.add_argument("--address", required=True, help="the cluster's job server, e.g. "

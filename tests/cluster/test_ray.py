@@ -164,3 +164,28 @@ def test_dimensions_on_ray_finds_the_known_number_of_skills(ray_cluster, tmp_pat
     local = run_dimensions(y, tmp_path / "local", DimensionsSettings(shuffles=40, num_eigenvalues=8),
                            INPROCESS.replace(batch_size=10))
     pd.testing.assert_frame_equal(local.table, res.table)
+
+
+def test_adaptive_trials_on_ray_equal_inprocess(ray_cluster, tmp_path):
+    from cluster.adaptive import run_adaptive
+    from engine.api import fit
+    from engine.infer.settings import FitSettings
+    from engine.readout.adaptive import AdaptiveTrialSpec
+    from engine.run import save_run
+
+    from engine.data import ingest
+
+    y = simulate_2pl(40, 80, seed=5)
+    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(y.shape[1])])
+    df.insert(0, "subject", [f"s{i}" for i in range(y.shape[0])])
+    df.to_csv(tmp_path / "wide.csv", index=False)
+    store = ingest(tmp_path / "wide.csv", tmp_path / "store")
+    run = save_run(fit(store, "2pl", FitSettings(seed=0)), tmp_path / "run", num_draws=100)
+    spec = AdaptiveTrialSpec(run=str(run.path), checkpoints=(1, 5, 20), seed=1)
+    got = run_adaptive(run.path, tmp_path / "ray", spec, 6, RAY.replace(batch_size=2))
+    ref = run_adaptive(run.path, tmp_path / "local", spec, 6, INPROCESS.replace(batch_size=2))
+    pd.testing.assert_frame_equal(got.trials, ref.trials)
+    assert len(got.trials) == 6 * 5 * 3
+    tau = got.summary.set_index(["strategy", "num_items"])["tau_mean"]
+    assert tau["fisher", 20] > tau["fisher", 1]  # more items rank the held-out subjects better
+    assert (tmp_path / "ray" / "adaptive.png").stat().st_size > 1000
