@@ -44,27 +44,36 @@ def _diag(h, shape):
     return h if shape == () else jnp.diagonal(h, axis1=-2, axis2=-1)
 
 
-def _make_cell(spec: ModelSpec, with_hessian: bool) -> Callable:
-    """``cell(x, y, m) -> (value, grad[, hess, cross])`` of one cell's log-likelihood."""
+def _make_cell(spec: ModelSpec, with_hessian: bool, frozen: frozenset = frozenset()) -> Callable:
+    """``cell(x, c, y, m) -> (value, grad[, hess, cross])`` of one cell's log-likelihood.
+
+    Derivatives are taken with respect to the blocks not in ``frozen`` only: a frozen block
+    (e.g. item parameters when scoring new subjects) is held fixed, so its derivatives are
+    never needed and the per-cell Hessian shrinks to the free blocks.
+    """
     lik = spec.likelihood_params
-    names = [p.name for p in lik]
+    names = [p.name for p in lik if p.name not in frozen]
     shapes = {p.name: p.shape for p in lik}
-    pairs = cross_pairs(spec)
+    pairs = [(a, b) for a, b in cross_pairs(spec) if a not in frozen and b not in frozen]
 
     def cell(x, c, y, m):
+        fixed = {n: v for n, v in x.items() if n in frozen}
+
         def f(xc):
-            params = {p.name: p.constrain(xc[p.name]) for p in lik}
+            xs = {**xc, **fixed}
+            params = {p.name: p.constrain(xs[p.name]) for p in lik}
             return m * spec.loglik({**params, **c}, y, m)
 
+        free = {n: x[n] for n in names}
         if not with_hessian:
-            return jax.value_and_grad(f)(x)
+            return jax.value_and_grad(f)(free)
 
         def grad_with_aux(xc):
             v, g = jax.value_and_grad(f)(xc)
             return g, (v, g)
 
         # One forward-over-reverse trace gives value, gradient and Hessian together.
-        h, (v, g) = jax.jacfwd(grad_with_aux, has_aux=True)(x)
+        h, (v, g) = jax.jacfwd(grad_with_aux, has_aux=True)(free)
         return (v, g, {n: _diag(h[n][n], shapes[n]) for n in names},
                 {f"{a}|{b}": h[a][b] for a, b in pairs})
 
@@ -95,10 +104,11 @@ def _gather(spec: ModelSpec, z: dict, subject_idx, item_idx) -> dict:
 
 
 def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
-                     with_hessian: bool = True) -> Callable:
-    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block."""
+                     with_hessian: bool = True, frozen: frozenset = frozenset()) -> Callable:
+    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block; frozen
+    blocks get no gradient or Hessian entries."""
     lik = spec.likelihood_params
-    cell = _make_cell(spec, with_hessian)
+    cell = _make_cell(spec, with_hessian, frozenset(frozen))
     consts, const_owner = _constants(spec, num_subjects, num_items)
 
     def axes(owner_axis):
@@ -141,13 +151,13 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
 
 
 def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
-                           with_hessian: bool = True) -> Callable:
+                           with_hessian: bool = True, frozen: frozenset = frozenset()) -> Callable:
     """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded batch of
     observations: ``y[k]`` is subject ``subject_idx[k]``'s response to item ``item_idx[k]``
     (all ``(b,)``; ``y < 0`` is padding). The same per-cell derivatives as
     :func:`make_block_terms`, scattered to each observation's owners: no dense matrix."""
     lik = spec.likelihood_params
-    cell = _make_cell(spec, with_hessian)
+    cell = _make_cell(spec, with_hessian, frozenset(frozen))
     consts, const_owner = _constants(spec, num_subjects, num_items)
     over_obs = jax.vmap(cell, in_axes=({p.name: (None if p.owner == "global" else 0)
                                         for p in lik}, {k: 0 for k in consts}, 0, 0))

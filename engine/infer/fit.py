@@ -130,7 +130,8 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     state = jax.device_put(
         FitState(guide, opt_state, jnp.zeros((), jnp.int32), jax.random.PRNGKey(settings.seed)), device)
     with_hessian = settings.optimizer == "newton"
-    terms_fn = make_parallel_terms(_terms_factory(source)(spec, S, N, with_hessian), K)
+    terms_fn = make_parallel_terms(
+        _terms_factory(source)(spec, S, N, with_hessian, frozenset(frozen)), K)
     update = make_update(spec, settings, frozenset(frozen))
     group_keys = _group_keys(source, K)
     load = _group_loader(source, K)

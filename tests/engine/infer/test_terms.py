@@ -163,3 +163,18 @@ def test_log_prior_hierarchical_matches_scipy():
         want += stats.norm.logpdf(mu, 0.0, 1e3)
         want += stats.gamma.logpdf(np.exp(log_u), 1.0, scale=1.0) + log_u
     np.testing.assert_allclose(float(log_prior(spec, z)), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["2pl", "4pl"])
+def test_frozen_blocks_get_no_derivatives_and_free_ones_are_unchanged(name):
+    spec = get_model(name)
+    y = _data()
+    z = _z(spec)
+    items = frozenset(p.name for p in spec.likelihood_params if p.owner == "item")
+    tile = _tiles(y)[0]
+    full = jax.jit(make_block_terms(spec, S, N, True))(z, *tile)
+    part = jax.jit(make_block_terms(spec, S, N, True, items))(z, *tile)
+    np.testing.assert_allclose(float(part.value), float(full.value), rtol=1e-6)
+    assert set(part.grad) == set(part.hess) == {"ability"} and part.cross == {}
+    np.testing.assert_allclose(part.grad["ability"], full.grad["ability"], rtol=1e-6)
+    np.testing.assert_allclose(part.hess["ability"], full.hess["ability"], rtol=1e-6)
