@@ -44,9 +44,15 @@ CASES = {
     "fit1b_stream": ("1b", "1G", 1, {}),
     "pmap10m_1dev": ("10m", "8G", 1, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
     "pmap10m_2dev": ("10m", "8G", 2, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
+    # streamed tiles (1000 x 2500): 4 tiles split evenly over 2 devices
+    "pmap10m_stream_1dev": ("10m", "16M", 1,
+                            {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
+    "pmap10m_stream_2dev": ("10m", "16M", 2,
+                            {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
 }
 GROUPS = {"fit10m": ["fit10m_memory", "fit10m_stream"], "fit100m": ["read100m", "fit100m_stream"],
-          "fit1b": ["fit1b_stream"], "pmap": ["pmap10m_1dev", "pmap10m_2dev"],
+          "fit1b": ["fit1b_stream"], "pmap": ["pmap10m_1dev", "pmap10m_2dev", "pmap10m_stream_1dev",
+                                         "pmap10m_stream_2dev"],
           "ingest100m": ["ingest100m_long"]}
 
 
@@ -220,7 +226,6 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     target = RESULTS / "scale.json"
-    results = json.loads(target.read_text()) if target.exists() else {}
     cases = [c for name in args.cases for c in GROUPS.get(name, [name])]
     for case in cases:
         print(f"== {case}", flush=True)
@@ -229,6 +234,8 @@ def main(argv=None) -> int:
         res["measured"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         res["max_passes"] = args.max_passes
         print(json.dumps(res, indent=1), flush=True)
+        # re-read before merging: another bench_scale run may have written meanwhile
+        results = json.loads(target.read_text()) if target.exists() else {}
         results[case] = res
         target.write_text(json.dumps(results, indent=1))
         (RESULTS / "scale.md").write_text(write_markdown(results))
