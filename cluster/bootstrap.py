@@ -82,9 +82,9 @@ def run_bootstrap(data, out: str | Path, settings: BootstrapSettings = Bootstrap
     """Run (or resume) bootstrap replicates; writes ``bootstrap.parquet`` (replicate x subject
     rows), ``intervals.parquet`` and ``bootstrap.json`` under ``out``."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     y, _, _, info = load_responses(data)
+    out.mkdir(parents=True, exist_ok=True)
     full = fit(y, settings.model, fit_settings, prior=settings.prior)
     options = tuple(sorted(full.extra["model_options"].items()))
     ctx = FitContext(y, settings.model, options, full.guide, fit_settings, settings.passes)

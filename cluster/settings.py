@@ -146,17 +146,21 @@ class BootstrapSettings(_Settings):
 
 @dataclass(frozen=True)
 class DimensionsSettings(_Settings):
-    """Parallel analysis with column-permuted shuffles, and residual eigenvalues of a one-skill fit."""
+    """Parallel analysis with column-permuted shuffles, and residual eigenvalues of a one-skill
+    fit tested against ``residual_simulations`` data sets simulated from that fit."""
 
     shuffles: int = 200
     model: str = "2pl"
     prior: str = "vague"
     num_eigenvalues: int = 20
+    residual_simulations: int = 60
     seed: int = 0
 
     def __post_init__(self):
         _check_model(self.model, self.prior, 1)
         if self.shuffles < 2:
             raise SettingsError(f"--shuffles must be >= 2, got {self.shuffles}")
+        if self.residual_simulations < 2:
+            raise SettingsError(f"--residual-simulations must be >= 2, got {self.residual_simulations}")
         if self.num_eigenvalues < 1:
             raise SettingsError(f"--num-eigenvalues must be >= 1, got {self.num_eigenvalues}")

@@ -114,10 +114,10 @@ def run_stability(data, out: str | Path, settings: StabilitySettings = Stability
     and ``stability.json`` (settings, timings) under ``out``.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     y, subjects, _, info = load_responses(data)
-    trials = plan(settings, y.shape[1])
+    trials = plan(settings, y.shape[1])  # validates the sizes before anything is written
+    out.mkdir(parents=True, exist_ok=True)
     full = fit(y, settings.model, fit_settings, prior=settings.prior)
     options = tuple(sorted(full.extra["model_options"].items()))
     ctx = StabilityContext(

@@ -10,18 +10,19 @@ import dask.array as da
 import numpy as np
 
 from engine.data.blocks import BlockSource, InMemorySource
+from engine.data.kinds import READS, as_responses, boundary_counts, detect_kind, source_for
 from engine.data.sparse import SparseSource
 from engine.data.store import Store, open_store
 from engine.data.streaming import StreamingSource
-from engine.errors import DataFormatError
+from engine.errors import ModelError
 from engine.infer.checkpoint import Checkpointer
 from engine.infer.fit import FitResult, fit_source
 from engine.infer.guide import GuideState, init_guide
 from engine.infer.settings import FitSettings
 from engine.models.registry import get_model
 
-__all__ = ["fit", "response_stats", "load_responses", "make_source", "default_memory_budget",
-           "IN_MEMORY_FACTOR"]
+__all__ = ["fit", "response_stats", "resolve_model", "load_responses", "make_source",
+           "default_memory_budget", "IN_MEMORY_FACTOR"]
 
 # An in-memory fit holds the matrix about three times over: the host copy, the padded
 # device-resident tiles and per-cell temporaries; COO observations take 9 bytes each.
@@ -84,7 +85,7 @@ def _store_stats(store: Store, source: BlockSource) -> dict[str, np.ndarray]:
 
 def response_stats(y: np.ndarray) -> dict[str, np.ndarray]:
     """Observed counts and mean responses per subject (rows) and item (columns)."""
-    observed = y >= 0
+    observed = y >= 0  # False for -1 (int8) and NaN (float32)
     values = np.where(observed, y, 0).astype(np.float64)
     n_s, n_i = observed.sum(axis=1), observed.sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -100,48 +101,77 @@ def _ids(values) -> np.ndarray:
     return np.array([str(v) for v in np.asarray(values).tolist()], dtype=object)
 
 
-def _check_array(data) -> np.ndarray:
-    y = np.asarray(data)
-    if y.ndim != 2:
-        raise DataFormatError(f"responses must be a 2-D subjects x items array, got shape {y.shape}")
-    if not np.isin(np.unique(y), (-1, 0, 1)).all():
-        raise DataFormatError("binary responses must be 0, 1 or -1 (missing); "
-                              f"found {sorted(set(np.unique(y).tolist()) - {-1, 0, 1})[:5]}")
-    return y.astype(np.int8)
+def _array_ids(n: int) -> np.ndarray:
+    return np.array([str(i) for i in range(n)], dtype=object)
 
 
-def _prepare(data, settings: FitSettings) -> tuple[BlockSource, np.ndarray, np.ndarray, dict, dict]:
-    """Block source, subject ids, item ids, response statistics and provenance of any input."""
+def _prepare(data, settings: FitSettings):
+    """Block source, subject ids, item ids, response statistics, provenance and the matrix
+    (``None`` when the data is not held in memory) of any input."""
     if isinstance(data, (str, Path)):
         data = open_store(data)
     if isinstance(data, Store):
         source = make_source(data, settings)
         info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind,
                 "layout": data.layout}
-        return source, _ids(data.subjects), _ids(data.items), _store_stats(data, source), info
-    y = _check_array(data)
-    ids = lambda n: np.array([str(i) for i in range(n)], dtype=object)  # noqa: E731
-    source = InMemorySource(y, max_block_cells=settings.max_block_cells)
-    return source, ids(y.shape[0]), ids(y.shape[1]), response_stats(y), {"store": None,
-                                                                          "checksum": None}
+        y = source.responses if isinstance(source, InMemorySource) else None
+        return source, _ids(data.subjects), _ids(data.items), _store_stats(data, source), info, y
+    # int8 with -1 missing (binary), or float32 with NaN missing (unit scores, errors)
+    y, kind = as_responses(data)
+    source = source_for(y, settings.max_block_cells)
+    info = {"store": None, "checksum": None, "kind": kind}
+    return source, _array_ids(y.shape[0]), _array_ids(y.shape[1]), response_stats(y), info, y
 
 
 # Settings that do not change a fit's result (or may change on resume).
 _UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every")
 
 
+def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | None = None,
+                  shape: tuple[int, int] | None = None):
+    """Build ``model`` for the data ``y``: check its response kind, let it adapt to the data.
+
+    A model may ask for options the data calls for (``ModelSpec.adapt``), e.g. zero/one
+    inflation when unit scores hit 0 or 1 exactly; the returned options record them. ``y`` is
+    ``None`` for data not held in memory (streamed or sparse stores): then ``kind`` and ``shape``
+    must be given and the model is not adapted.
+
+    Returns
+    -------
+    (spec, options) : the model and the full options that rebuild it.
+
+    Raises
+    ------
+    ModelError : the model reads another response kind, or its constants do not fit.
+    """
+    spec = get_model(model, **options)
+    kind = kind or detect_kind(y)
+    if kind not in READS.get(spec.kind, (spec.kind,)):
+        raise ModelError(f"model {model!r} reads {spec.kind} responses but the data is {kind}; "
+                         f"choose a model for {kind} responses")
+    if spec.adapt is not None and y is not None:
+        updates = spec.adapt(y)
+        if updates:
+            options = {**options, **updates}
+            spec = get_model(model, **options)
+    spec.constant_values(*(shape or y.shape))  # a Q-matrix of the wrong size fails here, not in the fit
+    return spec, options
+
+
 def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prior: str = "vague",
         signed_discrimination: bool = False, init: GuideState | None = None,
-        frozen: frozenset = frozenset(), progress_fn=None, checkpoint_dir: str | Path | None = None,
-        resume: bool = False) -> FitResult:
+        frozen: frozenset = frozenset(), progress_fn=None, model_options: dict | None = None,
+        checkpoint_dir: str | Path | None = None, resume: bool = False) -> FitResult:
     """Fit a named IRT model by variational inference.
 
     Parameters
     ----------
-    data : a ``Store``, a store path, or an int8 ``(subjects, items)`` array with -1 missing.
-    model : a name from ``engine.models.MODELS`` (``1pl``, ``2pl``, ``3pl``, ``4pl``, ``feas``).
+    data : a ``Store``, a store path, an int ``(subjects, items)`` array with -1 missing, or a
+        float array with NaN missing (unit scores or non-negative errors).
+    model : a name from ``engine.models.MODELS`` (``1pl``, ``2pl``, ``beta``, ``mirt-comp`` ...).
     prior : ``vague`` or ``hierarchical`` (seed 003).
     init, frozen : start from a guide and hold the named blocks fixed at it.
+    model_options : further builder keywords (``dims``, ``q_matrix``, ``inflation`` ...).
     checkpoint_dir : save the fit's progress there every ``settings.checkpoint_every`` passes.
     resume : continue from the checkpoint in ``checkpoint_dir`` when there is one; the
         result equals an uninterrupted fit with the same seed.
@@ -158,10 +188,17 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     >>> res = fit(responses, model="2pl", settings=FitSettings(seed=0))  # doctest: +SKIP
     >>> res.means()["ability"]  # doctest: +SKIP
     """
-    options = {"prior": prior, "signed_discrimination": signed_discrimination}
-    spec = get_model(model, **options)
-    source, subjects, items, stats, info = _prepare(data, settings)
+    options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
+    source, subjects, items, stats, info, y = _prepare(data, settings)
     shape = (source.num_subjects, source.num_items)
+    # options go to fit.json and rebuild the model on load: arrays become lists
+    options = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in options.items()}
+    spec, options = resolve_model(model, options, y, info.get("kind"), shape)
+    info = {**info, "kind": info.get("kind") or detect_kind(y)}
+    if info["kind"] != "binary" and y is not None:
+        info["boundary"] = boundary_counts(y)  # exact 0 / 1 cells, fitted by inflation
+    if init is None and spec.initial is not None and y is not None:  # a model-declared start
+        init = GuideState(spec.initial(y), {})
     if init is not None:
         base = init_guide(spec, *shape)
         init = GuideState({**base.loc, **init.loc}, {**base.log_scale, **init.log_scale})
@@ -191,6 +228,6 @@ def load_responses(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     if isinstance(data, Store):
         info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind}
         return data.load(), _ids(data.subjects), _ids(data.items), info
-    y = _check_array(data)
-    ids = lambda n: np.array([str(i) for i in range(n)], dtype=object)  # noqa: E731
-    return y, ids(y.shape[0]), ids(y.shape[1]), {"store": None, "checksum": None}
+    y, kind = as_responses(data)
+    return y, _array_ids(y.shape[0]), _array_ids(y.shape[1]), {"store": None, "checksum": None,
+                                                               "kind": kind}

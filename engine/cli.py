@@ -78,6 +78,7 @@ def _fit_and_save(store_path, out, args) -> "object":
     from engine.run import save_run
 
     settings = _settings(args)
+    options = _skill_options(store_path, args)
     out, resume = Path(out), getattr(args, "resume", False)
     _check_run_dir(out, resume, args.overwrite)
     if args.overwrite and not resume:
@@ -86,6 +87,7 @@ def _fit_and_save(store_path, out, args) -> "object":
     try:
         res = fit(store_path, model=args.model, settings=settings, prior=args.prior,
                   signed_discrimination=args.signed_discrimination, progress_fn=update,
+                  model_options=options,
                   checkpoint_dir=out if settings.checkpoint_every else None, resume=resume)
     finally:
         for bar in bar or []:
@@ -96,8 +98,27 @@ def _fit_and_save(store_path, out, args) -> "object":
     status = "converged" if res.converged else "NOT converged (raise --max-passes)"
     print(f"{args.model} fit {status} in {res.num_passes} passes, {res.wall_time_s:.1f} s "
           f"({res.num_observed * res.num_passes / res.wall_time_s:.3g} cells/s); ELBO {res.elbo:.6g}")
+    inflation = res.extra["model_options"].get("inflation")
+    if inflation not in (None, "none"):
+        print(f"exact boundary values {res.extra['data'].get('boundary')}: fitted with "
+              f"{inflation} inflation (recorded in fit.json)")
     print(f"wrote {run.path}")
     return run
+
+
+def _skill_options(store_path, args) -> dict:
+    """``--dims`` / ``--q-matrix`` as model options (Q rows matched to the store's item ids)."""
+    options = {}
+    if getattr(args, "dims", None) is not None:
+        options["dims"] = args.dims
+    if getattr(args, "q_matrix", None):
+        from engine.data.store import open_store
+        from engine.models.multidim import read_q_matrix
+
+        items = [str(i) for i in open_store(store_path).items]
+        q, skills = read_q_matrix(args.q_matrix, items=items)
+        options.update(q_matrix=q.tolist(), skills=skills)
+    return options
 
 
 def cmd_fit(args) -> int:
@@ -110,7 +131,25 @@ def cmd_leaderboard(args) -> int:
     from engine.run import load_run
 
     run = load_run(args.run)
-    print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
+    vector = run.spec.param("ability").shape != ()
+    if args.rank is None and not vector:
+        print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
+        return 0
+    return _vector_leaderboard(run, args)
+
+
+def _vector_leaderboard(run, args) -> int:
+    import jax
+
+    from engine.readout.posterior import draw_posterior
+    from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
+
+    spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
+    draws = draw_posterior(run.spec, run.guide, args.draws, rng_key=jax.random.PRNGKey(args.seed),
+                           names=("ability",))["ability"]
+    skills = list(run.spec.skills) or ["ability"]
+    board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec)
+    print(format_vector_board(board, args.top_k))
     return 0
 
 
@@ -131,6 +170,160 @@ def cmd_demo(args) -> int:
     print()
     print(format_leaderboard(leaderboard(run.subjects, args.top_k_rows)))
     print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; run directory {run.path}")
+    return 0
+
+
+# --- item analysis and evaluation design -----------------------------------------------
+
+def _write_table(df, out) -> None:
+    """Write a table to ``out`` (.csv or .parquet) atomically."""
+    import os
+
+    out = Path(out)
+    if out.suffix not in (".csv", ".parquet"):
+        raise SettingsError(f"--out {out}: use a .csv or .parquet file name")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        df.to_csv(tmp, index=False) if out.suffix == ".csv" else df.to_parquet(tmp, index=False)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"wrote {out}")
+
+
+def _ability_range(text: str | None):
+    if text is None:
+        return None
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise SettingsError(f"--ability {text!r}: expected LO,HI, e.g. --ability -1,2") from None
+    return lo, hi
+
+
+def cmd_items(args) -> int:
+    import pandas as pd
+
+    from engine.readout.items import (choose_subjects, expected_probabilities, load_run_responses,
+                                      quartile_table, review_items)
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    table = review_items(run, y, top=len(run.items) if args.out else args.top,
+                         num_subjects=args.num_subjects)
+    show = ["item", "review_score"] + [c for c in ("p_negative_discrimination", "p_low_feasibility")
+                                       if c in table] + \
+        [c for c in ("difficulty_mean", "discrimination_mean", "feasibility_mean") if c in table] + \
+        ["mean_response", "expected_mean", "outfit", "residual_corr", "residual_z"]
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 80):
+        print(f"items ranked for review (of {len(run.items)}):")
+        print(table.head(args.top)[show].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        print("\nsubjects disagreeing most with the model on those items:")
+        for r in table.head(args.top).itertuples():
+            print(f"  {r.item}: {r.disagreeing}")
+        names = args.subjects.split(",") if args.subjects else None
+        chosen = choose_subjects(run, y, names)
+        quart = quartile_table(run.items, run.subjects, y, chosen, expected_probabilities(run, chosen))
+        print(f"\naccuracy by difficulty and discrimination quartile ({quart.attrs['num_items']} items, "
+              f"{quart.attrs['excluded_negative_discrimination']} with negative discrimination left out):")
+        print(quart.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if args.out:
+        _write_table(table, args.out)
+    return 0
+
+
+def cmd_score(args) -> int:
+    from engine.readout.leaderboard import format_leaderboard, leaderboard
+    from engine.score import score
+
+    t0 = time.perf_counter()
+    board, res = score(args.run, args.responses, num_draws=args.draws, seed=args.seed)
+    lb = leaderboard(board)
+    new = lb[lb["new"]]
+    print(f"scored {len(new)} new subject(s) against frozen items in {time.perf_counter() - t0:.1f} s "
+          f"({res.num_passes} passes, {'converged' if res.converged else 'NOT converged'})")
+    print(format_leaderboard(lb if args.all else new))
+    if args.out:
+        _write_table(lb, args.out)
+    return 0
+
+
+def cmd_subset(args) -> int:
+    import numpy as np
+
+    from engine.readout.items import item_bank, load_run_responses
+    from engine.readout.subset import evaluate_subsets, select_informative, target_grid
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    bank = item_bank(run.spec, run.guide)
+    grid = target_grid(run.subjects["ability_mean"].to_numpy(), _ability_range(args.ability))
+    chosen = select_informative(bank, args.size, grid)
+    subsets = {"informative": chosen}
+    if "discrimination" in bank.params:
+        subsets["top_discrimination"] = np.argsort(-bank.params["discrimination"], kind="stable")[:args.size]
+    ev = evaluate_subsets(run, y, subsets, num_random=args.random, seed=args.seed)
+    info = bank.subset(chosen).information(grid).sum(axis=1)
+    items = run.items.iloc[chosen].reset_index(drop=True)
+    print(f"{args.size} items maximising test information over abilities "
+          f"{grid.min():+.2f}..{grid.max():+.2f} (test information {info.min():.2f}..{info.max():.2f}):")
+    cols = ["item"] + [c for c in ("difficulty_mean", "discrimination_mean") if c in items]
+    print(items[cols].to_string(float_format=lambda v: f"{v:.3f}"))
+    print("\nKendall tau of the ranking on the subset (items frozen) to the full ranking:")
+    print(ev.summary().to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.out:
+        _write_table(items.assign(selection_order=range(1, len(items) + 1)), args.out)
+    return 0
+
+
+def cmd_calibration(args) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from engine.readout.calibration import calibration_report, load_confidences
+    from engine.readout.items import expected_probabilities, load_run_responses
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    y = load_run_responses(run, args.store)
+    subjects, items = run.subjects["subject"].astype(str), run.items["item"].astype(str)
+    conf = load_confidences(args.confidences, subjects, items)
+    p = expected_probabilities(run, np.arange(len(subjects)))
+    rep = calibration_report(p, y, conf, subjects, items, top=args.top)
+    fmt = lambda v: f"{v:.3f}"
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print("per subject: overconfidence = P_irt(correct) - confidence (negative: claims too much);")
+        print("ECE before (raw confidence), after (joint response-and-confidence model), of the IRT probability")
+        print(rep["subjects"].to_string(index=False, float_format=fmt))
+        print(f"\nitems with the most extreme mean overconfidence (of {len(items)}):")
+        print(rep["extreme_items"].to_string(index=False, float_format=fmt))
+    if not rep["joint"]["converged"]:
+        print("warning: the joint confidence model did not converge")
+    if args.out:
+        _write_table(rep["subjects"], args.out)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from engine.errors import StoreNotFoundError
+    from engine.readout.items import load_run_responses
+    from engine.readout.report import write_report
+    from engine.run import load_run
+
+    run = load_run(args.run)
+    try:
+        y = load_run_responses(run, args.store)
+    except StoreNotFoundError as err:
+        if args.store:
+            raise
+        print(f"note: no item flags in the report ({err})", file=sys.stderr)
+        y = None
+    written = write_report(run, args.out, y, items=args.items.split(",") if args.items else None,
+                           stability=args.stability, dimensions=args.dimensions)
+    print(f"wrote {written.pop('html')} and {len(written)} PNGs beside it")
     return 0
 
 
@@ -178,7 +371,8 @@ def cmd_dimensions(args) -> int:
     from engine.infer.settings import FitSettings
 
     settings = DimensionsSettings(shuffles=args.shuffles, model=args.model, prior=args.prior,
-                                  num_eigenvalues=args.num_eigenvalues, seed=args.seed)
+                                  num_eigenvalues=args.num_eigenvalues,
+                                  residual_simulations=args.residual_simulations, seed=args.seed)
     res = run_dimensions(args.store, args.out, settings, _runner(args), FitSettings(seed=args.seed))
     print(res.table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"suggested number of skills: {res.summary['n_factors']} ({res.summary['reading']})")
@@ -215,7 +409,9 @@ def _trial_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
-    p.add_argument("--model", default=model_default, help="1pl, 2pl, 3pl, 4pl or feas")
+    p.add_argument("--model", default=model_default,
+                   help="1pl, 2pl, 3pl, 4pl, feas, beta, beta-1pl, gamma, beta3, mirt-comp, "
+                        "mirt-noncomp or irt-vec")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
@@ -227,9 +423,59 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--draws", type=int, default=1000, help="joint posterior draws for ranks")
     p.add_argument("--top-k", type=int, default=3, help="k of the P(top-k) column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dims", type=int, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
+    p.add_argument("--q-matrix", default=None,
+                   help="items x skills CSV (item id column, one 0/1 column per skill): confirmatory")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
                    help="memory for the responses, e.g. 512M or 4G (default: half the available "
                         "memory); larger stores are streamed from disk")
+
+
+def _add_item_commands(sub) -> None:
+    p = sub.add_parser("items", help="items ranked for review (annotation errors) + quartile table")
+    p.add_argument("run")
+    p.add_argument("--store", default=None, help="response store (default: the run's)")
+    p.add_argument("--top", type=int, default=20, help="items to show")
+    p.add_argument("--num-subjects", type=int, default=3, help="disagreeing subjects per item")
+    p.add_argument("--subjects", default=None, help="comma-separated subjects for the quartile table")
+    p.add_argument("--out", default=None, help="write every item's flags to this .csv/.parquet")
+    p.set_defaults(func=cmd_items)
+
+    p = sub.add_parser("score", help="score new subjects against a run's frozen items")
+    p.add_argument("run")
+    p.add_argument("responses", help="a store or response file with the run's item ids")
+    p.add_argument("--all", action="store_true", help="print the whole leaderboard, not only new rows")
+    p.add_argument("--draws", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the combined leaderboard (.csv/.parquet)")
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("subset", help="K items maximising test information; ranking agreement")
+    p.add_argument("run")
+    p.add_argument("--size", type=int, required=True, help="K, the number of items")
+    p.add_argument("--ability", default=None, help="LO,HI target ability range (default: the subjects')")
+    p.add_argument("--random", type=int, default=20, help="random subsets for the baseline")
+    p.add_argument("--store", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the chosen items (.csv/.parquet)")
+    p.set_defaults(func=cmd_subset)
+
+    p = sub.add_parser("calibration", help="overconfidence and ECE from a confidence matrix")
+    p.add_argument("run")
+    p.add_argument("confidences", help="wide CSV/Parquet: subject column, one column per item, values in [0, 1]")
+    p.add_argument("--store", default=None)
+    p.add_argument("--top", type=int, default=10, help="extreme items to show")
+    p.add_argument("--out", default=None, help="write the per-subject table (.csv/.parquet)")
+    p.set_defaults(func=cmd_calibration)
+
+    p = sub.add_parser("report", help="one static HTML page (+ PNGs) of a run")
+    p.add_argument("run")
+    p.add_argument("--out", required=True, help="the .html file; PNGs are written beside it")
+    p.add_argument("--store", default=None)
+    p.add_argument("--items", default=None, help="comma-separated items whose curves to draw")
+    p.add_argument("--stability", default=None, help="directory with stability.parquet / summary.parquet")
+    p.add_argument("--dimensions", default=None, help="directory with eigenvalues.parquet / summary.json")
+    p.set_defaults(func=cmd_report)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,6 +508,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("leaderboard", help="print a run's leaderboard")
     p.add_argument("run")
     p.add_argument("--top-k", type=int, default=None, help="show the first K rows")
+    p.add_argument("--rank", default=None,
+                   help="vector abilities: pareto | weights=W1,W2,... | lexicographic | dominance | "
+                        "skill=NAME (default pareto for multi-skill runs)")
+    p.add_argument("--threshold", type=float, default=0.9,
+                   help="posterior mass for --rank dominance to count (ties below it)")
+    p.add_argument("--draws", type=int, default=1000, help="joint posterior draws")
+    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_leaderboard)
 
     p = sub.add_parser("demo", help="ingest + fit + leaderboard on bundled data")
@@ -291,6 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     _trial_model_options(p)
     p.add_argument("--shuffles", type=int, default=200)
     p.add_argument("--num-eigenvalues", type=int, default=20)
+    p.add_argument("--residual-simulations", type=int, default=60,
+                   help="data sets simulated from the one-skill fit for the residual test")
     _runner_options(p)
     p.set_defaults(func=cmd_dimensions)
 
@@ -302,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "irt-engine's dependencies (default: python on the cluster's PATH)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- irt-engine COMMAND ...")
     p.set_defaults(func=cmd_submit)
+    _add_item_commands(sub)
     return parser
 
 

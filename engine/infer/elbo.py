@@ -51,10 +51,10 @@ def _make_cell(spec: ModelSpec, with_hessian: bool) -> Callable:
     shapes = {p.name: p.shape for p in lik}
     pairs = cross_pairs(spec)
 
-    def cell(x, y, m):
+    def cell(x, c, y, m):
         def f(xc):
             params = {p.name: p.constrain(xc[p.name]) for p in lik}
-            return m * spec.loglik(params, y, m)
+            return m * spec.loglik({**params, **c}, y, m)
 
         if not with_hessian:
             return jax.value_and_grad(f)(x)
@@ -69,6 +69,17 @@ def _make_cell(spec: ModelSpec, with_hessian: bool) -> Callable:
                 {f"{a}|{b}": h[a][b] for a, b in pairs})
 
     return cell
+
+
+def _constants(spec: ModelSpec, num_subjects: int, num_items: int) -> tuple[dict, dict]:
+    """The model's constants (e.g. a skill mask) as arrays, and each one's owner."""
+    values = spec.constant_values(num_subjects, num_items).items()
+    return ({k: jnp.asarray(v, jnp.float32) for k, v in values},
+            {c.name: c.owner for c in spec.constants})
+
+
+def _gather_constants(consts: dict, owners: dict, subject_idx, item_idx) -> dict:
+    return {k: v[subject_idx] if owners[k] == "subject" else v[item_idx] for k, v in consts.items()}
 
 
 def _gather(spec: ModelSpec, z: dict, subject_idx, item_idx) -> dict:
@@ -88,12 +99,16 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
     """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block."""
     lik = spec.likelihood_params
     cell = _make_cell(spec, with_hessian)
+    consts, const_owner = _constants(spec, num_subjects, num_items)
 
     def axes(owner_axis):
         return {p.name: (0 if p.owner == owner_axis else None) for p in lik}
 
-    over_items = jax.vmap(cell, in_axes=(axes("item"), 0, 0))
-    over_cells = jax.vmap(over_items, in_axes=(axes("subject"), 0, 0))
+    def const_axes(owner_axis):
+        return {k: (0 if o == owner_axis else None) for k, o in const_owner.items()}
+
+    over_items = jax.vmap(cell, in_axes=(axes("item"), const_axes("item"), 0, 0))
+    over_cells = jax.vmap(over_items, in_axes=(axes("subject"), const_axes("subject"), 0, 0))
 
     owner_of = {p.name: p for p in lik}
 
@@ -112,9 +127,10 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
 
     def terms(z, subject_idx, item_idx, y):
         x = _gather(spec, z, subject_idx, item_idx)
-        mask = (y >= 0).astype(jnp.float32)
+        c = _gather_constants(consts, const_owner, subject_idx, item_idx)
+        mask = (y >= 0).astype(jnp.float32)  # -1 (int8) and NaN (float32) are missing
         yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
-        res = over_cells(x, yf, mask)
+        res = over_cells(x, c, yf, mask)
         grad = reduce(res[1], subject_idx, item_idx)
         if not with_hessian:
             return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})
@@ -132,8 +148,9 @@ def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
     :func:`make_block_terms`, scattered to each observation's owners: no dense matrix."""
     lik = spec.likelihood_params
     cell = _make_cell(spec, with_hessian)
+    consts, const_owner = _constants(spec, num_subjects, num_items)
     over_obs = jax.vmap(cell, in_axes=({p.name: (None if p.owner == "global" else 0)
-                                        for p in lik}, 0, 0))
+                                        for p in lik}, {k: 0 for k in consts}, 0, 0))
     owner_of = {p.name: p for p in lik}
 
     def reduce(per_obs, subject_idx, item_idx):
@@ -151,9 +168,10 @@ def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
 
     def terms(z, subject_idx, item_idx, y):
         x = _gather(spec, z, subject_idx, item_idx)
+        c = _gather_constants(consts, const_owner, subject_idx, item_idx)
         mask = (y >= 0).astype(jnp.float32)
         yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
-        res = over_obs(x, yf, mask)
+        res = over_obs(x, c, yf, mask)
         grad = reduce(res[1], subject_idx, item_idx)
         if not with_hessian:
             return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})

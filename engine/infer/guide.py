@@ -42,7 +42,7 @@ def init_guide(spec: ModelSpec, num_subjects: int, num_items: int, init_scale: f
     loc, log_scale = {}, {}
     for p in spec.params:
         shape = p.full_shape(num_subjects, num_items)
-        loc[p.name] = jnp.full(shape, p.init, jnp.float32)
+        loc[p.name] = jnp.full(shape, jnp.asarray(p.init, jnp.float32))  # init may be per-component
         log_scale[p.name] = jnp.full(shape, jnp.log(init_scale), jnp.float32)
     return GuideState(loc, log_scale)
 

@@ -70,6 +70,7 @@ def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict) -> StepInfo:
 def _move(guide: GuideState, moves, t) -> GuideState:
     loc, log_scale = dict(guide.loc), dict(guide.log_scale)
     for name, m, v in moves:
+        m, v = jnp.asarray(m, jnp.float32), jnp.asarray(v, jnp.float32)  # per-component allowed
         loc[name] = loc[name] * jnp.exp(t * m) + t * v
         log_scale[name] = log_scale[name] + t * m
     return GuideState(loc, log_scale)
@@ -94,8 +95,9 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, rng_key, num_draws: i
             return lp / num_draws + entropy(g.log_scale)
 
         for _ in range(newton_iters):
-            d1 = jax.grad(objective)(0.0, guide)
-            d2 = jax.grad(jax.grad(objective))(0.0, guide)
+            # One forward-over-reverse pass gives the slope and the curvature together.
+            slope = lambda t: jax.grad(objective)(t, guide)
+            d1, d2 = jax.jvp(slope, (jnp.float32(0.0),), (jnp.float32(1.0),))
             t = jnp.clip(-d1 / jnp.minimum(d2, -1e-6), -max_t, max_t)
             t = jnp.where(jnp.isfinite(t), t, 0.0)
             guide = _move(guide, sym.moves, t)
@@ -106,6 +108,7 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
     """Build the jitted ``update(state, z, eps, lik_terms, scale) -> (state, info)``."""
     optimizer = make_optimizer(settings)
     rho, rho_p = settings.damping, settings.precision_damping
+    limits = {p.name: p.max_step for p in spec.params}  # per-block trust regions, if declared
     # A symmetry that moves a frozen block would move the frozen values: skip it.
     free_syms = tuple(s for s in spec.symmetries if not any(m[0] in frozen for m in s.moves))
     symmetries = spec.replace(symmetries=free_syms) if free_syms else None
@@ -124,7 +127,8 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
                 a, b = key.split("|")
                 if n in (a, b):
                     g_cv = g_cv - scale * h * delta[b if n == a else a]
-            step = jnp.clip(rho * g_cv / prec, -settings.max_step, settings.max_step)
+            limit = min(settings.max_step, limits.get(n) or settings.max_step)
+            step = jnp.clip(rho * g_cv / prec, -limit, limit)
             if n in frozen:
                 loc[n], log_scale[n] = guide.loc[n], guide.log_scale[n]
                 moved[n] = jnp.zeros(())

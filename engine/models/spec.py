@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable, Literal, Union
+
+import numpy as np
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +18,7 @@ import jax.numpy as jnp
 from engine.errors import ModelError
 from engine.models.priors import Prior
 
-__all__ = ["ParamSpec", "ModelSpec", "Symmetry", "TRANSFORMS", "Owner"]
+__all__ = ["ParamSpec", "ModelSpec", "Symmetry", "Constant", "TRANSFORMS", "Owner"]
 
 Owner = Literal["subject", "item", "global"]
 
@@ -39,8 +41,12 @@ class ParamSpec:
     shape : per-owner shape, ``()`` for a scalar, ``(D,)`` for D skills.
     transform : ``identity``, ``exp`` or ``sigmoid`` (unconstrained -> constrained).
     prior : density of the unconstrained value; may reference global parameters.
-    init : initial unconstrained location.
+    init : initial unconstrained location; a tuple of ``shape[-1]`` values gives each
+        component its own start (e.g. distinct skills, so they do not move as one).
     in_likelihood : False for hyper-parameters that only enter priors.
+    max_step : optional trust region: the largest change of this block's unconstrained
+        location per step (tighter than the fit settings' ``max_step`` where a block's
+        curvature is far from constant, e.g. a discrimination multiplying the ability).
     """
 
     name: str
@@ -48,8 +54,9 @@ class ParamSpec:
     prior: Prior
     shape: tuple[int, ...] = ()
     transform: str = "identity"
-    init: float = 0.0
+    init: Union[float, tuple[float, ...]] = 0.0
     in_likelihood: bool = True
+    max_step: float | None = None
 
     def __post_init__(self):
         if self.owner not in ("subject", "item", "global"):
@@ -74,12 +81,31 @@ class Symmetry:
 
     Each named block's unconstrained value moves as ``x * exp(t * m) + t * v`` with
     ``(m, v) = moves[name]``; e.g. a common shift of ability and difficulty
-    (``m=0, v=1``). Only priors and entropy change along it, so inference can optimise
+    (``m=0, v=1``). For a block with per-owner shape ``(D,)``, ``m`` and ``v`` may be
+    tuples of ``D`` values (one per component, e.g. scaling one skill only). Only priors and entropy change along it, so inference can optimise
     ``t`` cheaply each step instead of crawling along the ridge.
     """
 
     name: str
-    moves: tuple[tuple[str, float, float], ...]
+    moves: tuple[tuple[str, "float | tuple[float, ...]", "float | tuple[float, ...]"], ...]
+
+
+@dataclass(frozen=True)
+class Constant:
+    """Fixed per-owner data a model's ``loglik`` reads beside its parameters.
+
+    ``value(num_subjects, num_items)`` returns the full array (leading axis the owner's),
+    e.g. a Q-matrix mask of which item loads on which skill. The engine gathers it per
+    block like a parameter but never fits or differentiates it.
+    """
+
+    name: str
+    owner: Owner
+    value: Callable[[int, int], np.ndarray] = field(compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.owner not in ("subject", "item"):
+            raise ModelError(f"constant {self.name!r}: owner must be 'subject' or 'item'")
 
 
 @dataclass(frozen=True)
@@ -92,6 +118,18 @@ class ModelSpec:
     engine evaluates it cell by cell for derivatives). ``y`` holds the responses
     as float32 with missing cells replaced by a valid value; ``mask`` is 1.0 on
     observed cells. The per-cell value is never reduced.
+
+    Optional declarations (all additive; a model without them behaves as before):
+
+    kind : response kind the model reads: ``binary``, ``unit`` (scores in [0, 1]) or
+        ``nonnegative`` (errors); read by the data boundary, never by inference.
+    constants : fixed per-owner arrays passed to ``loglik`` under their names.
+    skills : names of the components of ``(D,)`` ability blocks.
+    expected : ``expected(params) -> E[y]`` per cell (the item characteristic curve).
+    adapt : ``adapt(y) -> dict`` of builder options the data calls for (e.g. boundary
+        inflation when scores hit 0 or 1 exactly); raises if the data cannot be fitted.
+    initial : ``initial(y) -> {name: unconstrained location}``, a data-driven start for
+        blocks that would otherwise start symmetric (e.g. exploratory skills).
     """
 
     name: str
@@ -100,9 +138,15 @@ class ModelSpec:
     loglik: Callable = field(compare=False, repr=False)
     description: str = ""
     symmetries: tuple[Symmetry, ...] = ()
+    constants: tuple[Constant, ...] = ()
+    skills: tuple[str, ...] = ()
+    expected: Callable | None = field(default=None, compare=False, repr=False)
+    adapt: Callable | None = field(default=None, compare=False, repr=False)
+    initial: Callable | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         names = [p.name for p in self.params]
+        names += [c.name for c in self.constants]
         if len(set(names)) != len(names):
             raise ModelError(f"model {self.name!r}: duplicate parameter names {names}")
 
@@ -126,11 +170,25 @@ class ModelSpec:
     def replace(self, **changes) -> "ModelSpec":
         return dataclasses.replace(self, **changes)
 
+    def constant_values(self, num_subjects: int, num_items: int) -> dict[str, np.ndarray]:
+        """Every constant at full size, checked against the owner's count."""
+        out = {}
+        for c in self.constants:
+            v = np.asarray(c.value(num_subjects, num_items))
+            want = num_subjects if c.owner == "subject" else num_items
+            if v.ndim < 1 or v.shape[0] != want:
+                raise ModelError(
+                    f"model {self.name!r}: {c.name} has {v.shape[0] if v.ndim else 0} rows but the "
+                    f"data has {want} {c.owner}s; give one row per {c.owner}")
+            out[c.name] = v
+        return out
+
     def to_dict(self) -> dict:
         return {
             "name": self.name,
             "kind": self.kind,
             "description": self.description,
+            **({"skills": list(self.skills)} if self.skills else {}),
             "params": [
                 {
                     "name": p.name,

@@ -30,7 +30,8 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
 
 
 def summarize(spec: ModelSpec, guide: GuideState, owner: str) -> pd.DataFrame:
-    """Per-owner table: ``{name}_mean``, ``_sd``, ``_q05``, ``_q95`` for each scalar block.
+    """Per-owner table: ``{name}_mean``, ``_sd``, ``_q05``, ``_q95`` for each scalar block,
+    and ``{name}_{skill}_mean`` ... for each component of a ``(D,)`` block.
 
     The point estimate is the constrained location (seed 003 4.2-4.4: ``exp(mu)`` for a
     log-normal discrimination); the sd of a transformed block is the delta method's;
@@ -38,13 +39,19 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str) -> pd.DataFrame:
     """
     cols = {}
     for p in spec.by_owner(owner):
-        if p.shape != ():
+        if len(p.shape) > 1:
             continue
         loc = jnp.asarray(guide.loc[p.name])
         scale = jnp.exp(jnp.asarray(guide.log_scale[p.name]))
-        slope = jax.vmap(jax.grad(lambda x: p.constrain(x)))(loc)
-        cols[f"{p.name}_mean"] = np.asarray(p.constrain(loc))
-        cols[f"{p.name}_sd"] = np.asarray(jnp.abs(slope) * scale)
-        cols[f"{p.name}_q05"] = np.asarray(p.constrain(loc - Z90 * scale))
-        cols[f"{p.name}_q95"] = np.asarray(p.constrain(loc + Z90 * scale))
+        slope = jnp.vectorize(jax.grad(lambda x: p.constrain(x)))(loc)
+        # (D,) blocks get one column set per component, named by the model's skills
+        labels = [""] if p.shape == () else [
+            f"_{s}" for s in (spec.skills if len(spec.skills) == p.shape[0] else range(p.shape[0]))]
+        for d, label in enumerate(labels):
+            pick = (lambda a: a) if p.shape == () else (lambda a, d=d: a[:, d])
+            name = f"{p.name}{label}"
+            cols[f"{name}_mean"] = np.asarray(pick(p.constrain(loc)))
+            cols[f"{name}_sd"] = np.asarray(pick(jnp.abs(slope) * scale))
+            cols[f"{name}_q05"] = np.asarray(pick(p.constrain(loc - Z90 * scale)))
+            cols[f"{name}_q95"] = np.asarray(pick(p.constrain(loc + Z90 * scale)))
     return pd.DataFrame(cols)

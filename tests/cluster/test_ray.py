@@ -139,3 +139,22 @@ def test_address_joins_the_given_cluster_unchanged(ray_cluster, small_store, tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]) == before
     assert len(pd.read_parquet(tmp_path / "st" / "stability.parquet")) == 4
+
+
+def test_dimensions_on_ray_finds_the_known_number_of_skills(ray_cluster, tmp_path):
+    from cluster.dimensions import run_dimensions
+    from cluster.settings import DimensionsSettings
+    from tests.engine.readout.test_dimensions import simulate_mirt
+
+    y = simulate_mirt(300, 150, 2, seed=12)
+    res = run_dimensions(y, tmp_path, DimensionsSettings(shuffles=40, num_eigenvalues=8),
+                         RAY.replace(batch_size=10))
+    assert res.summary["n_factors"] == 2, res.summary["details"]
+    table = pd.read_parquet(tmp_path / "eigenvalues.parquet")
+    assert list(table.columns[:5]) == ["index", "observed", "residual", "envelope_mean", "envelope_q95"]
+    assert len(pd.read_parquet(tmp_path / "shuffles.parquet")) == 40 * 8
+    assert (tmp_path / "scree.png").stat().st_size > 1000
+    # Shuffles on Ray equal shuffles in-process with the same seeds.
+    local = run_dimensions(y, tmp_path / "local", DimensionsSettings(shuffles=40, num_eigenvalues=8),
+                           INPROCESS.replace(batch_size=10))
+    pd.testing.assert_frame_equal(local.table, res.table)

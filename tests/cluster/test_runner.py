@@ -94,3 +94,32 @@ def test_foreign_parquet_at_out_is_a_clear_error(tmp_path):
     pd.DataFrame({"a": [1]}).to_parquet(out)
     with pytest.raises(IRTError, match="not written by the trial runner"):
         done_keys(out)
+
+
+def test_cli_bad_input_exits_2_with_the_fix(tmp_path, capsys):
+    from engine.cli import main
+
+    y = np.random.default_rng(0).integers(0, 2, (6, 40)).astype(np.int8)
+    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(40)])
+    df.insert(0, "subject", [f"s{i}" for i in range(6)])
+    df.to_csv(tmp_path / "w.csv", index=False)
+    assert main(["ingest", str(tmp_path / "w.csv"), "--out", str(tmp_path / "store")]) == 0
+    capsys.readouterr()
+    cases = [
+        (["stability", str(tmp_path / "store"), "--out", str(tmp_path / "o"), "--sizes", "25"],
+         "half the items (20 of 40)"),
+        (["stability", str(tmp_path / "store"), "--out", str(tmp_path / "o"), "--sizes", "a,b"],
+         "comma-separated whole numbers"),
+        (["stability", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--sizes", "5"],
+         "nope"),
+        (["dimensions", str(tmp_path / "store"), "--out", str(tmp_path / "d"), "--shuffles", "1"],
+         "--shuffles must be >= 2"),
+        (["bootstrap", str(tmp_path / "store"), "--out", str(tmp_path / "b"), "--model", "5pl"],
+         "--model '5pl'"),
+        (["stability", str(tmp_path / "store"), "--out", str(tmp_path / "o"), "--batch-size", "0"],
+         "--batch-size must be >= 1"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert not (tmp_path / "o").exists()  # nothing written for a rejected command

@@ -1,0 +1,91 @@
+"""Item-analysis benchmarks: scoring new subjects against frozen NLU items vs. a full refit,
+and in-process adaptive-selection trials per minute.
+
+Usage: ``python benchmarks/bench_items.py [--out benchmarks/results/items.json]``. Reads the
+real NLU matrix (90 x 82,756) from ../shared/data. The 100 new subjects are drawn from the
+fitted 2PL at abilities spread like the run's (their responses are simulated, the items real).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.api import fit
+from engine.data import write_store
+from engine.infer.settings import FitSettings
+from engine.readout.adaptive import AdaptiveTrialSpec, adaptive_trial, load_trial_data
+from engine.readout.items import item_bank
+from engine.run import save_run
+from engine.score import score
+
+DATA = Path("/work/shared/data") if Path("/work/shared/data").exists() else \
+    Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def nlu() -> tuple[np.ndarray, list[str], list[str]]:
+    wide = pd.read_parquet(DATA / "nlu" / "responses_items_x_subjects.parquet")
+    subjects = [c for c in wide.columns if c not in ("item_id", "item", "dataset")]
+    return wide[subjects].to_numpy().T.astype(np.int8), subjects, wide["item"].astype(str).tolist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmarks/results/items.json")
+    ap.add_argument("--trials", type=int, default=40)
+    args = ap.parse_args()
+    y, subjects, items = nlu()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-items-"))
+    store = write_store(y, subjects, items, tmp / "nlu.zarr")
+    settings = FitSettings(seed=0)
+    t0 = time.perf_counter()
+    run = save_run(fit(store.path, model="2pl", settings=settings), tmp / "run", num_draws=200)
+    fit_s = time.perf_counter() - t0
+
+    rng = np.random.default_rng(0)
+    theta = rng.choice(run.subjects["ability_mean"].to_numpy(), 100) + rng.normal(0, 0.1, 100)
+    p = item_bank(run.spec, run.guide).prob(theta.astype(np.float32))
+    y_new = (rng.random(p.shape) < p).astype(np.int8)
+
+    t0 = time.perf_counter()
+    board, res = score(run, y_new, num_draws=200)
+    score_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    full = fit(np.concatenate([y, y_new]), model="2pl", settings=settings)
+    refit_s = time.perf_counter() - t0
+    new = board[board["new"]]["ability_mean"].to_numpy()
+    r = float(np.corrcoef(new, full.means()["ability"][90:])[0, 1])
+
+    t0 = time.perf_counter()
+    data = load_trial_data(run)
+    load_s = time.perf_counter() - t0
+    spec = AdaptiveTrialSpec(run=str(run.path), checkpoints=(10, 25, 50, 100, 200))
+    t0 = time.perf_counter()
+    rows = [row for s in range(args.trials) for row in adaptive_trial(AdaptiveTrialSpec(**{**spec.to_dict(), "seed": s}), data)]
+    trial_s = time.perf_counter() - t0
+    tau = pd.DataFrame(rows).groupby(["strategy", "num_items"])["kendall_tau"].mean().unstack().round(3)
+
+    result = {
+        "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
+        "data": "nlu 90 x 82,756 (real); 100 new subjects simulated from the fitted 2PL",
+        "fit_2pl_s": fit_s, "score_100_s": score_s, "score_passes": res.num_passes,
+        "refit_190_s": refit_s, "refit_passes": full.num_passes, "speedup": refit_s / score_s,
+        "score_vs_refit_r": r,
+        "adaptive_load_s": load_s, "adaptive_trials": args.trials, "adaptive_trial_s": trial_s,
+        "adaptive_trials_per_min_in_process": 60 * args.trials / trial_s,
+        "adaptive_tau": {k: v for k, v in tau.to_dict(orient="index").items()},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, default=str))
+    print(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Response kinds: binary, unit scores in [0, 1], non-negative errors.
+
+Binary responses are stored as int8 with ``-1`` missing; continuous ones as float32 with
+NaN missing. A kind is detected from the values and can be overridden; a value outside
+the kind's support is an error naming its row and column, never clipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.data.blocks import Block, InMemorySource, block_shape
+from engine.errors import DataFormatError
+
+__all__ = ["KINDS", "detect_kind", "check_kind", "as_responses", "FloatInMemorySource",
+           "source_for", "boundary_counts"]
+
+KINDS = ("binary", "unit", "nonnegative")
+
+# Which data kinds a model of a given kind can read (binary scores are unit scores too).
+READS = {"binary": ("binary",), "unit": ("binary", "unit"),
+         "nonnegative": ("binary", "unit", "nonnegative")}
+
+
+def _observed(y: np.ndarray) -> np.ndarray:
+    if np.issubdtype(y.dtype, np.floating):
+        return ~np.isnan(y)
+    return y >= 0
+
+
+def detect_kind(y: np.ndarray) -> str:
+    """Smallest kind holding every observed value of ``y`` (int8 -1 / NaN missing)."""
+    values = y[_observed(y)]
+    if values.size == 0 or np.isin(values, (0, 1)).all():
+        return "binary"
+    if values.min() >= 0 and values.max() <= 1:
+        return "unit"
+    return "nonnegative"
+
+
+def _first_bad(bad: np.ndarray, y: np.ndarray, what: str, name: str, fix: str) -> DataFormatError:
+    r, c = np.argwhere(bad)[0]
+    return DataFormatError(f"{name} row {r}, column {c}: got {y[r, c]!r}; expected {what}. "
+                           f"{int(bad.sum())} such value(s); {fix}")
+
+
+def check_kind(y: np.ndarray, kind: str, name: str = "responses") -> None:
+    """Raise ``DataFormatError`` at the first value outside ``kind``'s support."""
+    if kind not in KINDS:
+        raise DataFormatError(f"unknown response kind {kind!r}; use one of {', '.join(KINDS)}")
+    obs = _observed(y)
+    if np.issubdtype(y.dtype, np.floating):
+        bad = obs & ~np.isfinite(y)
+        if bad.any():
+            raise _first_bad(bad, y, "a finite number or NaN (missing)", name, "mark missing cells NaN")
+    if kind == "binary":
+        bad = obs & ~np.isin(y, (0, 1))
+        what = "0, 1 or missing"
+    elif kind == "unit":
+        bad = obs & ((y < 0) | (y > 1))
+        what = "a score in [0, 1] or missing"
+    else:
+        bad = obs & (y < 0)
+        what = "a non-negative error or missing"
+    if bad.any():
+        raise _first_bad(bad, y, what, name,
+                         "rescale the scores or choose another kind/model")
+
+
+def as_responses(y: np.ndarray, kind: str | None = None, name: str = "responses") -> tuple[np.ndarray, str]:
+    """Validate and convert an in-memory matrix: int8 (-1 missing) for binary, float32 (NaN) else.
+
+    Integer input keeps the ``-1`` missing sentinel; float input uses NaN.
+    """
+    y = np.asarray(y)
+    if y.ndim != 2:
+        raise DataFormatError(f"{name} must be a 2-D subjects x items array, got shape {y.shape}")
+    if y.dtype == bool:
+        y = y.astype(np.int8)
+    if not np.issubdtype(y.dtype, np.floating):
+        if (y < -1).any():
+            r, c = np.argwhere(y < -1)[0]
+            raise DataFormatError(f"{name} row {r}, column {c}: got {y[r, c]}; integer responses "
+                                  "must be 0, 1 or -1 (missing); pass floats with NaN for scores")
+        y = np.where(y < 0, np.nan, y.astype(np.float64)) if (y > 1).any() else y
+    detected = detect_kind(y)
+    kind = kind or detected
+    check_kind(y, kind, name)
+    if kind == "binary":
+        obs = _observed(y)
+        return np.where(obs, np.nan_to_num(y), -1).astype(np.int8), kind
+    return np.where(_observed(y), y, np.nan).astype(np.float32), kind
+
+
+def boundary_counts(y: np.ndarray) -> dict[str, int]:
+    """Observed cells exactly at 0 and at 1."""
+    obs = _observed(y)
+    return {"zeros": int((obs & (y == 0)).sum()), "ones": int((obs & (y == 1)).sum())}
+
+
+@dataclass
+class FloatInMemorySource(InMemorySource):
+    """Tiles of a float32 response matrix, NaN missing (padding is NaN too)."""
+
+    def __post_init__(self):
+        y = np.asarray(self.responses)
+        if y.ndim != 2:
+            raise ValueError(f"responses must be 2-D (subjects x items), got shape {y.shape}")
+        self.responses = y.astype(np.float32, copy=False)
+        self.shape = self.responses.shape
+        self.tile = block_shape(*self.shape, self.max_block_cells)
+        self.num_observed = int((~np.isnan(self.responses)).sum())
+
+    def block(self, origin: tuple[int, int]) -> Block:
+        r, c = origin
+        rows, cols = self.tile
+        part = self.responses[r : r + rows, c : c + cols]
+        y = np.full((rows, cols), np.nan, np.float32)
+        y[: part.shape[0], : part.shape[1]] = part
+        idx = lambda start, n, size: np.pad(np.arange(start, start + n, dtype=np.int32), (0, size - n))
+        return Block(idx(r, part.shape[0], rows), idx(c, part.shape[1], cols), y)
+
+    def empty_block(self) -> Block:
+        rows, cols = self.tile
+        return Block(np.zeros(rows, np.int32), np.zeros(cols, np.int32),
+                     np.full((rows, cols), np.nan, np.float32))
+
+
+def source_for(y: np.ndarray, max_block_cells: int) -> InMemorySource:
+    """The in-memory block source matching ``y``'s storage (int8 or float32)."""
+    if np.issubdtype(y.dtype, np.floating):
+        return FloatInMemorySource(y, max_block_cells=max_block_cells)
+    return InMemorySource(y, max_block_cells=max_block_cells)

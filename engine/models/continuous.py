@@ -1,0 +1,287 @@
+"""Continuous-response IRT: Beta-IRT (Molenaar), Gamma-IRT for errors, Beta^3-IRT.
+
+- ``beta`` (seed 003 section 4.4): ``y ~ Beta(a, b)``, ``a = exp((eta + o)/2)``,
+  ``b = exp((-eta + o)/2)``, ``eta = alpha theta - beta``, per-item log-precision ``o``,
+  so ``E[y] = sigmoid(eta)``. Discrimination optional, vague or hierarchical priors.
+- ``gamma`` (seed 001 eq. 6-7): errors ``e ~ Gamma(shape c (delta/theta)^a,
+  rate ((1 - delta)/(1 - theta))^a)`` with ability and difficulty in (0, 1),
+  ``a ~ N(1, s0^2)`` and a per-item scale ``c > 0``; ``E[e] = c (delta/(1-delta))^a
+  ((1-theta)/theta)^a`` is the expected-error item characteristic curve.
+- ``beta3`` (seed 001 eq. 4-5, 10): ``p ~ Beta((theta/delta)^a, ((1-theta)/(1-delta))^a)``
+  for responses ``p = 1/(1 + e/c)`` in (0, 1].
+
+Exact boundary values are real data, not noise: unit scores at exactly 0 or 1 and errors
+at exactly 0 are fitted by zero/one inflation (Molenaar, Curi and Bazan 2022): per-item
+probabilities ``zero = P(y = 0)`` and ``one = P(y = 1 | y > 0)``, the density taking the
+rest. ``inflation="auto"`` turns them on when the data has such values; nothing is clipped.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import gammaln
+
+from engine.errors import DataFormatError, ModelError
+from engine.models.logistic import _block as prior_block
+from engine.models.priors import logit_uniform, normal
+from engine.models.spec import ModelSpec, ParamSpec, Symmetry
+
+__all__ = ["beta_model", "gamma_model", "beta3_model", "beta_logpdf", "gamma_logpdf",
+           "inflated_loglik", "INFLATIONS"]
+
+_EPS = 1e-7
+# Trust region for a discrimination that multiplies the ability: while abilities are still
+# near 0 its curvature is tiny, and full Newton steps overshoot into huge |eta|.
+_DISC_STEP = 0.3
+INFLATIONS = ("auto", "none", "zero", "one", "zero-one")
+
+
+def beta_logpdf(y, log_a, log_b):
+    """``log Beta(y | a, b)`` from log shapes; ``y`` strictly inside (0, 1)."""
+    a, b = jnp.exp(log_a), jnp.exp(log_b)
+    return (gammaln(a + b) - gammaln(a) - gammaln(b)
+            + (a - 1.0) * jnp.log(y) + (b - 1.0) * jnp.log1p(-y))
+
+
+def gamma_logpdf(y, log_shape, log_rate):
+    """``log Gamma(y | shape, rate)`` from log parameters; ``y > 0``."""
+    k, r = jnp.exp(log_shape), jnp.exp(log_rate)
+    return k * log_rate - gammaln(k) + (k - 1.0) * jnp.log(y) - r * y
+
+
+def _logs(p):
+    p = jnp.clip(p, _EPS, 1.0 - _EPS)
+    return jnp.log(p), jnp.log1p(-p)
+
+
+def inflated_loglik(density_fn, y, mask, *, zero=None, one=None, inside=0.5):
+    """Per-cell log-likelihood with optional point masses at 0 and 1.
+
+    ``P(y = 0) = zero``, ``P(y = 1 | y > 0) = one``, and the rest spread by the density:
+    ``log p(y) = log(1 - zero) + log(1 - one) + density_fn(y)`` for ``y`` off the masses.
+    Without ``zero`` (``one``) the value 0 (1) is left to the density. Missing cells and
+    cells on a point mass are evaluated at ``inside`` so gradients stay finite.
+    """
+    at0 = (y == 0.0) if zero is not None else jnp.zeros_like(y, dtype=bool)
+    at1 = (y == 1.0) if one is not None else jnp.zeros_like(y, dtype=bool)
+    cont = ~(at0 | at1)
+    safe = jnp.where(cont & (mask > 0), y, inside)
+    ll = jnp.where(cont, density_fn(safe), 0.0)
+    if zero is not None:
+        log_z, log1m_z = _logs(zero)
+        ll = ll + jnp.where(at0, log_z, log1m_z)
+    if one is not None:
+        log_o, log1m_o = _logs(one)
+        ll = ll + jnp.where(at0, 0.0, jnp.where(at1, log_o, log1m_o))
+    return ll
+
+
+def _inflation_params(inflation: str) -> list[ParamSpec]:
+    out = []
+    if inflation in ("zero", "zero-one"):
+        out.append(ParamSpec("zero", "item", logit_uniform(), transform="sigmoid", init=-2.0))
+    if inflation in ("one", "zero-one"):
+        out.append(ParamSpec("one", "item", logit_uniform(), transform="sigmoid", init=-2.0))
+    return out
+
+
+def _boundary_cell(y, value):
+    hit = ~np.isnan(y) & (y == value) if np.issubdtype(y.dtype, np.floating) else (y == value)
+    idx = np.argwhere(hit)
+    return (int(hit.sum()), tuple(int(i) for i in idx[0])) if idx.size else (0, None)
+
+
+def _adapt(model: str, inflation: str, zero_allowed: bool, one_allowed: bool):
+    """``adapt(y)``: resolve ``auto`` from the data, or refuse boundary values not modelled."""
+
+    def adapt(y: np.ndarray) -> dict:
+        n0, cell0 = _boundary_cell(y, 0)
+        n1, cell1 = _boundary_cell(y, 1) if one_allowed else (0, None)
+        if inflation == "auto":
+            want = {(False, False): "none", (True, False): "zero", (False, True): "one",
+                    (True, True): "zero-one"}[(n0 > 0 and zero_allowed, n1 > 0)]
+            return {"inflation": want}
+        for n, cell, point, covered in ((n0, cell0, 0, "zero"), (n1, cell1, 1, "one")):
+            if n and covered not in inflation.split("-"):
+                raise DataFormatError(
+                    f"model {model!r} with inflation={inflation!r}: {n} response(s) equal {point} "
+                    f"exactly (first at row {cell[0]}, column {cell[1]}), where the density is "
+                    f"{'zero or infinite' if point == 0 else 'undefined'}; use inflation='auto' "
+                    f"(or include {covered!r}); values are never clipped")
+        return {}
+
+    return adapt
+
+
+def _check(inflation: str, allowed: tuple[str, ...], name: str) -> None:
+    if inflation not in allowed:
+        raise ModelError(f"model {name!r}: unknown inflation {inflation!r}; use one of {', '.join(allowed)}")
+
+
+def _beta_loglik(params, y, mask, *, disc: bool):
+    eta = params["ability"] - params["difficulty"]
+    if disc:
+        eta = params["discrimination"] * params["ability"] - params["difficulty"]
+    o = params["log_precision"]
+    density = lambda v: beta_logpdf(v, 0.5 * (eta + o), 0.5 * (o - eta))
+    return inflated_loglik(density, y, mask, zero=params.get("zero"), one=params.get("one"))
+
+
+def _beta_expected(params, *, disc: bool):
+    eta = params["discrimination"] * params["ability"] - params["difficulty"] if disc \
+        else params["ability"] - params["difficulty"]
+    mean = jax.nn.sigmoid(eta)
+    zero, one = params.get("zero", 0.0), params.get("one", 0.0)
+    return (1.0 - zero) * (one + (1.0 - one) * mean)
+
+
+def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
+               discrimination: bool = True, inflation: str = "auto") -> ModelSpec:
+    """Beta-IRT in the Molenaar parameterisation (seed 003 section 4.4).
+
+    Vague: ``theta ~ N(0, 1)``, ``beta ~ N(0, 10^3)``, ``log alpha ~ N(0, 1)``,
+    ``o ~ N(0, 1)``. Hierarchical: theta and beta pool through ``N(mu, 1/u)``; alpha and
+    o keep ``N(0, 1)``. ``discrimination=False`` clamps alpha = 1 (1PL-style).
+    ``inflation``: ``auto`` (from the data), ``none``, ``zero``, ``one`` or ``zero-one``.
+    """
+    _check(inflation, INFLATIONS, "beta")
+    if prior not in ("vague", "hierarchical"):
+        raise ModelError(f"unknown prior family {prior!r}; use 'vague' or 'hierarchical'")
+    if signed_discrimination and not discrimination:
+        raise ModelError("--signed-discrimination needs a model with discrimination")
+    resolved = "none" if inflation == "auto" else inflation
+    params = prior_block("ability", "subject", prior, normal(0.0, 1.0))
+    params += prior_block("difficulty", "item", prior, normal(0.0, 1e3))
+    symmetries = []
+    if discrimination:
+        if signed_discrimination:
+            params.append(ParamSpec("discrimination", "item", normal(1.0, 1.0), init=1.0,
+                                    max_step=_DISC_STEP))
+            a_move = ("discrimination", -1.0, 0.0)
+        else:
+            params.append(ParamSpec("discrimination", "item", normal(0.0, 1.0), transform="exp",
+                                    max_step=_DISC_STEP))
+            a_move = ("discrimination", 0.0, -1.0)
+        # eta = alpha theta - beta: theta * k with alpha / k leaves every cell unchanged.
+        symmetries.append(Symmetry("scale", (("ability", 1.0, 0.0), a_move)))
+    else:
+        symmetries.append(Symmetry("shift", (("ability", 0.0, 1.0), ("difficulty", 0.0, 1.0))))
+    params.append(ParamSpec("log_precision", "item", normal(0.0, 1.0)))
+    params += _inflation_params(resolved)
+    name = "beta" if discrimination else "beta-1pl"
+    return ModelSpec(
+        name=name + ("-signed" if signed_discrimination else ""),
+        kind="unit",
+        params=tuple(params),
+        loglik=partial(_beta_loglik, disc=discrimination),
+        description=(f"Beta-IRT (Molenaar): E[y] = sigmoid({'alpha theta' if discrimination else 'theta'}"
+                     f" - beta), per-item log-precision; inflation {resolved}; {prior} priors"),
+        symmetries=tuple(symmetries),
+        expected=partial(_beta_expected, disc=discrimination),
+        adapt=_adapt(name, inflation, zero_allowed=True, one_allowed=True),
+    )
+
+
+def _log_odds_terms(params):
+    """log theta, log(1 - theta), log delta, log(1 - delta) and the discrimination a."""
+    t, d = params["ability"], params["difficulty"]
+    return jnp.log(t), jnp.log1p(-t), jnp.log(d), jnp.log1p(-d), params["discrimination"]
+
+
+def _gamma_loglik(params, y, mask):
+    lt, l1t, ld, l1d, a = _log_odds_terms(params)
+    log_shape = jnp.log(params["scale"]) + a * (ld - lt)
+    log_rate = a * (l1d - l1t)
+    density = lambda v: gamma_logpdf(v, log_shape, log_rate)
+    return inflated_loglik(density, y, mask, zero=params.get("zero"), inside=1.0)
+
+
+def _gamma_expected(params):
+    """Expected error (seed 001 eq. 7), times 1 - P(e = 0) under a hurdle."""
+    lt, l1t, ld, l1d, a = _log_odds_terms(params)
+    mean = params["scale"] * jnp.exp(a * (ld - l1d) + a * (l1t - lt))
+    return (1.0 - params.get("zero", 0.0)) * mean
+
+
+def _unit_interval_params(s0: float) -> list[ParamSpec]:
+    """theta, delta ~ B(1, 1) (fitted as logits) and a ~ N(1, s0^2) (seed 001 eq. 4, 6)."""
+    return [
+        ParamSpec("ability", "subject", logit_uniform(), transform="sigmoid"),
+        ParamSpec("difficulty", "item", logit_uniform(), transform="sigmoid"),
+        ParamSpec("discrimination", "item", normal(1.0, s0 ** 2), init=1.0),
+    ]
+
+
+def _no_prior_family(prior: str, signed_discrimination: bool, name: str) -> None:
+    if prior != "vague":
+        raise ModelError(f"model {name!r} has Beta(1, 1) priors on ability and difficulty "
+                         "(seed 001); use prior='vague'")
+    # a ~ N(1, s0^2) is signed by design: the flag changes nothing here.
+    del signed_discrimination
+
+
+def gamma_model(*, prior: str = "vague", signed_discrimination: bool = False,
+                s0: float = 1.0, inflation: str = "auto") -> ModelSpec:
+    """Gamma-IRT for non-negative errors (seed 001 eq. 6-9), fitted on the errors directly.
+
+    ``scale`` is the per-item ``c_j`` (``log c ~ N(0, 10)``: errors come in any unit).
+    ``inflation``: ``auto``, ``none`` or ``zero`` (a hurdle for exact-zero errors).
+    """
+    _check(inflation, ("auto", "none", "zero"), "gamma")
+    _no_prior_family(prior, signed_discrimination, "gamma")
+    resolved = "none" if inflation == "auto" else inflation
+    params = _unit_interval_params(s0)
+    params.append(ParamSpec("scale", "item", normal(0.0, 10.0), transform="exp"))
+    params += _inflation_params(resolved)
+    return ModelSpec(
+        name="gamma",
+        kind="nonnegative",
+        params=tuple(params),
+        loglik=_gamma_loglik,
+        description=f"Gamma-IRT on errors: E[e] = c (delta/(1-delta))^a ((1-theta)/theta)^a; "
+                    f"inflation {resolved}",
+        symmetries=(),  # shape and rate pin theta and delta separately: no continuous symmetry
+        expected=_gamma_expected,
+        adapt=_adapt("gamma", inflation, zero_allowed=True, one_allowed=False),
+    )
+
+
+def _beta3_loglik(params, y, mask):
+    lt, l1t, ld, l1d, a = _log_odds_terms(params)
+    density = lambda v: beta_logpdf(v, a * (lt - ld), a * (l1t - l1d))
+    return inflated_loglik(density, y, mask, zero=params.get("zero"), one=params.get("one"))
+
+
+def _beta3_expected(params):
+    """Seed 001 eq. 5: ``1 / (1 + (delta/(1-delta))^a (theta/(1-theta))^-a)``, with inflation."""
+    lt, l1t, ld, l1d, a = _log_odds_terms(params)
+    mean = jax.nn.sigmoid(a * (lt - l1t) - a * (ld - l1d))
+    zero, one = params.get("zero", 0.0), params.get("one", 0.0)
+    return (1.0 - zero) * (one + (1.0 - one) * mean)
+
+
+def beta3_model(*, prior: str = "vague", signed_discrimination: bool = False,
+                s0: float = 1.0, inflation: str = "auto") -> ModelSpec:
+    """Beta^3-IRT (seed 001 eq. 4, 10) for responses in (0, 1], e.g. ``1 / (1 + e / c)``.
+
+    An error of exactly 0 maps to a response of exactly 1: ``inflation="auto"`` adds the
+    point mass (and one at 0 if present).
+    """
+    _check(inflation, INFLATIONS, "beta3")
+    _no_prior_family(prior, signed_discrimination, "beta3")
+    resolved = "none" if inflation == "auto" else inflation
+    params = _unit_interval_params(s0) + _inflation_params(resolved)
+    return ModelSpec(
+        name="beta3",
+        kind="unit",
+        params=tuple(params),
+        loglik=_beta3_loglik,
+        description=f"Beta^3-IRT: Beta((theta/delta)^a, ((1-theta)/(1-delta))^a); inflation {resolved}",
+        symmetries=(),
+        expected=_beta3_expected,
+        adapt=_adapt("beta3", inflation, zero_allowed=True, one_allowed=True),
+    )

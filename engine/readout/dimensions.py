@@ -1,0 +1,685 @@
+"""How many skills? Residual eigenvalues and parallel analysis (seed 000 section 11.4).
+
+Correlation matrices here are item by item (N x N), but with many more items than
+subjects their spectrum is computed from the subject-by-subject Gram matrix (S x S), which
+has the same non-zero eigenvalues; an N x N matrix is never formed when S < N.
+
+Missing cells and constant items
+--------------------------------
+Each item (column) is standardised over its observed cells (mean 0, sd 1, ``ddof=0``),
+divided by the square root of its observed count, and set to 0 where missing, giving
+``Z``. The correlation matrix is ``R = Z^T Z``: on complete data it is exactly the Pearson
+(phi, for binary items) correlation; with missing cells each entry sums the products over
+the subjects who answered both items, normalised by each item's own count, so ``R`` stays
+positive semi-definite with a unit diagonal (trace = number of items). Items without
+variation (all observed answers equal) have no correlation and are left out; items with
+no observed answer are an error.
+
+Parallel analysis
+-----------------
+Each item's column is permuted independently (never rows): each item keeps its multiset of
+answers (and of missing cells), while the links between items are destroyed. The
+standardised values are permutation-invariant per column, so a shuffle only re-arranges
+``Z``. Integer data with few answer levels use a sequential selection sampler: position by
+position, a level is drawn with probability (its remaining count) / (remaining
+positions), which gives a uniformly random arrangement of the column's multiset (each
+decision compares ``b``-bit random integers, ``b = 31 - bit_length(S)``, so probabilities
+are exact to within ``2^-b``, about 1e-7 at S = 90). All operations are branch-free
+integer passes over whole rows; other data fall back to ``argsort`` of random keys.
+
+Choosing the number of skills
+-----------------------------
+See :func:`suggest_n_factors`: phi correlations of binary items carry difficulty factors,
+so raw parallel analysis over-counts; the count of residual eigenvalues (after the most
+flexible one-skill fit) above a parametric null gives the lower bound, parallel analysis
+the upper bound.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+from threadpoolctl import threadpool_limits
+
+from engine.errors import DataFormatError, ModelError, SettingsError
+
+__all__ = [
+    "correlation_eigenvalues",
+    "standardized_residuals",
+    "residual_eigenvalues",
+    "residual_null_eigenvalues",
+    "shuffle_columns",
+    "shuffle_eigenvalues",
+    "envelope",
+    "count_above",
+    "suggest_n_factors",
+    "fitted_probabilities",
+    "extra_skill_probabilities",
+    "ResidualStep",
+    "residual_step",
+    "residual_steps",
+    "dimensions_table",
+    "scree_plot",
+    "TABLE_COLUMNS",
+]
+
+_MAX_LEVELS = 8  # more distinct answers than this use the argsort shuffle
+_P_CLIP = 1e-6  # fitted probabilities are clipped to [eps, 1 - eps] for residuals
+
+
+# ---------------------------------------------------------------- input and standardising
+
+
+def _read(y, what: str = "responses") -> tuple[np.ndarray, np.ndarray]:
+    """Validated ``(values float64 with NaN missing, observed mask)`` of a response matrix."""
+    arr = np.asarray(y)
+    if arr.ndim != 2:
+        raise DataFormatError(
+            f"{what} must be a 2-D subjects x items array (one row per subject, one column per "
+            f"item); got shape {arr.shape}")
+    if arr.dtype.kind not in "biuf":
+        raise DataFormatError(f"{what} must be numeric (int8 with -1 missing, or float with NaN "
+                              f"missing); got dtype {arr.dtype}")
+    if arr.shape[0] < 2:
+        raise DataFormatError(
+            f"{what} has {arr.shape[0]} subject row(s); item correlations need at least 2 subjects")
+    if arr.dtype.kind == "f":
+        x = arr.astype(np.float64)
+        if np.isinf(x).any():
+            r, c = np.argwhere(np.isinf(x))[0]
+            raise DataFormatError(f"{what} row {r}, column {c} is infinite; use NaN for missing")
+        observed = ~np.isnan(x)
+    else:
+        observed = arr != -1
+        x = np.where(observed, arr, np.nan).astype(np.float64)
+    empty = np.flatnonzero(~observed.any(axis=0))
+    if empty.size:
+        raise DataFormatError(
+            f"{what} item column(s) {empty[:5].tolist()}{' ...' if empty.size > 5 else ''} "
+            f"({empty.size} in all) have no observed responses; drop those items first")
+    return x, observed
+
+
+class _Standard(NamedTuple):
+    z: np.ndarray  # (S, N') float64: standardised / sqrt(count), 0 where missing
+    kept: np.ndarray  # (N,) bool: items with variation
+    mean: np.ndarray  # (N',) per kept item
+    scale: np.ndarray  # (N',) sd * sqrt(count) per kept item
+
+
+def _standardize(x: np.ndarray, observed: np.ndarray, what: str) -> _Standard:
+    n = observed.sum(axis=0)
+    filled = np.where(observed, x, 0.0)
+    mean = filled.sum(axis=0) / n
+    centred = np.where(observed, x - mean, 0.0)
+    var = (centred**2).sum(axis=0) / n
+    kept = var > 1e-12 * np.maximum((filled**2).sum(axis=0) / n, 1e-300)
+    if kept.sum() < 2:
+        raise DataFormatError(
+            f"{what}: only {int(kept.sum())} item column(s) vary across subjects; correlations "
+            "need at least 2 items whose observed answers are not all equal")
+    scale = np.sqrt(var[kept] * n[kept])
+    return _Standard(centred[:, kept] / scale, kept, mean[kept], scale)
+
+
+def _num_eigen(k: int | None, num_items: int, num_subjects: int) -> tuple[int, int]:
+    """(eigenvalues to return, eigenvalues the Gram matrix can give)."""
+    rank_dim = min(num_items, num_subjects)
+    if k is None:
+        return rank_dim, rank_dim
+    if int(k) < 1:
+        raise SettingsError(f"k must be a positive number of eigenvalues, got {k}")
+    return min(int(k), num_items), rank_dim
+
+
+def _gram_eigenvalues(z: np.ndarray, k: int, *, float32: bool = False) -> np.ndarray:
+    """Top ``k`` eigenvalues (descending, zero-padded) of ``z^T z`` via the smaller Gram matrix."""
+    S, N = z.shape
+    if float32:
+        from scipy.linalg.blas import ssyrk
+
+        # BLAS syrk on the Fortran view: lower triangle of z z^T (S < N) or z^T z.
+        g = ssyrk(1.0, z.T if S <= N else z, trans=1 if S <= N else 0, lower=1)
+        w = np.linalg.eigvalsh(g.astype(np.float64), UPLO="L")
+    else:
+        g = z @ z.T if S <= N else z.T @ z
+        w = np.linalg.eigvalsh(g)
+    w = np.clip(w[::-1], 0.0, None)  # PSD: tiny negatives are round-off
+    out = np.zeros(k)
+    out[: min(k, w.size)] = w[:k]
+    return out
+
+
+# ---------------------------------------------------------------- observed spectra
+
+
+def correlation_eigenvalues(y, k: int | None = None) -> np.ndarray:
+    """Eigenvalues of the item-by-item (phi) correlation matrix, largest first.
+
+    Parameters
+    ----------
+    y : ``(subjects, items)`` responses, int8 with -1 missing (or float with NaN missing).
+    k : how many to return (default ``min(subjects, varying items)``, all non-zero ones).
+
+    Returns
+    -------
+    ``(k,)`` float64, descending; they sum to the number of varying items when all are kept.
+
+    Raises
+    ------
+    DataFormatError
+        Not 2-D, fewer than 2 subjects, an item with no observed answer, or fewer than 2
+        items that vary.
+    """
+    x, observed = _read(y)
+    st = _standardize(x, observed, "responses")
+    k_out, _ = _num_eigen(k, st.z.shape[1], st.z.shape[0])
+    return _gram_eigenvalues(st.z, k_out)
+
+
+def standardized_residuals(y, p) -> np.ndarray:
+    """``(y - p) / sqrt(p (1 - p))`` on observed cells, NaN where missing.
+
+    ``p`` is clipped to ``[1e-6, 1 - 1e-6]`` so a confident miss stays finite.
+    """
+    x, observed = _read(y)
+    p = _read_probabilities(p, x.shape)
+    return np.where(observed, (x - p) / np.sqrt(p * (1.0 - p)), np.nan)
+
+
+def _read_probabilities(p, shape) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    if p.shape != shape:
+        raise DataFormatError(f"fitted probabilities have shape {p.shape}; the responses have "
+                              f"{shape}; pass one probability per (subject, item) cell")
+    if not np.isfinite(p).all() or (p < 0).any() or (p > 1).any():
+        raise DataFormatError("fitted probabilities must be finite and within [0, 1]")
+    return np.clip(p, _P_CLIP, 1.0 - _P_CLIP)
+
+
+def residual_eigenvalues(y, p, k: int | None = None) -> np.ndarray:
+    """Eigenvalues of the item-by-item correlation of standardised residuals (seed 000 11.4.1).
+
+    Parameters
+    ----------
+    y : ``(subjects, items)`` binary responses, -1 missing.
+    p : ``(subjects, items)`` fitted P(correct) of a one-skill fit (see
+        :func:`fitted_probabilities`).
+    k : how many to return (default all non-zero ones).
+    """
+    r = standardized_residuals(y, p)
+    st = _standardize(r, ~np.isnan(r), "residuals")
+    k_out, _ = _num_eigen(k, st.z.shape[1], st.z.shape[0])
+    return _gram_eigenvalues(st.z, k_out)
+
+
+def residual_null_eigenvalues(p, seeds: Sequence[int], k: int | None = None, *,
+                              observed=None) -> np.ndarray:
+    """Residual eigenvalues of data simulated from the fitted one-skill model itself.
+
+    For each seed, ``y* ~ Bernoulli(p)`` on the observed cells and the residual spectrum of
+    ``y*`` against the same ``p`` is computed: what :func:`residual_eigenvalues` looks like
+    when one skill explains everything. Returns ``(len(seeds), k)``.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim != 2:
+        raise DataFormatError(f"fitted probabilities must be 2-D, got shape {p.shape}")
+    mask = np.ones(p.shape, bool) if observed is None else np.asarray(observed, bool)
+    p = _read_probabilities(p, mask.shape)
+    sd = np.sqrt(p * (1.0 - p))
+    rows = []
+    with threadpool_limits(limits=1, user_api="blas"):
+        for seed in seeds:
+            rng = np.random.default_rng(seed)
+            y_sim = (rng.random(p.shape) < p).astype(np.float64)
+            r = np.where(mask, (y_sim - p) / sd, np.nan)
+            st = _standardize(r, mask, "simulated residuals")
+            k_out, _ = _num_eigen(k, st.z.shape[1], st.z.shape[0])
+            rows.append(_gram_eigenvalues(st.z, k_out))
+    return _stack(rows)
+
+
+def _stack(rows: list[np.ndarray]) -> np.ndarray:
+    width = max((r.size for r in rows), default=0)
+    out = np.zeros((len(rows), width))
+    for i, r in enumerate(rows):
+        out[i, : r.size] = r
+    return out
+
+
+# ---------------------------------------------------------------- column shuffles
+
+
+class _Levels(NamedTuple):
+    """Per-column answer levels for the sequential selection sampler."""
+
+    levels: np.ndarray  # (K,) level values; NaN is the missing level
+    cum: np.ndarray  # (K-1, N) uint32: cumulative counts of levels 0..K-2, << bits
+    bits: int  # random bits per decision
+
+
+def _levels(x: np.ndarray, observed: np.ndarray) -> _Levels | None:
+    """Level counts per column, or None when the fast sampler does not apply."""
+    S = x.shape[0]
+    bits = 31 - int(S).bit_length()
+    values = np.unique(x[observed])
+    has_missing = not observed.all()
+    if values.size + has_missing > _MAX_LEVELS or bits < 16:
+        return None
+    levels = np.append(values, np.nan) if has_missing else values
+    counts = np.stack([(x == v).sum(axis=0) for v in values]
+                      + ([(~observed).sum(axis=0)] if has_missing else []))
+    cum = np.cumsum(counts[:-1], axis=0).astype(np.uint32) << np.uint32(bits)
+    return _Levels(levels, np.ascontiguousarray(cum), bits)
+
+
+def _sample(lv: _Levels, table: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> None:
+    """Fill ``out`` (S, N) uint32 with ``table[level]`` for a random arrangement of every column.
+
+    ``table`` is ``(K, N)`` uint32 (bit patterns of each level's value per column). Row by
+    row, level ``k`` or below is chosen where ``r * remaining < cum_k`` (``r`` uniform on
+    ``[0, 2^bits)``); the sign bit of the difference is the mask, so no branches are taken.
+    """
+    S, N = out.shape
+    K = table.shape[0]
+    raw = rng.bit_generator.random_raw((S * N + 1) // 2).view(np.uint32)[: S * N].reshape(S, N)
+    np.right_shift(raw, np.uint32(32 - lv.bits), out=raw)
+    cum = lv.cum.copy()
+    xor = [table[k] ^ table[k + 1] for k in range(K - 1)]
+    step = np.uint32(1 << lv.bits)
+    m = np.empty(N, np.uint32)
+    mask = np.empty(N, np.uint32)
+    tmp = np.empty(N, np.uint32)
+    for s in range(S):
+        np.multiply(raw[s], np.uint32(S - s), out=m)
+        row = out[s]
+        for k in range(K - 1):
+            np.subtract(m, cum[k], out=mask)
+            np.right_shift(mask.view(np.int32), 31, out=mask.view(np.int32))  # -1 where chosen
+            np.bitwise_and(mask, step, out=tmp)
+            np.subtract(cum[k], tmp, out=cum[k])
+            # row = table[K-1] ^ xor[c] ^ ... ^ xor[K-2] = table[c] for the chosen level c.
+            if k == 0:
+                np.bitwise_and(mask, xor[0], out=row)
+            else:
+                np.bitwise_and(mask, xor[k], out=tmp)
+                np.bitwise_xor(row, tmp, out=row)
+        np.bitwise_xor(row, table[K - 1], out=row)
+
+
+def _argsort_permute(z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Columns of ``z`` each permuted by the argsort of random keys."""
+    S, N = z.shape
+    order = np.argsort(rng.random((N, S), dtype=np.float32), axis=1)
+    return np.ascontiguousarray(np.take_along_axis(z.T, order, axis=1).T)
+
+
+def shuffle_columns(y, seed: int) -> np.ndarray:
+    """``y`` with each item column permuted independently (parallel analysis' null data).
+
+    The same sampler as :func:`shuffle_eigenvalues` (there it permutes standardised values).
+    Every column keeps its multiset of answers and missing cells; rows are not kept.
+    """
+    arr = np.asarray(y)
+    x, observed = _read(arr)
+    rng = np.random.default_rng(seed)
+    lv = _levels(x, observed)
+    if lv is None:
+        return _argsort_permute(arr, rng)
+    K, (S, N) = lv.levels.size, arr.shape
+    idx = np.empty((S, N), np.uint32)
+    _sample(lv, np.repeat(np.arange(K, dtype=np.uint32)[:, None], N, axis=1), rng, idx)
+    missing = -1 if arr.dtype.kind != "f" else np.nan
+    values = np.where(np.isnan(lv.levels), missing, lv.levels).astype(arr.dtype)
+    return values[idx]
+
+
+def shuffle_eigenvalues(y, seeds: Sequence[int], k: int | None = None) -> np.ndarray:
+    """Correlation eigenvalues of column-shuffled copies of ``y`` (parallel analysis, 11.4.2).
+
+    Each shuffle uses ``np.random.default_rng(seed)``: the same seed gives the same
+    eigenvalues. Standardising, buffers and level counts are shared by all shuffles; each
+    shuffle is one sampling pass, one float32 BLAS ``syrk`` for the S x S Gram matrix and
+    an S x S ``eigvalsh``. BLAS runs single-threaded here (``threadpoolctl``): parallelism
+    comes from running batches of seeds in separate processes (Ray tasks).
+
+    Parameters
+    ----------
+    y : ``(subjects, items)`` responses, int8 with -1 missing (or float with NaN missing).
+    seeds : one seed per shuffle.
+    k : eigenvalues per shuffle (default all non-zero ones).
+
+    Returns
+    -------
+    ``(len(seeds), k)`` float64, each row descending.
+    """
+    x, observed = _read(y)
+    st = _standardize(x, observed, "responses")
+    x, observed = x[:, st.kept], observed[:, st.kept]
+    S, N = x.shape
+    k_out, _ = _num_eigen(k, N, S)
+    z32 = st.z.astype(np.float32)
+    lv = _levels(x, observed)
+    out = np.empty((len(seeds), k_out))
+    if lv is not None:
+        # Standardised value of every level in every column, as float32 bit patterns.
+        vals = [np.zeros(N) if np.isnan(v) else (v - st.mean) / st.scale for v in lv.levels]
+        table = np.stack(vals).astype(np.float32).view(np.uint32)
+        buf = np.empty((S, N), np.uint32)
+    with threadpool_limits(limits=1, user_api="blas"):
+        for i, seed in enumerate(seeds):
+            rng = np.random.default_rng(seed)
+            if lv is None:
+                zs = _argsort_permute(z32, rng)
+            else:
+                _sample(lv, table, rng, buf)
+                zs = buf.view(np.float32)
+            out[i] = _gram_eigenvalues(zs, k_out, float32=True)
+    return out
+
+
+# ---------------------------------------------------------------- reading the spectra
+
+
+def envelope(shuffled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and 95th percentile of each eigenvalue index over shuffles: ``(k,), (k,)``."""
+    a = np.asarray(shuffled, dtype=np.float64)
+    if a.ndim != 2 or a.shape[0] < 1:
+        raise DataFormatError(f"shuffled eigenvalues must be (shuffles, k), got shape {a.shape}")
+    return a.mean(axis=0), np.quantile(a, 0.95, axis=0)
+
+
+def count_above(eigenvalues: np.ndarray, threshold: np.ndarray) -> int:
+    """Leading eigenvalues above their threshold, counted from the largest until one is not."""
+    e, t = np.asarray(eigenvalues, float), np.asarray(threshold, float)
+    n = min(e.size, t.size)
+    below = np.flatnonzero(~(e[:n] > t[:n]))
+    return int(below[0]) if below.size else n
+
+
+def fitted_probabilities(result, *, max_cells: int = 1 << 22) -> np.ndarray:
+    """P(correct) per (subject, item) cell at the posterior means of a binary model's fit.
+
+    Works for any binary ``ModelSpec`` without knowing its name: the probability is
+    ``exp(loglik(params, y=1))`` with every likelihood block at its constrained posterior
+    mean. Computed in row chunks of at most ``max_cells`` cells.
+
+    Parameters
+    ----------
+    result : a ``FitResult`` (``engine.api.fit``) of a one-skill binary model.
+
+    Returns
+    -------
+    ``(subjects, items)`` float64.
+    """
+    import jax.numpy as jnp
+
+    spec = result.spec
+    if spec.kind != "binary":
+        raise ModelError(f"model {spec.name!r} is {spec.kind}; residual eigenvalues need a "
+                         "binary model's P(correct); fit 1pl, 2pl, 3pl, 4pl or feas")
+    means = result.means()
+    S, N = result.num_subjects, result.num_items
+    rows = max(1, max_cells // max(N, 1))
+    out = np.empty((S, N))
+    for start in range(0, S, rows):
+        stop = min(start + rows, S)
+        params = {}
+        for p in spec.likelihood_params:
+            v = jnp.asarray(means[p.name])
+            if p.owner == "subject":
+                v = v[start:stop, None]
+            elif p.owner == "item":
+                v = v[None, :]
+            params[p.name] = v
+        ones = jnp.ones((stop - start, N), jnp.float32)
+        out[start:stop] = np.exp(np.asarray(spec.loglik(params, ones, ones), np.float64))
+    return out
+
+
+# ---------------------------------------------------------------- more skills on the logit scale
+
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def extra_skill_probabilities(y, p, extra: int, *, iters: int = 30, ridge: float = 1.0,
+                              offset_ridge: float = 0.1, max_step: float = 1.0) -> np.ndarray:
+    """P(correct) of the one-skill fit plus ``extra`` compensatory skills on the logit scale.
+
+    ``logit P = logit p + c_n + u_s . v_n`` with ``u`` (S, extra), ``v`` (N, extra) and an
+    item offset ``c`` fitted by alternating Newton (IRLS) steps with ridge penalties
+    (``ridge`` on ``u`` and ``v``, ``offset_ridge`` on ``c``; each step clipped to
+    ``max_step`` logits), started from the top singular vectors of the standardised residuals. Compensatory MIRT is
+    linear in the skills on the logit scale, so this removes a missed skill together with
+    the curvature its logistic link leaves in linear residual correlations (which would
+    otherwise show up as spurious extra eigenvalues, like difficulty factors).
+    """
+    x, observed = _read(y)
+    p = _read_probabilities(p, x.shape)
+    if extra < 1:
+        return p
+    S, N = x.shape
+    eta = np.log(p) - np.log1p(-p)
+    yf, m = np.where(observed, x, 0.0), observed.astype(np.float64)
+    e = np.where(observed, (x - p) / np.sqrt(p * (1.0 - p)), 0.0)
+    u_svd = np.linalg.svd(e, full_matrices=False)[0]
+    U = np.concatenate([np.ones((S, 1)), u_svd[:, :extra] * np.sqrt(S)], axis=1)
+    V = np.zeros((N, extra + 1))
+    penalty = np.diag([offset_ridge] + [ridge] * extra)
+    for _ in range(iters):
+        q = _sigmoid(eta + U @ V.T)
+        w, z = q * (1.0 - q) * m, (yf - q) * m
+        A = np.einsum("sn,sa,sb->nab", w, U, U) + penalty
+        step = np.linalg.solve(A, (U.T @ z - penalty @ V.T).T[..., None])[..., 0]
+        V += np.clip(step, -max_step, max_step)  # damped Newton: no blow-up on extreme items
+        q = _sigmoid(eta + U @ V.T)
+        w, z = q * (1.0 - q) * m, (yf - q) * m
+        Us, Vs = U[:, 1:], V[:, 1:]
+        A = np.einsum("sn,na,nb->sab", w, Vs, Vs) + ridge * np.eye(extra)
+        step = np.linalg.solve(A, (z @ Vs - ridge * Us)[..., None])[..., 0]
+        U[:, 1:] += np.clip(step, -max_step, max_step)
+    return np.clip(_sigmoid(eta + U @ V.T), _P_CLIP, 1.0 - _P_CLIP)
+
+
+class ResidualStep(NamedTuple):
+    """One step of the sequential residual test: is there structure beyond ``skills`` skills?"""
+
+    skills: int  # skills in the model whose residuals are tested
+    eigenvalue: float  # top residual eigenvalue of the data
+    null_mean: float  # its mean over data simulated from that model
+    null_q95: float  # and 95th percentile
+    above: bool  # a further skill is supported
+
+
+def _beats(value: float, mean: float, q95: float, min_excess: float) -> bool:
+    return bool(value > q95 and value - mean > min_excess)
+
+
+def residual_step(y, p, skills: int, seeds: Sequence[int], *, min_excess: float = 1.0) -> ResidualStep:
+    """Test the residuals of a ``skills``-skill model against data simulated from it.
+
+    ``skills = 1`` uses ``p`` (the one-skill fit) as is; larger values add ``skills - 1``
+    logit-scale skills with :func:`extra_skill_probabilities`. The top residual eigenvalue
+    counts as a further skill when it beats the null's 95th percentile and exceeds the
+    null's mean by more than ``min_excess`` (1.0 = one item's worth of shared variance).
+    """
+    if skills < 1:
+        raise SettingsError(f"skills must be >= 1, got {skills}")
+    _, observed = _read(y)
+    pm = p if skills == 1 else extra_skill_probabilities(y, p, skills - 1)
+    value = float(residual_eigenvalues(y, pm, k=1)[0])
+    mean, q95 = envelope(residual_null_eigenvalues(pm, seeds, k=1, observed=observed))
+    return ResidualStep(skills, value, float(mean[0]), float(q95[0]),
+                        _beats(value, mean[0], q95[0], min_excess))
+
+
+def residual_steps(y, p, seeds: Sequence[int], *, max_skills: int,
+                   min_excess: float = 1.0) -> list[ResidualStep]:
+    """:func:`residual_step` for 1, 2, ... skills until a step finds nothing or ``max_skills``.
+
+    ``max_skills`` is the parallel-analysis upper bound: steps stop below it, since the
+    answer cannot exceed it.
+    """
+    steps: list[ResidualStep] = []
+    for skills in range(1, max_skills):
+        steps.append(residual_step(y, p, skills, seeds, min_excess=min_excess))
+        if not steps[-1].above:
+            break
+    return steps
+
+
+def suggest_n_factors(observed, residual, env_mean, env_q95, *, residual_envelope=None,
+                      steps: Sequence[ResidualStep] | None = None,
+                      min_excess: float = 1.0) -> tuple[int, dict]:
+    """The number of skills, reading parallel analysis and residuals together (seed 000 11.4.3).
+
+    Upper bound: parallel analysis, the leading observed correlation eigenvalues above the
+    shuffled envelope's 95th percentile (at least 1). On binary items it over-counts: phi
+    correlations carry difficulty factors (one-skill 2PL data give 2, two-skill data 3-4).
+    Lower bound: 1 + the missed skills the residual diagnostic finds after the one-skill
+    fit; ``n_factors`` is the lower bound, capped by the upper.
+
+    The residual reading uses, in order of preference:
+
+    - ``steps`` (:func:`residual_steps`): each further skill must show in the residuals of a
+      model that already has the skills found so far (added on the logit scale), against
+      data simulated from that model. Robust to the curvature a missed skill leaves.
+    - ``residual_envelope`` = ``(mean, q95)`` of :func:`residual_null_eigenvalues` of the
+      one-skill fit: the leading residual eigenvalues that beat it. Can over-count when
+      difficulties spread widely and skills are weakly correlated (curvature companions).
+
+    An eigenvalue counts when it beats the null's 95th percentile and its mean by more than
+    ``min_excess`` (1.0: at least one item's worth of shared variance beyond noise).
+
+    Returns
+    -------
+    ``(n_factors, reading)``, ``reading`` a JSON-ready dict with both bounds and how they
+    were obtained.
+    """
+    observed, env_mean, env_q95 = (np.asarray(a, float) for a in (observed, env_mean, env_q95))
+    pa = count_above(observed, env_q95)
+    upper = max(pa, 1)
+    reading: dict = {
+        "parallel_analysis": pa,
+        "parallel_analysis_above_mean": count_above(observed, env_mean),
+        "upper_bound": upper,
+        "min_excess": float(min_excess),
+    }
+    if steps:
+        found = 0
+        for st in steps:
+            if not _beats(st.eigenvalue, st.null_mean, st.null_q95, min_excess):
+                break
+            found += 1
+        lower = 1 + found
+        reading["residual_method"] = "sequential residual test, skills added on the logit scale"
+        reading["residual_steps"] = [{k: (v if isinstance(v, (bool, int)) else float(v))
+                                      for k, v in st._asdict().items()} for st in steps]
+    elif residual_envelope is not None:
+        rm, rq = (np.asarray(a, float) for a in residual_envelope)
+        r = np.asarray(residual, float)
+        n = min(r.size, rm.size, rq.size)
+        found = next((i for i in range(n) if not _beats(r[i], rm[i], rq[i], min_excess)), n)
+        lower = 1 + found
+        reading["residual_method"] = "one-skill residual eigenvalues against simulated one-skill data"
+    else:
+        lower = None
+        reading["residual_method"] = None
+    reading["lower_bound"] = lower
+    n_factors = upper if lower is None else min(lower, upper)
+    reading["n_factors"] = n_factors
+    reading["text"] = _explain(n_factors, pa, lower)
+    return n_factors, reading
+
+
+def _explain(n: int, pa: int, lower: int | None) -> str:
+    if lower is None:
+        return (f"parallel analysis finds {pa} factor(s) above the shuffled 95% envelope; with no "
+                f"residual test this is only an upper bound (binary items add difficulty factors)")
+    text = (f"after a one-skill fit the residuals support {lower - 1} further skill(s) "
+            f"(lower bound {lower}); parallel analysis finds {pa} (upper bound)")
+    if lower > pa:
+        text += f"; the residual count exceeds parallel analysis, so n_factors is capped at {n}"
+    elif pa > lower:
+        text += ("; the surplus in parallel analysis matches difficulty factors of binary items, "
+                 f"so n_factors = {n}")
+    return text
+
+
+# ---------------------------------------------------------------- outputs
+
+
+TABLE_COLUMNS = ["index", "observed", "residual", "envelope_mean", "envelope_q95"]
+
+
+def dimensions_table(observed, residual, env_mean, env_q95, *, residual_envelope=None) -> pd.DataFrame:
+    """The ``eigenvalues.parquet`` table: one row per eigenvalue index (1 = largest).
+
+    Columns ``index, observed, residual, envelope_mean, envelope_q95`` (plus
+    ``residual_null_mean, residual_null_q95`` when ``residual_envelope`` is given); shorter
+    series are padded with NaN.
+    """
+    cols = {"observed": observed, "residual": residual, "envelope_mean": env_mean,
+            "envelope_q95": env_q95}
+    if residual_envelope is not None:
+        cols["residual_null_mean"], cols["residual_null_q95"] = residual_envelope
+    cols = {k: np.asarray(v, np.float64).ravel() for k, v in cols.items()}
+    n = max(v.size for v in cols.values())
+    out = {"index": np.arange(1, n + 1, dtype=np.int64)}
+    for k, v in cols.items():
+        out[k] = np.concatenate([v, np.full(n - v.size, np.nan)])
+    return pd.DataFrame(out)
+
+
+def scree_plot(table: pd.DataFrame, path, *, n_factors: int | None = None,
+               max_index: int = 30) -> None:
+    """Write a scree plot (PNG) of a :func:`dimensions_table`: observed and residual
+    eigenvalues against the shuffled envelope. Written to a temporary file, then renamed."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
+    if missing:
+        raise DataFormatError(f"eigenvalue table lacks column(s) {missing}; build it with "
+                              "dimensions_table(...)")
+    t = table.iloc[:max_index]
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    x = t["index"].to_numpy()
+    ax.fill_between(x, t["envelope_mean"], t["envelope_q95"], color="0.85",
+                    label="shuffled: mean to 95th percentile")
+    ax.plot(x, t["envelope_q95"], color="0.5", lw=1)
+    ax.plot(x, t["observed"], "o-", color="C0", label="observed (phi correlations)")
+    ax.plot(x, t["residual"], "s-", color="C1", ms=4, label="residuals after one skill")
+    if "residual_null_q95" in t.columns:
+        ax.plot(x, t["residual_null_q95"], "--", color="C1", lw=1,
+                label="residuals of simulated one-skill data, 95th percentile")
+    values = t[["observed", "residual", "envelope_mean"]].to_numpy()
+    values = values[np.isfinite(values) & (values > 0)]
+    if values.size and values.max() / values.min() > 50:
+        ax.set_yscale("log")
+    if n_factors is not None:
+        ax.axvline(n_factors + 0.5, color="C3", ls=":", label=f"n_factors = {n_factors}")
+    ax.set_xlabel("eigenvalue index")
+    ax.set_ylabel("eigenvalue")
+    ax.set_title("How many skills? Scree against parallel analysis")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=directory)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=110)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

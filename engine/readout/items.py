@@ -1,0 +1,371 @@
+"""Item read-outs: response probabilities, Fisher information, annotation-error flags,
+the difficulty x discrimination quartile table (seed 002 5.1-5.2, figure 6) and the
+per-item selection rules of adaptive testing (seed 002 4.4).
+
+Nothing here branches on a model's name: probabilities come from ``spec.loglik``,
+information from its derivative in the ability, and each flag is computed when the run
+has the parameter block it reads (a real-line ``discrimination``, a ``feasibility``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from scipy.stats import norm
+
+from engine.data.store import open_store
+from engine.errors import DataFormatError, ModelError, SettingsError, StoreNotFoundError
+from engine.infer.guide import GuideState, constrained_means
+from engine.models.spec import ModelSpec
+
+__all__ = ["ItemBank", "item_bank", "load_run_responses", "item_flags", "disagreeing_subjects",
+           "quartile_table", "STRATEGIES", "strategy_scores", "next_item",
+           "review_items", "choose_subjects", "expected_probabilities"]
+
+STRATEGIES = ("fisher", "discrimination", "disc_diff", "difficulty", "random")
+_CELLS = 1 << 23  # cells per chunk when a read-out walks the whole matrix
+
+
+@dataclass(frozen=True)
+class ItemBank:
+    """Point estimates (constrained posterior locations) of every item and global block
+    of a fitted model, with the model's response probability as a function of ability.
+    """
+
+    spec: ModelSpec
+    params: dict  # name -> np.ndarray (N,) for item blocks, scalar for globals
+    num_items: int
+
+    def subset(self, idx: np.ndarray) -> "ItemBank":
+        """The bank restricted to items ``idx`` (globals kept)."""
+        owner = {p.name: p.owner for p in self.spec.params}
+        sub = {k: (v[idx] if owner[k] == "item" else v) for k, v in self.params.items()}
+        return ItemBank(self.spec, sub, int(np.size(idx)))
+
+    def _expanded(self, ability):
+        out = {}
+        for p in self.spec.likelihood_params:
+            if p.owner == "subject":
+                out[p.name] = ability[:, None]
+            elif p.owner == "item":
+                out[p.name] = jnp.asarray(self.params[p.name])[None, :]
+            else:
+                out[p.name] = jnp.asarray(self.params[p.name])
+        return out
+
+    def prob(self, ability) -> np.ndarray:
+        """``P(y = 1 | ability)`` for each ability and item, ``(g, n)``."""
+        return np.asarray(self._prob(jnp.asarray(ability, jnp.float32)))
+
+    def _prob(self, ability):
+        shape = (ability.shape[0], self.num_items)
+        ones = jnp.ones(shape, jnp.float32)
+        return jnp.exp(self.spec.loglik(self._expanded(ability), ones, ones))
+
+    def information(self, ability) -> np.ndarray:
+        """Fisher information ``P'(theta)^2 / (P (1 - P))`` of each item at each ability, ``(g, n)``.
+
+        ``P'`` is the exact derivative of the model's probability (forward mode), so the
+        formula holds for any binary model: ``a^2 P (1 - P)`` for the 2PL (seed 002 eq. 2).
+        """
+        theta = jnp.asarray(ability, jnp.float32)
+        p, dp = jax.jvp(self._prob, (theta,), (jnp.ones_like(theta),))
+        p = jnp.clip(p, 1e-7, 1 - 1e-7)
+        return np.asarray(dp ** 2 / (p * (1 - p)))
+
+
+def _check_scalar_ability(spec: ModelSpec) -> None:
+    subject = [p for p in spec.likelihood_params if p.owner == "subject"]
+    if [p.name for p in subject] != ["ability"] or subject[0].shape != ():
+        raise ModelError(f"model {spec.name!r} has subject blocks {[p.name for p in subject]} "
+                         f"with shapes {[p.shape for p in subject]}; item information and "
+                         f"selection need one scalar 'ability' block")
+    if spec.kind != "binary":
+        raise ModelError(f"model {spec.name!r} has {spec.kind!r} responses; item read-outs "
+                         f"need binary responses")
+
+
+def item_bank(spec: ModelSpec, guide: GuideState) -> ItemBank:
+    """The item bank of a fitted guide: constrained locations of item and global blocks."""
+    _check_scalar_ability(spec)
+    means = constrained_means(spec, guide)
+    params = {p.name: np.asarray(means[p.name], np.float32) for p in spec.params if p.owner != "subject"}
+    num_items = next(int(np.shape(guide.loc[p.name])[0]) for p in spec.params if p.owner == "item")
+    return ItemBank(spec, params, num_items)
+
+
+def load_run_responses(run, store: str | Path | None = None) -> np.ndarray:
+    """The run's response matrix, rows and columns in the run's subject and item order.
+
+    Reads ``store`` or else the store recorded in ``fit.json``; the ids must match the
+    run's and, when the run recorded a checksum, so must the store's.
+    """
+    recorded = run.info.get("data", {}).get("store")
+    path = store or recorded
+    if path is None:
+        raise StoreNotFoundError(f"{run.path / 'fit.json'} records no response store (the fit was "
+                                 f"on an in-memory array); pass the store with --store")
+    try:
+        st = open_store(path)
+    except StoreNotFoundError as err:
+        raise StoreNotFoundError(f"{err}; the run {run.path} was fitted on {recorded}: pass the "
+                                 f"store with --store") from err
+    subjects = np.asarray([str(s) for s in st.subjects.tolist()], dtype=object)
+    items = np.asarray([str(s) for s in st.items.tolist()], dtype=object)
+    want_s = run.subjects["subject"].astype(str).to_numpy()
+    want_i = run.items["item"].astype(str).to_numpy()
+    if len(subjects) != len(want_s) or len(items) != len(want_i) or \
+            not (subjects == want_s).all() or not (items == want_i).all():
+        raise DataFormatError(f"store {st.path} has {len(subjects)} subjects x {len(items)} items "
+                              f"that differ from run {run.path} ({len(want_s)} x {len(want_i)}, "
+                              f"ids in run order); pass the store the run was fitted on")
+    checksum = run.info.get("data", {}).get("checksum")
+    if checksum and st.meta.get("checksum") != checksum:
+        raise DataFormatError(f"store {st.path} checksum {st.meta.get('checksum')} differs from "
+                              f"the run's {checksum} ({run.path / 'fit.json'}); the store changed "
+                              f"since the fit: refit or pass the original store")
+    return st.load()
+
+
+def _chunks(num_subjects: int, num_items: int):
+    width = max(1, _CELLS // max(num_subjects, 1))
+    for start in range(0, num_items, width):
+        yield slice(start, min(num_items, start + width))
+
+
+def _prob_matrix(bank: ItemBank, ability: np.ndarray, cols: slice) -> np.ndarray:
+    return bank.subset(np.arange(cols.start, cols.stop)).prob(ability)
+
+
+def _tail_below_zero(spec: ModelSpec, guide: GuideState, name: str, threshold: float) -> np.ndarray | None:
+    """Posterior ``P(block < threshold)`` under the Gaussian guide, mapped through the
+    block's monotone transform; ``None`` when the run has no such block."""
+    if name not in spec.names:
+        return None
+    p = spec.param(name)
+    inverse = {"identity": lambda c: c, "exp": np.log, "sigmoid": lambda c: np.log(c / (1 - c))}
+    with np.errstate(divide="ignore"):
+        cut = inverse[p.transform](threshold)
+    loc, scale = np.asarray(guide.loc[name], np.float64), np.exp(np.asarray(guide.log_scale[name], np.float64))
+    return norm.cdf((cut - loc) / scale)
+
+
+def item_flags(spec: ModelSpec, guide: GuideState, y: np.ndarray, *,
+               feasibility_cut: float = 0.5) -> pd.DataFrame:
+    """Evidence of an annotation error for every item, one row per item (run order).
+
+    Columns: ``n``, ``mean_response``, ``expected_mean``; ``outfit`` (mean squared
+    standardised residual) and ``outfit_z`` (its Wilson-Hilferty z); ``residual_corr``
+    (correlation of the residual ``y - P`` with ability; a mislabelled item's residuals
+    fall with ability) and ``residual_z`` (its one-sided Fisher z, large = evidence);
+    ``p_negative_discrimination`` when the run has a discrimination block that can be
+    negative; ``p_low_feasibility`` (``P(feasibility < feasibility_cut)``) when it has
+    a feasibility block. ``review_score`` is the largest of the probabilities and
+    ``Phi(residual_z)``; sort by it (descending) to review items.
+    """
+    bank = item_bank(spec, guide)
+    ability = np.asarray(constrained_means(spec, guide)["ability"], np.float64)
+    S, N = y.shape
+    if bank.num_items != N:
+        raise DataFormatError(f"responses have {N} items, the fit has {bank.num_items}")
+    cols = {k: np.empty(N) for k in ("n", "mean_response", "expected_mean", "outfit", "residual_corr")}
+    centred = ability - ability.mean()
+    for sl in _chunks(S, N):
+        p = _prob_matrix(bank, ability.astype(np.float32), sl).astype(np.float64)
+        yy = y[:, sl]
+        m = yy >= 0
+        n = m.sum(axis=0)
+        yv = np.where(m, yy, 0).astype(np.float64)
+        r = np.where(m, yv - p, 0.0)
+        var = np.clip(p * (1 - p), 1e-9, None)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols["n"][sl] = n
+            cols["mean_response"][sl] = yv.sum(0) / n
+            cols["expected_mean"][sl] = np.where(m, p, 0).sum(0) / n
+            cols["outfit"][sl] = np.where(m, r ** 2 / var, 0).sum(0) / n
+            # correlation of residual and ability over each item's observed subjects
+            th = np.where(m, centred[:, None], 0.0)
+            th_mean = th.sum(0) / n
+            r_mean = r.sum(0) / n
+            cov = (th * r).sum(0) / n - th_mean * r_mean
+            sd_t = np.sqrt(np.clip((th ** 2).sum(0) / n - th_mean ** 2, 0, None))
+            sd_r = np.sqrt(np.clip((r ** 2).sum(0) / n - r_mean ** 2, 0, None))
+            cols["residual_corr"][sl] = cov / (sd_t * sd_r)
+    df = pd.DataFrame(cols)
+    df["n"] = df["n"].astype(np.int64)
+    n = np.maximum(df["n"].to_numpy(), 4)
+    # Wilson-Hilferty: outfit * n is roughly chi-square on n degrees of freedom.
+    q = np.sqrt(2.0 / (9.0 * n))
+    df["outfit_z"] = (np.cbrt(df["outfit"]) - (1 - q ** 2)) / q
+    rc = np.clip(df["residual_corr"].fillna(0.0).to_numpy(), -0.999999, 0.999999)
+    df["residual_z"] = -np.arctanh(rc) * np.sqrt(n - 3)
+    evidence = [norm.cdf(df["residual_z"].to_numpy())]
+    p_neg = _tail_below_zero(spec, guide, "discrimination", 0.0)
+    if p_neg is not None and spec.param("discrimination").transform == "identity":
+        df["p_negative_discrimination"] = p_neg
+        evidence.append(p_neg)
+    p_feas = _tail_below_zero(spec, guide, "feasibility", feasibility_cut)
+    if p_feas is not None:
+        df["p_low_feasibility"] = p_feas
+        evidence.append(p_feas)
+    df["review_score"] = np.max(np.stack(evidence), axis=0)
+    return df
+
+
+def disagreeing_subjects(bank: ItemBank, ability: np.ndarray, y: np.ndarray, items: np.ndarray,
+                         subjects: np.ndarray, k: int = 3) -> list[list[dict]]:
+    """For each of ``items``, the ``k`` subjects whose response the model found least likely."""
+    items = np.asarray(items, dtype=np.int64)
+    out = []
+    for start in range(0, len(items), max(1, _CELLS // max(len(ability), 1))):
+        idx = items[start:start + max(1, _CELLS // max(len(ability), 1))]
+        p = bank.subset(idx).prob(ability.astype(np.float32)).astype(np.float64)  # (S, k)
+        cols = y[:, idx]
+        m = cols >= 0
+        surprise = np.where(m, -np.log(np.clip(np.where(cols == 1, p, 1 - p), 1e-12, 1)), -np.inf)
+        order = np.argsort(-surprise, axis=0, kind="stable")
+        for c in range(len(idx)):
+            top = order[: min(k, int(m[:, c].sum())), c]
+            out.append([{"subject": str(subjects[s]), "response": int(cols[s, c]), "p_correct": float(p[s, c]),
+                         "ability": float(ability[s])} for s in top])
+    return out
+
+
+BIN_LABELS = ("low", "med-low", "med-high", "high")
+
+
+def _bins(values: np.ndarray) -> np.ndarray:
+    cuts = np.quantile(values, [0.25, 0.5, 0.75])
+    return np.searchsorted(cuts, values, side="right")
+
+
+def quartile_table(items: pd.DataFrame, subjects: pd.DataFrame, y: np.ndarray, chosen: np.ndarray,
+                   expected: np.ndarray | None = None) -> pd.DataFrame:
+    """Accuracy of ``chosen`` subjects per difficulty quartile and per discrimination
+    quartile (seed 002 figure 6); items with negative mean discrimination are left out.
+
+    Parameters
+    ----------
+    items, subjects : the run's tables (``difficulty_mean``, optional ``discrimination_mean``;
+        ``subject``, ``ability_mean``).
+    y : responses ``(S, N)`` in run order; chosen : subject row indices.
+    expected : optional model probabilities ``(len(chosen), N)``; adds ``low_disc_excess``,
+        observed minus expected accuracy on the low-discrimination quartile, which is large
+        for a subject that solves poorly discriminating (likely flawed) items: overfitting.
+    """
+    keep = np.ones(len(items), bool)
+    blocks = [("difficulty", items["difficulty_mean"].to_numpy())]
+    if "discrimination_mean" in items:
+        disc = items["discrimination_mean"].to_numpy()
+        keep &= disc >= 0
+        blocks.append(("discrimination", disc))
+    rows = {}
+    sub = y[chosen][:, keep]
+    obs = sub >= 0
+    for name, values in blocks:
+        b = _bins(values[keep])
+        for k, label in enumerate(BIN_LABELS):
+            sel = b == k
+            with np.errstate(invalid="ignore"):
+                rows[f"{name}:{label}"] = (np.where(obs[:, sel], sub[:, sel], 0).sum(1)
+                                           / obs[:, sel].sum(1))
+            if expected is not None and name == "discrimination" and label == "low":
+                e = expected[:, keep][:, sel]
+                with np.errstate(invalid="ignore"):
+                    rows["low_disc_excess"] = rows[f"{name}:{label}"] - (
+                        np.where(obs[:, sel], e, 0).sum(1) / obs[:, sel].sum(1))
+    df = pd.DataFrame(rows)
+    if "low_disc_excess" in df:
+        df["low_disc_excess"] = df.pop("low_disc_excess")
+    df.insert(0, "ability", subjects["ability_mean"].to_numpy()[chosen])
+    df.insert(0, "subject", subjects["subject"].astype(str).to_numpy()[chosen])
+    df.attrs["num_items"] = int(keep.sum())
+    df.attrs["excluded_negative_discrimination"] = int((~keep).sum())
+    return df
+
+
+# --- adaptive selection: the per-step rule ---------------------------------------------
+
+def strategy_scores(bank: ItemBank, strategy: str, *, rng_key: np.random.Generator) -> np.ndarray | None:
+    """A fixed priority per item for the non-adaptive strategies (higher = sooner), or
+    ``None`` for ``fisher``, which depends on the current ability.
+
+    ``discrimination`` and ``disc_diff`` (discrimination + difficulty, seed 002 4.4) read
+    the discrimination block when the run has one and count every item as 1 otherwise;
+    ties are broken at random, as is ``random``.
+    """
+    if strategy not in STRATEGIES:
+        raise SettingsError(f"unknown selection strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
+    jitter = rng_key.random(bank.num_items) * 1e-6
+    if strategy == "fisher":
+        return None
+    if strategy == "random":
+        return rng_key.random(bank.num_items)
+    disc = np.asarray(bank.params.get("discrimination", np.ones(bank.num_items)), np.float64)
+    diff = np.asarray(bank.params["difficulty"], np.float64)
+    score = {"discrimination": disc, "disc_diff": disc + diff, "difficulty": diff}[strategy]
+    return score + jitter
+
+
+def next_item(available: np.ndarray, info_at_ability: np.ndarray | None,
+              fixed_scores: np.ndarray | None) -> int:
+    """Index of the next item to administer among ``available`` (bool mask): the most
+    informative at the current ability (``fisher``) or the highest fixed score."""
+    score = info_at_ability if fixed_scores is None else fixed_scores
+    masked = np.where(available, score, -np.inf)
+    return int(np.argmax(masked))
+
+
+# --- the `items` command's tables ------------------------------------------------------
+
+def review_items(run, y: np.ndarray, *, top: int = 20, num_subjects: int = 3) -> pd.DataFrame:
+    """The ``top`` items by ``review_score`` with their posterior summaries, flag statistics
+    and the ``num_subjects`` subjects whose responses the model found least likely."""
+    flags = item_flags(run.spec, run.guide, y)
+    summaries = [c for c in run.items.columns if c.endswith(("_mean", "_q05", "_q95"))
+                 and c != "mean_response"]
+    table = pd.concat([run.items[["item"] + summaries].reset_index(drop=True), flags], axis=1)
+    table.insert(0, "item_index", np.arange(len(table)))
+    order = np.argsort(-table["review_score"].to_numpy(), kind="stable")[:top]
+    table = table.iloc[order].reset_index(drop=True)
+    bank = item_bank(run.spec, run.guide)
+    ability = run.subjects["ability_mean"].to_numpy()
+    ids = run.subjects["subject"].astype(str).to_numpy()
+    table["disagreeing"] = [
+        "; ".join(f"{d['subject']} (y={d['response']}, p={d['p_correct']:.2f})" for d in found)
+        for found in disagreeing_subjects(bank, ability, y, table["item_index"].to_numpy(), ids, num_subjects)]
+    return table
+
+
+def choose_subjects(run, y: np.ndarray, names: list[str] | None = None, *, num_top: int = 3,
+                    num_bottom: int = 2) -> np.ndarray:
+    """Row indices for the quartile table: the named subjects, or the ``num_top`` best, the
+    ``num_bottom`` worst and the one with most excess accuracy on low-discrimination items."""
+    ids = run.subjects["subject"].astype(str).to_numpy()
+    if names:
+        where = {s: i for i, s in enumerate(ids)}
+        missing = [n for n in names if n not in where]
+        if missing:
+            raise SettingsError(f"--subjects {missing}: not subjects of run {run.path}; "
+                                f"e.g. {', '.join(ids[:3])}")
+        return np.asarray([where[n] for n in names])
+    order = np.argsort(-run.subjects["ability_mean"].to_numpy(), kind="stable")
+    picked = list(order[:num_top]) + list(order[len(order) - num_bottom:])
+    excess = quartile_table(run.items, run.subjects, y, np.arange(len(ids)),
+                            expected_probabilities(run, np.arange(len(ids))))
+    if "low_disc_excess" in excess:
+        best = int(np.nanargmax(excess["low_disc_excess"].to_numpy()))
+        if best not in picked:
+            picked.insert(num_top, best)
+    return np.asarray(sorted(set(picked), key=picked.index))
+
+
+def expected_probabilities(run, rows: np.ndarray) -> np.ndarray:
+    """Model ``P(y = 1)`` of subjects ``rows`` on every item, ``(len(rows), N)``."""
+    bank = item_bank(run.spec, run.guide)
+    return bank.prob(run.subjects["ability_mean"].to_numpy()[rows].astype(np.float32))
