@@ -44,9 +44,15 @@ CASES = {
     "fit1b_stream": ("1b", "1G", 1, {}),
     "pmap10m_1dev": ("10m", "8G", 1, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
     "pmap10m_2dev": ("10m", "8G", 2, {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
+    # streamed tiles (1000 x 2500): 4 tiles split evenly over 2 devices
+    "pmap10m_stream_1dev": ("10m", "16M", 1,
+                            {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
+    "pmap10m_stream_2dev": ("10m", "16M", 2,
+                            {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}),
 }
-GROUPS = {"fit10m": ["fit10m_memory", "fit10m_stream"], "fit100m": ["fit100m_stream"],
-          "fit1b": ["fit1b_stream"], "pmap": ["pmap10m_1dev", "pmap10m_2dev"],
+GROUPS = {"fit10m": ["fit10m_memory", "fit10m_stream"], "fit100m": ["read100m", "fit100m_stream"],
+          "fit1b": ["fit1b_stream"], "pmap": ["pmap10m_1dev", "pmap10m_2dev", "pmap10m_stream_1dev",
+                                         "pmap10m_stream_2dev"],
           "ingest100m": ["ingest100m_long"]}
 
 
@@ -103,6 +109,20 @@ def worker_fit(store_path: str, budget: str, devices: int, max_passes: int, fixe
     }
 
 
+def worker_read(store_path: str) -> dict:
+    """One pass of tile reads alone (no compute): the I/O that prefetching must hide."""
+    from engine.data.store import open_store
+    from engine.data.streaming import StreamingSource
+
+    source = StreamingSource.from_store(open_store(store_path))
+    t0 = time.perf_counter()
+    for key in source.keys():
+        source.block(key)
+    seconds = time.perf_counter() - t0
+    return {"tile": list(source.tile), "tiles": len(source.keys()), "read_pass_s": seconds,
+            "cells_per_s": source.num_observed / seconds, "peak_rss_mb": _peak_rss_mb()}
+
+
 def worker_ingest(folder: str, out: str) -> dict:
     from engine.data import ingest
 
@@ -135,6 +155,8 @@ def run_case(case: str, work: Path, max_passes: int, timeout: float) -> dict:
         if gen:
             out["generate_s"] = gen["seconds"]
         return out
+    if case.startswith("read"):
+        return _run_worker(["read", str(ensure_store(work, case[4:]))], {}, timeout)
     store, budget, devices, env = CASES[case]
     path = ensure_store(work, store)
     fixed = 10 if case.startswith("pmap") else 0
@@ -160,6 +182,11 @@ def write_markdown(results: dict) -> str:
             continue
         if "error" in res:
             lines.append(f"| {case} | error | | | | | | |")
+            continue
+        if case.startswith("read"):
+            lines.append(f"| {case} | tile reads only, {res['tiles']} tiles {res['tile']} | | | "
+                         f"{res['read_pass_s']:.2f} | {res['cells_per_s']:.3g} | "
+                         f"{res['peak_rss_mb']:.0f} | |")
             continue
         if "ingest" in case:
             lines.append(f"| {case} | long Parquet -> {res['layout']} store | {res['cells']:,} | "
@@ -190,6 +217,8 @@ def main(argv=None) -> int:
         if kind == "fit":
             out = worker_fit(rest[0], rest[1], int(rest[2]), int(rest[3]), int(rest[4]),
                              rest[5] if len(rest) > 5 else "")
+        elif kind == "read":
+            out = worker_read(*rest)
         else:
             out = worker_ingest(*rest)
         print(json.dumps(out))
@@ -197,7 +226,6 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     target = RESULTS / "scale.json"
-    results = json.loads(target.read_text()) if target.exists() else {}
     cases = [c for name in args.cases for c in GROUPS.get(name, [name])]
     for case in cases:
         print(f"== {case}", flush=True)
@@ -206,6 +234,8 @@ def main(argv=None) -> int:
         res["measured"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         res["max_passes"] = args.max_passes
         print(json.dumps(res, indent=1), flush=True)
+        # re-read before merging: another bench_scale run may have written meanwhile
+        results = json.loads(target.read_text()) if target.exists() else {}
         results[case] = res
         target.write_text(json.dumps(results, indent=1))
         (RESULTS / "scale.md").write_text(write_markdown(results))
