@@ -103,6 +103,45 @@ def _gather(spec: ModelSpec, z: dict, subject_idx, item_idx) -> dict:
     return x
 
 
+def _scatter(lik, num_subjects: int, num_items: int, for_subject, for_item, for_global) -> Callable:
+    """``reduce(per_cell, subject_idx, item_idx)``: per-cell values summed into each owner's
+    full-size array; ``for_*`` collapse the cell axes that do not index the owner."""
+    owner_of = {p.name: p for p in lik}
+
+    def reduce(per_cell, subject_idx, item_idx):
+        out = {}
+        for key, v in per_cell.items():
+            p = owner_of[key.split("|")[0]]
+            full = jnp.zeros(p.full_shape(num_subjects, num_items), jnp.float32)
+            if p.owner == "subject":
+                out[key] = full.at[subject_idx].add(for_subject(v))
+            elif p.owner == "item":
+                out[key] = full.at[item_idx].add(for_item(v))
+            else:
+                out[key] = for_global(v)
+        return out
+
+    return reduce
+
+
+def _terms_fn(spec: ModelSpec, over, reduce, consts, const_owner, with_hessian: bool) -> Callable:
+    """``terms(z, subject_idx, item_idx, y)`` from a vectorised cell function and a reducer."""
+
+    def terms(z, subject_idx, item_idx, y):
+        x = _gather(spec, z, subject_idx, item_idx)
+        c = _gather_constants(consts, const_owner, subject_idx, item_idx)
+        mask = (y >= 0).astype(jnp.float32)  # -1 (int8) and NaN (float32) are missing
+        yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
+        res = over(x, c, yf, mask)
+        grad = reduce(res[1], subject_idx, item_idx)
+        if not with_hessian:
+            return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})
+        return Terms(res[0].sum(), grad, reduce(res[2], subject_idx, item_idx),
+                     reduce(res[3], subject_idx, item_idx))
+
+    return terms
+
+
 def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
                      with_hessian: bool = True, frozen: frozenset = frozenset()) -> Callable:
     """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block; frozen
@@ -120,34 +159,10 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
     over_items = jax.vmap(cell, in_axes=(axes("item"), const_axes("item"), 0, 0))
     over_cells = jax.vmap(over_items, in_axes=(axes("subject"), const_axes("subject"), 0, 0))
 
-    owner_of = {p.name: p for p in lik}
-
-    def reduce(per_cell, subject_idx, item_idx):
-        out = {}
-        for key, v in per_cell.items():
-            p = owner_of[key.split("|")[0]]
-            full = jnp.zeros(p.full_shape(num_subjects, num_items), jnp.float32)
-            if p.owner == "subject":
-                out[key] = full.at[subject_idx].add(v.sum(axis=1))
-            elif p.owner == "item":
-                out[key] = full.at[item_idx].add(v.sum(axis=0))
-            else:
-                out[key] = v.sum(axis=(0, 1))
-        return out
-
-    def terms(z, subject_idx, item_idx, y):
-        x = _gather(spec, z, subject_idx, item_idx)
-        c = _gather_constants(consts, const_owner, subject_idx, item_idx)
-        mask = (y >= 0).astype(jnp.float32)  # -1 (int8) and NaN (float32) are missing
-        yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
-        res = over_cells(x, c, yf, mask)
-        grad = reduce(res[1], subject_idx, item_idx)
-        if not with_hessian:
-            return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})
-        return Terms(res[0].sum(), grad, reduce(res[2], subject_idx, item_idx),
-                     reduce(res[3], subject_idx, item_idx))
-
-    return terms
+    # A tile's per-cell values sum over its rows for items, over its columns for subjects.
+    reduce = _scatter(lik, num_subjects, num_items, lambda v: v.sum(axis=1),
+                      lambda v: v.sum(axis=0), lambda v: v.sum(axis=(0, 1)))
+    return _terms_fn(spec, over_cells, reduce, consts, const_owner, with_hessian)
 
 
 def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
@@ -161,34 +176,10 @@ def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
     consts, const_owner = _constants(spec, num_subjects, num_items)
     over_obs = jax.vmap(cell, in_axes=({p.name: (None if p.owner == "global" else 0)
                                         for p in lik}, {k: 0 for k in consts}, 0, 0))
-    owner_of = {p.name: p for p in lik}
-
-    def reduce(per_obs, subject_idx, item_idx):
-        out = {}
-        for key, v in per_obs.items():
-            p = owner_of[key.split("|")[0]]
-            full = jnp.zeros(p.full_shape(num_subjects, num_items), jnp.float32)
-            if p.owner == "subject":
-                out[key] = full.at[subject_idx].add(v)
-            elif p.owner == "item":
-                out[key] = full.at[item_idx].add(v)
-            else:
-                out[key] = v.sum(axis=0)
-        return out
-
-    def terms(z, subject_idx, item_idx, y):
-        x = _gather(spec, z, subject_idx, item_idx)
-        c = _gather_constants(consts, const_owner, subject_idx, item_idx)
-        mask = (y >= 0).astype(jnp.float32)
-        yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
-        res = over_obs(x, c, yf, mask)
-        grad = reduce(res[1], subject_idx, item_idx)
-        if not with_hessian:
-            return Terms(res[0].sum(), grad, {n: jnp.zeros_like(g) for n, g in grad.items()}, {})
-        return Terms(res[0].sum(), grad, reduce(res[2], subject_idx, item_idx),
-                     reduce(res[3], subject_idx, item_idx))
-
-    return terms
+    # Each observation goes to its own subject and item.
+    reduce = _scatter(lik, num_subjects, num_items, lambda v: v, lambda v: v,
+                      lambda v: v.sum(axis=0))
+    return _terms_fn(spec, over_obs, reduce, consts, const_owner, with_hessian)
 
 
 def log_prior(spec: ModelSpec, z: dict) -> jax.Array:
