@@ -18,21 +18,17 @@ no observed answer are an error.
 Parallel analysis
 -----------------
 Each item's column is permuted independently (never rows): each item keeps its multiset of
-answers (and of missing cells), while the links between items are destroyed. The
-standardised values are permutation-invariant per column, so a shuffle only re-arranges
-``Z``. Integer data with few answer levels use a sequential selection sampler: position by
-position, a level is drawn with probability (its remaining count) / (remaining
-positions), which gives a uniformly random arrangement of the column's multiset (each
-decision compares ``b``-bit random integers, ``b = 31 - bit_length(S)``, so probabilities
-are exact to within ``2^-b``, about 1e-7 at S = 90). All operations are branch-free
-integer passes over whole rows; other data fall back to ``argsort`` of random keys.
+answers (and of missing cells), while the links between items are destroyed. Standardised
+values are permutation-invariant per column, so a shuffle only re-arranges ``Z``; the
+sampler is in :mod:`engine.readout.column_shuffle`.
 
 Choosing the number of skills
 -----------------------------
-See :func:`suggest_n_factors`: phi correlations of binary items carry difficulty factors,
-so raw parallel analysis over-counts; the count of residual eigenvalues (after the most
-flexible one-skill fit) above a parametric null gives the lower bound, parallel analysis
-the upper bound.
+Phi correlations of binary items carry difficulty factors, so raw parallel analysis
+over-counts (one-skill 2PL data typically give 2, two-skill data 3-4). It is kept as the
+upper bound. The lower bound is a sequential residual test: the one-skill fit's residuals,
+then those of models with skills added on the logit scale, each against data simulated
+from the model tested. See :func:`suggest_n_factors`.
 """
 
 from __future__ import annotations
@@ -46,6 +42,7 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from engine.errors import DataFormatError, ModelError, SettingsError
+from engine.readout.column_shuffle import Levels, argsort_permute, arrange_levels, count_levels
 
 __all__ = [
     "correlation_eigenvalues",
@@ -67,7 +64,6 @@ __all__ = [
     "TABLE_COLUMNS",
 ]
 
-_MAX_LEVELS = 8  # more distinct answers than this use the argsort shuffle
 _P_CLIP = 1e-6  # fitted probabilities are clipped to [eps, 1 - eps] for residuals
 
 
@@ -104,36 +100,51 @@ def _read(y, what: str = "responses") -> tuple[np.ndarray, np.ndarray]:
     return x, observed
 
 
-class _Standard(NamedTuple):
-    z: np.ndarray  # (S, N') float64: standardised / sqrt(count), 0 where missing
-    kept: np.ndarray  # (N,) bool: items with variation
-    mean: np.ndarray  # (N',) per kept item
-    scale: np.ndarray  # (N',) sd * sqrt(count) per kept item
+class _Stats(NamedTuple):
+    kept: np.ndarray  # (N,) bool: items whose observed answers vary
+    mean: np.ndarray  # (N',) mean over observed cells, kept items
+    scale: np.ndarray  # (N',) sd * sqrt(observed count), kept items
 
 
-def _standardize(x: np.ndarray, observed: np.ndarray, what: str) -> _Standard:
-    n = observed.sum(axis=0)
-    filled = np.where(observed, x, 0.0)
-    mean = filled.sum(axis=0) / n
-    centred = np.where(observed, x - mean, 0.0)
-    var = (centred**2).sum(axis=0) / n
-    kept = var > 1e-12 * np.maximum((filled**2).sum(axis=0) / n, 1e-300)
+def _kept_stats(n, mean, var, mean_sq, what: str) -> _Stats:
+    kept = var > 1e-12 * np.maximum(mean_sq, 1e-300)
     if kept.sum() < 2:
         raise DataFormatError(
             f"{what}: only {int(kept.sum())} item column(s) vary across subjects; correlations "
             "need at least 2 items whose observed answers are not all equal")
-    scale = np.sqrt(var[kept] * n[kept])
-    return _Standard(centred[:, kept] / scale, kept, mean[kept], scale)
+    return _Stats(kept, mean[kept], np.sqrt(var[kept] * n[kept]))
 
 
-def _num_eigen(k: int | None, num_items: int, num_subjects: int) -> tuple[int, int]:
-    """(eigenvalues to return, eigenvalues the Gram matrix can give)."""
-    rank_dim = min(num_items, num_subjects)
+def _standardize(x: np.ndarray, observed: np.ndarray, what: str) -> tuple[np.ndarray, _Stats]:
+    """``Z`` (S, N') of the varying items, and their statistics."""
+    n = observed.sum(axis=0)
+    filled = np.where(observed, x, 0.0)
+    mean = filled.sum(axis=0) / n
+    centred = np.where(observed, x - mean, 0.0)
+    st = _kept_stats(n, mean, (centred**2).sum(axis=0) / n, (filled**2).sum(axis=0) / n, what)
+    return np.compress(st.kept, centred, axis=1) / st.scale, st
+
+
+def _level_stats(lv: Levels, what: str) -> _Stats:
+    """The same statistics from level counts (no pass over the cells)."""
+    answered = ~np.isnan(lv.values)
+    c, v = lv.counts[answered], lv.values[answered][:, None]
+    n = c.sum(axis=0)
+    mean = (c * v).sum(axis=0) / n
+    return _kept_stats(n, mean, (c * (v - mean) ** 2).sum(axis=0) / n, (c * v**2).sum(axis=0) / n, what)
+
+
+def _num_eigen(k: int | None, num_subjects: int, num_items: int) -> int:
+    """How many eigenvalues to return: ``k`` (at most the item count) or all non-zero ones."""
     if k is None:
-        return rank_dim, rank_dim
+        return min(num_subjects, num_items)
     if int(k) < 1:
         raise SettingsError(f"k must be a positive number of eigenvalues, got {k}")
-    return min(int(k), num_items), rank_dim
+    return min(int(k), num_items)
+
+
+def _eigenvalues(z: np.ndarray, k: int | None) -> np.ndarray:
+    return _gram_eigenvalues(z, _num_eigen(k, *z.shape))
 
 
 def _gram_eigenvalues(z: np.ndarray, k: int, *, float32: bool = False) -> np.ndarray:
@@ -176,9 +187,7 @@ def correlation_eigenvalues(y, k: int | None = None) -> np.ndarray:
         items that vary.
     """
     x, observed = _read(y)
-    st = _standardize(x, observed, "responses")
-    k_out, _ = _num_eigen(k, st.z.shape[1], st.z.shape[0])
-    return _gram_eigenvalues(st.z, k_out)
+    return _eigenvalues(_standardize(x, observed, "responses")[0], k)
 
 
 def standardized_residuals(y, p) -> np.ndarray:
@@ -212,9 +221,7 @@ def residual_eigenvalues(y, p, k: int | None = None) -> np.ndarray:
     k : how many to return (default all non-zero ones).
     """
     r = standardized_residuals(y, p)
-    st = _standardize(r, ~np.isnan(r), "residuals")
-    k_out, _ = _num_eigen(k, st.z.shape[1], st.z.shape[0])
-    return _gram_eigenvalues(st.z, k_out)
+    return _eigenvalues(_standardize(r, ~np.isnan(r), "residuals")[0], k)
 
 
 def residual_null_eigenvalues(p, seeds: Sequence[int], k: int | None = None, *,
@@ -237,9 +244,7 @@ def residual_null_eigenvalues(p, seeds: Sequence[int], k: int | None = None, *,
             rng = np.random.default_rng(seed)
             y_sim = (rng.random(p.shape) < p).astype(np.float64)
             r = np.where(mask, (y_sim - p) / sd, np.nan)
-            st = _standardize(r, mask, "simulated residuals")
-            k_out, _ = _num_eigen(k, st.z.shape[1], st.z.shape[0])
-            rows.append(_gram_eigenvalues(st.z, k_out))
+            rows.append(_eigenvalues(_standardize(r, mask, "simulated residuals")[0], k))
     return _stack(rows)
 
 
@@ -254,98 +259,35 @@ def _stack(rows: list[np.ndarray]) -> np.ndarray:
 # ---------------------------------------------------------------- column shuffles
 
 
-class _Levels(NamedTuple):
-    """Per-column answer levels for the sequential selection sampler."""
-
-    levels: np.ndarray  # (K,) level values; NaN is the missing level
-    cum: np.ndarray  # (K-1, N) uint32: cumulative counts of levels 0..K-2, << bits
-    bits: int  # random bits per decision
-
-
-def _levels(x: np.ndarray, observed: np.ndarray) -> _Levels | None:
-    """Level counts per column, or None when the fast sampler does not apply."""
-    S = x.shape[0]
-    bits = 31 - int(S).bit_length()
-    values = np.unique(x[observed])
-    has_missing = not observed.all()
-    if values.size + has_missing > _MAX_LEVELS or bits < 16:
-        return None
-    levels = np.append(values, np.nan) if has_missing else values
-    counts = np.stack([(x == v).sum(axis=0) for v in values]
-                      + ([(~observed).sum(axis=0)] if has_missing else []))
-    cum = np.cumsum(counts[:-1], axis=0).astype(np.uint32) << np.uint32(bits)
-    return _Levels(levels, np.ascontiguousarray(cum), bits)
-
-
-def _sample(lv: _Levels, table: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> None:
-    """Fill ``out`` (S, N) uint32 with ``table[level]`` for a random arrangement of every column.
-
-    ``table`` is ``(K, N)`` uint32 (bit patterns of each level's value per column). Row by
-    row, level ``k`` or below is chosen where ``r * remaining < cum_k`` (``r`` uniform on
-    ``[0, 2^bits)``); the sign bit of the difference is the mask, so no branches are taken.
-    """
-    S, N = out.shape
-    K = table.shape[0]
-    raw = rng.bit_generator.random_raw((S * N + 1) // 2).view(np.uint32)[: S * N].reshape(S, N)
-    np.right_shift(raw, np.uint32(32 - lv.bits), out=raw)
-    cum = lv.cum.copy()
-    xor = [table[k] ^ table[k + 1] for k in range(K - 1)]
-    step = np.uint32(1 << lv.bits)
-    m = np.empty(N, np.uint32)
-    mask = np.empty(N, np.uint32)
-    tmp = np.empty(N, np.uint32)
-    for s in range(S):
-        np.multiply(raw[s], np.uint32(S - s), out=m)
-        row = out[s]
-        for k in range(K - 1):
-            np.subtract(m, cum[k], out=mask)
-            np.right_shift(mask.view(np.int32), 31, out=mask.view(np.int32))  # -1 where chosen
-            np.bitwise_and(mask, step, out=tmp)
-            np.subtract(cum[k], tmp, out=cum[k])
-            # row = table[K-1] ^ xor[c] ^ ... ^ xor[K-2] = table[c] for the chosen level c.
-            if k == 0:
-                np.bitwise_and(mask, xor[0], out=row)
-            else:
-                np.bitwise_and(mask, xor[k], out=tmp)
-                np.bitwise_xor(row, tmp, out=row)
-        np.bitwise_xor(row, table[K - 1], out=row)
-
-
-def _argsort_permute(z: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Columns of ``z`` each permuted by the argsort of random keys."""
-    S, N = z.shape
-    order = np.argsort(rng.random((N, S), dtype=np.float32), axis=1)
-    return np.ascontiguousarray(np.take_along_axis(z.T, order, axis=1).T)
-
-
 def shuffle_columns(y, seed: int) -> np.ndarray:
     """``y`` with each item column permuted independently (parallel analysis' null data).
 
-    The same sampler as :func:`shuffle_eigenvalues` (there it permutes standardised values).
-    Every column keeps its multiset of answers and missing cells; rows are not kept.
+    The same sampler and seed as :func:`shuffle_eigenvalues`, which shuffles standardised
+    values instead. Every column keeps its multiset of answers and missing cells.
     """
     arr = np.asarray(y)
     x, observed = _read(arr)
     rng = np.random.default_rng(seed)
-    lv = _levels(x, observed)
+    lv = count_levels(x, observed)
     if lv is None:
-        return _argsort_permute(arr, rng)
-    K, (S, N) = lv.levels.size, arr.shape
+        return argsort_permute(arr, rng)
+    K, (S, N) = lv.values.size, arr.shape
     idx = np.empty((S, N), np.uint32)
-    _sample(lv, np.repeat(np.arange(K, dtype=np.uint32)[:, None], N, axis=1), rng, idx)
-    missing = -1 if arr.dtype.kind != "f" else np.nan
-    values = np.where(np.isnan(lv.levels), missing, lv.levels).astype(arr.dtype)
-    return values[idx]
+    arrange_levels(lv, np.repeat(np.arange(K, dtype=np.uint32)[:, None], N, axis=1), rng, idx)
+    missing = np.nan if arr.dtype.kind == "f" else -1
+    return np.where(np.isnan(lv.values), missing, lv.values).astype(arr.dtype)[idx]
 
 
 def shuffle_eigenvalues(y, seeds: Sequence[int], k: int | None = None) -> np.ndarray:
     """Correlation eigenvalues of column-shuffled copies of ``y`` (parallel analysis, 11.4.2).
 
     Each shuffle uses ``np.random.default_rng(seed)``: the same seed gives the same
-    eigenvalues. Standardising, buffers and level counts are shared by all shuffles; each
-    shuffle is one sampling pass, one float32 BLAS ``syrk`` for the S x S Gram matrix and
-    an S x S ``eigvalsh``. BLAS runs single-threaded here (``threadpoolctl``): parallelism
-    comes from running batches of seeds in separate processes (Ray tasks).
+    eigenvalues, and equals :func:`correlation_eigenvalues` of ``shuffle_columns(y, seed)``
+    (to float32 precision). Level counts, standardised values and buffers are shared by
+    all seeds; each shuffle is one sampling pass, one float32 BLAS ``syrk`` for the S x S
+    Gram matrix and an S x S ``eigvalsh``. BLAS runs single-threaded here
+    (``threadpoolctl``): parallelism comes from running batches of seeds in separate
+    processes (Ray tasks).
 
     Parameters
     ----------
@@ -358,27 +300,28 @@ def shuffle_eigenvalues(y, seeds: Sequence[int], k: int | None = None) -> np.nda
     ``(len(seeds), k)`` float64, each row descending.
     """
     x, observed = _read(y)
-    st = _standardize(x, observed, "responses")
-    x, observed = x[:, st.kept], observed[:, st.kept]
-    S, N = x.shape
-    k_out, _ = _num_eigen(k, N, S)
-    z32 = st.z.astype(np.float32)
-    lv = _levels(x, observed)
-    out = np.empty((len(seeds), k_out))
-    if lv is not None:
-        # Standardised value of every level in every column, as float32 bit patterns.
-        vals = [np.zeros(N) if np.isnan(v) else (v - st.mean) / st.scale for v in lv.levels]
-        table = np.stack(vals).astype(np.float32).view(np.uint32)
-        buf = np.empty((S, N), np.uint32)
+    lv = count_levels(x, observed)
+    if lv is None:
+        z, st = _standardize(x, observed, "responses")
+        z32 = z.astype(np.float32)
+    else:
+        st = _level_stats(lv, "responses")
+        lv = lv.columns(st.kept)
+        # Standardised value of every level in every kept column, as float32 bit patterns.
+        rows = [np.zeros(st.mean.size) if np.isnan(v) else (v - st.mean) / st.scale for v in lv.values]
+        table = np.stack(rows).astype(np.float32).view(np.uint32)
+    S, N = x.shape[0], int(st.kept.sum())
+    out = np.empty((len(seeds), _num_eigen(k, S, N)))
+    buf = np.empty((S, N), np.uint32)
     with threadpool_limits(limits=1, user_api="blas"):
         for i, seed in enumerate(seeds):
             rng = np.random.default_rng(seed)
             if lv is None:
-                zs = _argsort_permute(z32, rng)
+                zs = argsort_permute(z32, rng)
             else:
-                _sample(lv, table, rng, buf)
+                arrange_levels(lv, table, rng, buf)
                 zs = buf.view(np.float32)
-            out[i] = _gram_eigenvalues(zs, k_out, float32=True)
+            out[i] = _gram_eigenvalues(zs, out.shape[1], float32=True)
     return out
 
 
