@@ -153,8 +153,9 @@ def _gram_eigenvalues(z: np.ndarray, k: int, *, float32: bool = False) -> np.nda
     if float32:
         from scipy.linalg.blas import ssyrk
 
-        # BLAS syrk on the Fortran view: lower triangle of z z^T (S < N) or z^T z.
-        g = ssyrk(1.0, z.T if S <= N else z, trans=1 if S <= N else 0, lower=1)
+        # BLAS syrk on the Fortran-ordered z^T (no copy): lower triangle of the smaller of
+        # z z^T (trans=1) and z^T z (trans=0).
+        g = ssyrk(1.0, z.T, trans=1 if S <= N else 0, lower=1)
         w = np.linalg.eigvalsh(g.astype(np.float64), UPLO="L")
     else:
         g = z @ z.T if S <= N else z.T @ z
@@ -521,6 +522,8 @@ def suggest_n_factors(observed, residual, env_mean, env_q95, *, residual_envelop
                 break
             found += 1
         lower = 1 + found
+        # Every step found a further skill but the steps ended below the upper bound.
+        reading["residual_steps_cut_short"] = found == len(steps) and lower < upper
         reading["residual_method"] = "sequential residual test, skills added on the logit scale"
         reading["residual_steps"] = [{k: (v if isinstance(v, (bool, int)) else float(v))
                                       for k, v in st._asdict().items()} for st in steps]
@@ -538,6 +541,9 @@ def suggest_n_factors(observed, residual, env_mean, env_q95, *, residual_envelop
     n_factors = upper if lower is None else min(lower, upper)
     reading["n_factors"] = n_factors
     reading["text"] = _explain(n_factors, pa, lower)
+    if reading.get("residual_steps_cut_short"):
+        reading["text"] += (f"; every residual step found a further skill, so {lower} is a "
+                            "floor: run more steps (up to the upper bound)")
     return n_factors, reading
 
 
