@@ -14,7 +14,7 @@ With ``--analysis`` it also fits the one-skill 2PL to the NLU matrix with the en
 writes the eigenvalue table, the scree plot and the ``n_factors`` reading.
 
     python benchmarks/bench_dimensions.py                 # timings only (~2 minutes)
-    python benchmarks/bench_dimensions.py --analysis      # plus the NLU reading (~10 minutes)
+    python benchmarks/bench_dimensions.py --analysis      # plus the NLU reading (~30 minutes)
 """
 
 from __future__ import annotations
@@ -122,7 +122,13 @@ def analysis(y: np.ndarray, envelope_pair, out_dir: Path, null_reps: int, max_sk
     t0 = time.perf_counter()
     null = dims.envelope(dims.residual_null_eigenvalues(p, range(null_reps), k=k))
     upper = max(dims.count_above(observed, env_q95), 1)
-    steps = dims.residual_steps(y, p, range(null_reps), max_skills=min(upper, max_skills))
+    print(f"  2PL fit {fit_s:.0f} s; parallel analysis upper bound {upper}", flush=True)
+    steps = []  # dims.residual_steps, with progress
+    for skills in range(1, min(upper, max_skills) if max_skills else upper):
+        steps.append(dims.residual_step(y, p, skills, range(null_reps)))
+        print(f"  {steps[-1]} at {time.perf_counter() - t0:.0f} s", flush=True)
+        if not steps[-1].above:
+            break
     steps_s = time.perf_counter() - t0
     n, reading = dims.suggest_n_factors(observed, residual, env_mean, env_q95,
                                         residual_envelope=null, steps=steps)
@@ -140,7 +146,8 @@ def main(argv=None) -> None:
     p.add_argument("--shuffles", type=int, default=1000)
     p.add_argument("--analysis", action="store_true", help="also run the full NLU reading")
     p.add_argument("--null-reps", type=int, default=50, help="residual null replicates per step")
-    p.add_argument("--max-skills", type=int, default=8, help="stop the residual steps here")
+    p.add_argument("--max-skills", type=int, default=0,
+                   help="stop the residual steps here (default: the parallel-analysis bound)")
     p.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = p.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)

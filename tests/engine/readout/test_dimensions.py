@@ -229,7 +229,7 @@ def test_suggest_caps_residual_count_by_parallel_analysis():
     assert n == 3 and "capped" in reading["text"]
     n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95)
     assert n == 3 and reading["lower_bound"] is None
-    steps = [ResidualStep(1, 9.0, 2.0, 2.4, True), ResidualStep(2, 2.1, 2.0, 2.4, False)]
+    steps = [ResidualStep(1, 9.0, 2.0, 2.4, True), ResidualStep(2, 2.4, 2.0, 2.4, False)]
     n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95,
                                    residual_envelope=(rm, rq), steps=steps)
     assert n == 2 and len(reading["residual_steps"]) == 2 and not reading["residual_steps_cut_short"]
