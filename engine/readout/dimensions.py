@@ -29,6 +29,24 @@ over-counts (one-skill 2PL data typically give 2, two-skill data 3-4). It is kep
 upper bound. The lower bound is a sequential residual test: the one-skill fit's residuals,
 then those of models with skills added on the logit scale, each against data simulated
 from the model tested. See :func:`suggest_n_factors`.
+
+Examples
+--------
+The whole reading; the two ``seeds`` loops are the parts to spread over Ray tasks
+(each call is a pure function of its seeds):
+
+>>> observed = correlation_eigenvalues(y, k=30)  # doctest: +SKIP
+>>> shuffled = shuffle_eigenvalues(y, range(1000), k=30)  # or batches of seeds, stacked
+>>> env_mean, env_q95 = envelope(shuffled)
+>>> p = fitted_probabilities(engine.api.fit(y, model="2pl"))
+>>> residual = residual_eigenvalues(y, p, k=30)
+>>> null = envelope(residual_null_eigenvalues(p, range(100), k=30, observed=y != -1))
+>>> upper = max(count_above(observed, env_q95), 1)
+>>> steps = residual_steps(y, p, range(100), max_skills=upper)
+>>> n_factors, reading = suggest_n_factors(observed, residual, env_mean, env_q95,
+...                                        residual_envelope=null, steps=steps)
+>>> table = dimensions_table(observed, residual, env_mean, env_q95, residual_envelope=null)
+>>> scree_plot(table, "scree.png", n_factors=n_factors)
 """
 
 from __future__ import annotations
@@ -231,7 +249,8 @@ def residual_null_eigenvalues(p, seeds: Sequence[int], k: int | None = None, *,
 
     For each seed, ``y* ~ Bernoulli(p)`` on the observed cells and the residual spectrum of
     ``y*`` against the same ``p`` is computed: what :func:`residual_eigenvalues` looks like
-    when one skill explains everything. Returns ``(len(seeds), k)``.
+    when one skill explains everything. ``observed`` is the mask of observed cells
+    (``y != -1``; default all). Returns ``(len(seeds), k)``.
     """
     p = np.asarray(p, dtype=np.float64)
     if p.ndim != 2:
@@ -583,7 +602,9 @@ def _explain(n: int, pa: int, lower: int | None) -> str:
                 f"residual test this is only an upper bound (binary items add difficulty factors)")
     text = (f"after a one-skill fit the residuals support {lower - 1} further skill(s) "
             f"(lower bound {lower}); parallel analysis finds {pa} (upper bound)")
-    if lower > pa:
+    if lower == pa:
+        text += "; the two agree"
+    elif lower > pa:
         text += f"; the residual count exceeds parallel analysis, so n_factors is capped at {n}"
     elif pa > lower:
         text += ("; the surplus in parallel analysis matches difficulty factors of binary items, "
