@@ -102,6 +102,17 @@ def test_residual_eigenvalues_equal_correlation_of_standardised_residuals():
     np.testing.assert_allclose(standardized_residuals(y, p), r)
 
 
+def test_residual_null_is_the_residual_spectrum_of_simulated_data():
+    rng = np.random.default_rng(5)
+    p = rng.uniform(0.1, 0.9, size=(30, 20))
+    observed = rng.random(p.shape) > 0.1
+    null = residual_null_eigenvalues(p, [7, 8], k=6, observed=observed)
+    for row, seed in zip(null, [7, 8]):
+        y_sim = (np.random.default_rng(seed).random(p.shape) < p).astype(np.int8)
+        y_sim[~observed] = -1
+        np.testing.assert_allclose(row, residual_eigenvalues(y_sim, p, k=6), atol=1e-9)
+
+
 # ---------------------------------------------------------------- shuffles
 
 
@@ -136,8 +147,9 @@ def test_each_arrangement_is_equally_likely(column):
     assert chisquare(counts).pvalue > 1e-3
 
 
-def test_fast_kernel_equals_eigenvalues_of_the_shuffled_matrix():
-    y = binary((30, 120), seed=7, missing=0.1)
+@pytest.mark.parametrize("shape", [(30, 120), (60, 12)])
+def test_fast_kernel_equals_eigenvalues_of_the_shuffled_matrix(shape):
+    y = binary(shape, seed=7, missing=0.1)
     fast = shuffle_eigenvalues(y, [4, 5], k=10)
     for row, seed in zip(fast, [4, 5]):
         np.testing.assert_allclose(row, correlation_eigenvalues(shuffle_columns(y, seed), k=10),
@@ -217,10 +229,12 @@ def test_suggest_caps_residual_count_by_parallel_analysis():
     assert n == 3 and "capped" in reading["text"]
     n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95)
     assert n == 3 and reading["lower_bound"] is None
-    steps = [ResidualStep(1, 9.0, 2.0, 2.4, True), ResidualStep(2, 2.1, 2.0, 2.4, False)]
+    steps = [ResidualStep(1, 9.0, 2.0, 2.4, True), ResidualStep(2, 2.4, 2.0, 2.4, False)]
     n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95,
                                    residual_envelope=(rm, rq), steps=steps)
-    assert n == 2 and len(reading["residual_steps"]) == 2
+    assert n == 2 and len(reading["residual_steps"]) == 2 and not reading["residual_steps_cut_short"]
+    n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95, steps=steps[:1])
+    assert n == 2 and reading["residual_steps_cut_short"] and "floor" in reading["text"]
 
 
 def test_table_and_scree_plot(tmp_path):
@@ -310,3 +324,27 @@ def test_extra_skill_removes_the_missed_skill(known_d_fits):
     after = residual_eigenvalues(y, extra_skill_probabilities(y, p, 1), k=1)[0]
     noise_q95 = envelope(residual_null_eigenvalues(p, range(40), k=1))[1][0]
     assert before > 2 * noise_q95 and after < noise_q95
+
+
+@pytest.mark.slow
+def test_logit_scale_steps_ignore_the_curvature_of_a_missed_skill():
+    # Widely spread difficulties, weakly correlated skills: after a one-skill fit the missed
+    # skill leaves a second, curvature-driven residual eigenvalue above the one-skill null's
+    # 95th percentile, so the plain reading at q95 alone (min_excess=0) says 3 skills. With
+    # the skill added on the logit scale nothing is left: the sequential test finds 2, with
+    # or without the min_excess margin.
+    y = simulate_mirt(500, 300, 2, seed=1000, rho=0.3, diff_sd=2.0)
+    p = fitted_probabilities(fit(y, model="2pl", settings=FitSettings(seed=0)))
+    observed, residual = correlation_eigenvalues(y, k=8), residual_eigenvalues(y, p, k=8)
+    env_mean, env_q95 = envelope(shuffle_eigenvalues(y, range(100), k=8))
+    null = envelope(residual_null_eigenvalues(p, range(60), k=8))
+    upper = count_above(observed, env_q95)
+    assert upper >= 3  # parallel analysis over-counts (difficulty factors)
+    plain, _ = suggest_n_factors(observed, residual, env_mean, env_q95, residual_envelope=null,
+                                 min_excess=0.0)
+    assert plain == 3 and residual[1] > null[1][1]
+    steps = residual_steps(y, p, range(60), max_skills=upper, min_excess=0.0)
+    for margin in (0.0, 1.0):
+        n, reading = suggest_n_factors(observed, residual, env_mean, env_q95,
+                                       residual_envelope=null, steps=steps, min_excess=margin)
+        assert n == 2, reading
