@@ -87,21 +87,20 @@ def _incumbent_loop(y, sizes, job: str, seed: int = 0, measured_sizes=None) -> d
 
 
 def _dimensions(shuffles: int, num_cpus: int) -> dict:
-    import pandas as pd
-
+    from bench_core import load_nlu
     from cluster.dimensions import run_dimensions
     from cluster.settings import DimensionsSettings, RunnerSettings
 
-    y = pd.read_parquet(NLU)
+    y = load_nlu(NLU)
     with tempfile.TemporaryDirectory(prefix="bench-dims-") as out:
         t0 = time.perf_counter()
-        res = run_dimensions(y.to_numpy(np.int8).T if y.shape[0] > y.shape[1] else y.to_numpy(np.int8),
-                             out, DimensionsSettings(shuffles=shuffles),
+        res = run_dimensions(y, out, DimensionsSettings(shuffles=shuffles),
                              RunnerSettings(num_cpus=num_cpus, batch_size=50, progress=False))
         wall = time.perf_counter() - t0
         meta = json.loads((Path(out) / "summary.json").read_text())
-    return {"shuffles": shuffles, "wall_s": wall, "shuffle_s": meta.get("seconds", {}),
-            "n_factors": res.summary["n_factors"], "shape": list(res.summary.get("shape", []))}
+    return {"shuffles": shuffles, "wall_s": wall, "seconds": meta.get("seconds", {}),
+            "n_factors": res.summary["n_factors"], "reading": res.summary["reading"],
+            "shape": list(res.summary.get("shape", []))}
 
 
 def main(argv=None) -> int:
