@@ -36,32 +36,43 @@ def nlu() -> tuple[np.ndarray, list[str], list[str]]:
     return wide[subjects].to_numpy().T.astype(np.int8), subjects, wide["item"].astype(str).tolist()
 
 
+def nlu_run(tmp: Path):
+    """The NLU matrix, its store under ``tmp`` and a saved 2PL run: ``(y, run, fit seconds)``."""
+    y, subjects, items = nlu()
+    store = write_store(y, subjects, items, tmp / "nlu.zarr")
+    t0 = time.perf_counter()
+    run = save_run(fit(store.path, model="2pl", settings=FitSettings(seed=0)), tmp / "run",
+                   num_draws=200)
+    return y, run, time.perf_counter() - t0
+
+
+def score_vs_refit(y: np.ndarray, run) -> dict:
+    """Score 100 subjects simulated from the run against its frozen items, and time a full
+    refit of all subjects; abilities of the new subjects compared between the two."""
+    rng = np.random.default_rng(0)
+    theta = rng.choice(run.subjects["ability_mean"].to_numpy(), 100) + rng.normal(0, 0.1, 100)
+    p = item_bank(run.spec, run.guide).prob(theta.astype(np.float32))
+    y_new = (rng.random(p.shape) < p).astype(np.int8)
+    t0 = time.perf_counter()
+    board, res = score(run, y_new, num_draws=200)
+    score_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    full = fit(np.concatenate([y, y_new]), model="2pl", settings=FitSettings(seed=0))
+    refit_s = time.perf_counter() - t0
+    new = board[board["new"]]["ability_mean"].to_numpy()
+    return {"score_100_s": score_s, "score_passes": res.num_passes, "refit_190_s": refit_s,
+            "refit_passes": full.num_passes, "speedup": refit_s / score_s,
+            "score_vs_refit_r": float(np.corrcoef(new, full.means()["ability"][y.shape[0]:])[0, 1])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="benchmarks/results/items.json")
     ap.add_argument("--trials", type=int, default=40)
     args = ap.parse_args()
-    y, subjects, items = nlu()
     tmp = Path(tempfile.mkdtemp(prefix="bench-items-"))
-    store = write_store(y, subjects, items, tmp / "nlu.zarr")
-    settings = FitSettings(seed=0)
-    t0 = time.perf_counter()
-    run = save_run(fit(store.path, model="2pl", settings=settings), tmp / "run", num_draws=200)
-    fit_s = time.perf_counter() - t0
-
-    rng = np.random.default_rng(0)
-    theta = rng.choice(run.subjects["ability_mean"].to_numpy(), 100) + rng.normal(0, 0.1, 100)
-    p = item_bank(run.spec, run.guide).prob(theta.astype(np.float32))
-    y_new = (rng.random(p.shape) < p).astype(np.int8)
-
-    t0 = time.perf_counter()
-    board, res = score(run, y_new, num_draws=200)
-    score_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    full = fit(np.concatenate([y, y_new]), model="2pl", settings=settings)
-    refit_s = time.perf_counter() - t0
-    new = board[board["new"]]["ability_mean"].to_numpy()
-    r = float(np.corrcoef(new, full.means()["ability"][90:])[0, 1])
+    y, run, fit_s = nlu_run(tmp)
+    timing = score_vs_refit(y, run)
 
     t0 = time.perf_counter()
     data = load_trial_data(run)
@@ -75,9 +86,7 @@ def main() -> None:
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores",
         "data": "nlu 90 x 82,756 (real); 100 new subjects simulated from the fitted 2PL",
-        "fit_2pl_s": fit_s, "score_100_s": score_s, "score_passes": res.num_passes,
-        "refit_190_s": refit_s, "refit_passes": full.num_passes, "speedup": refit_s / score_s,
-        "score_vs_refit_r": r,
+        "fit_2pl_s": fit_s, **timing,
         "adaptive_load_s": load_s, "adaptive_trials": args.trials, "adaptive_trial_s": trial_s,
         "adaptive_trials_per_min_in_process": 60 * args.trials / trial_s,
         "adaptive_tau": {k: v for k, v in tau.to_dict(orient="index").items()},

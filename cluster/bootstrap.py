@@ -23,7 +23,7 @@ from cluster.trials import FitContext, TrialSpec, bootstrap_batch, trial_seed
 from engine.api import fit, load_responses
 from engine.infer.settings import FitSettings
 from engine.readout.posterior import draw_posterior
-from engine.readout.ranking import rank_stats
+from engine.readout.ranking import ranks_from_draws
 
 __all__ = ["run_bootstrap", "bootstrap_intervals", "BootstrapOutput"]
 
@@ -65,14 +65,13 @@ def _variational(full, level: float, seed: int) -> pd.DataFrame:
     draws = draw_posterior(full.spec, full.guide, 2000, rng_key=jax.random.PRNGKey(seed),
                            names=("ability",))["ability"]
     a = (1.0 - level) / 2.0
-    ranks = rank_stats(draws)
-    ranks_all = (-draws).argsort(axis=1).argsort(axis=1) + 1
+    ranks = ranks_from_draws(draws)
     return pd.DataFrame({
         "subject": full.extra["subjects"],
         "ability_mean": draws.mean(axis=0),
         "ability_lo": np.quantile(draws, a, axis=0), "ability_hi": np.quantile(draws, 1 - a, axis=0),
-        "rank_mean": ranks["rank_mean"],
-        "rank_lo": np.quantile(ranks_all, a, axis=0), "rank_hi": np.quantile(ranks_all, 1 - a, axis=0),
+        "rank_mean": ranks.mean(axis=0),
+        "rank_lo": np.quantile(ranks, a, axis=0), "rank_hi": np.quantile(ranks, 1 - a, axis=0),
     })
 
 

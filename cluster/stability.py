@@ -115,14 +115,14 @@ def run_stability(data, out: str | Path, settings: StabilitySettings = Stability
     """
     out = Path(out)
     t0 = time.perf_counter()
-    y, subjects, _, info = load_responses(data)
+    y, _, _, info = load_responses(data)
     trials = plan(settings, y.shape[1])  # validates the sizes before anything is written
     out.mkdir(parents=True, exist_ok=True)
     full = fit(y, settings.model, fit_settings, prior=settings.prior)
     options = tuple(sorted(full.extra["model_options"].items()))
     ctx = StabilityContext(
         FitContext(y, settings.model, options, full.guide, fit_settings, settings.passes),
-        full_ability=ability_of(full.spec, full.guide), full_accuracy=subject_accuracy(y))
+        full_ability=ability_of(full.spec, full.guide.loc), full_accuracy=subject_accuracy(y))
     t_fit = time.perf_counter() - t0
     rows = run_trials(stability_batch, ctx, trials, out / "stability.parquet", runner,
                       desc="stability", on_batch=on_batch)

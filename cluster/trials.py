@@ -21,6 +21,7 @@ from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
 from engine.models.registry import get_model
 from engine.models.spec import ModelSpec
+from engine.readout.ranking import ranks_from_draws
 
 __all__ = ["TrialSpec", "FitContext", "StabilityContext", "trial_seed", "subject_accuracy",
            "ability_of", "stability_batch", "bootstrap_batch", "shuffle_batch", "ShuffleContext",
@@ -67,12 +68,13 @@ class FitContext:
         return _spec(self.model, self.model_options)
 
 
-def ability_of(spec: ModelSpec, guide: GuideState) -> np.ndarray:
-    """Posterior-mean ability (the scalar subject block named ``ability``), per subject."""
+def ability_of(spec: ModelSpec, loc: dict) -> np.ndarray:
+    """Posterior-mean ability (the scalar subject block named ``ability``) from a guide's
+    locations, per subject (along the last axis when ``loc`` holds a batch of fits)."""
     p = spec.param("ability")
     if p.owner != "subject" or p.shape != ():
         raise ValueError("ranking needs a scalar per-subject 'ability' block")
-    return np.asarray(p.constrain(np.asarray(guide.loc["ability"])))
+    return np.asarray(p.constrain(np.asarray(loc["ability"])))
 
 
 def subject_accuracy(y: np.ndarray) -> np.ndarray:
@@ -123,8 +125,7 @@ def stability_batch(ctx: StabilityContext, trials: list[TrialSpec]) -> list[dict
     seeds = [t.seed + half for t in trials for half in (0, 1)]
     res = _refit(ctx.fit, ys, samples, seeds)
     spec = ctx.fit.spec
-    abilities = [ability_of(spec, GuideState({k: v[i] for k, v in res.guide.loc.items()}, {}))
-                 for i in range(len(samples))]
+    abilities = ability_of(spec, res.guide.loc)  # (2 x trials, subjects)
     accuracy = subject_accuracy(ys)
     rows = []
     for n, t in enumerate(trials):
@@ -152,13 +153,13 @@ def bootstrap_batch(ctx: FitContext, trials: list[TrialSpec]) -> list[dict]:
     picks = [np.random.default_rng(t.seed).integers(0, N, N) for t in trials]
     ys = np.stack([y[:, p] for p in picks])
     res = _refit(ctx, ys, picks, [t.seed for t in trials])
+    abilities = ability_of(ctx.spec, res.guide.loc)  # (trials, subjects)
+    ranks = ranks_from_draws(abilities)
     rows = []
     for n, t in enumerate(trials):
-        ability = ability_of(ctx.spec, GuideState({k: v[n] for k, v in res.guide.loc.items()}, {}))
-        rank = (-ability).argsort().argsort() + 1
         for s in range(y.shape[0]):
-            rows.append({"replicate": t.index, "subject": s, "ability": float(ability[s]),
-                         "rank": int(rank[s]), "converged": bool(res.converged[n])})
+            rows.append({"replicate": t.index, "subject": s, "ability": float(abilities[n, s]),
+                         "rank": int(ranks[n, s]), "converged": bool(res.converged[n])})
     return rows
 
 

@@ -69,4 +69,4 @@ def stability_ctx():
     full = fit(y, "2pl", settings)
     options = tuple(sorted(full.extra["model_options"].items()))
     return StabilityContext(FitContext(y, "2pl", options, full.guide, settings, passes=12),
-                            ability_of(full.spec, full.guide), subject_accuracy(y))
+                            ability_of(full.spec, full.guide.loc), subject_accuracy(y))
