@@ -124,7 +124,10 @@ def _prepare(data, settings: FitSettings):
 
 
 # Settings that do not change a fit's result (or may change on resume).
-_UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every")
+# Settings that do not change the path of a fit; the pass bounds only decide where it may stop,
+# so a resumed fit may be given a larger cap and continue.
+_UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every", "max_passes",
+                    "min_passes")
 
 
 def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | None = None,

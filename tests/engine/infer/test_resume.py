@@ -112,3 +112,21 @@ def test_bad_memory_budget_is_a_clear_error(tmp_path, capsys):
                  "--quiet"]) == 2
     assert "memory budget 'lots' is not a size; write it like 512M" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_resume_with_a_larger_pass_cap_continues_the_fit(tmp_path):
+    """A capped fit resumed with a larger max_passes continues to the uncapped result."""
+    y = _matrix(50, 80, seed=6)
+    store = write_store(y, [f"s{k}" for k in range(50)], [f"i{k}" for k in range(80)],
+                        tmp_path / "s.zarr")
+    settings = FitSettings(max_passes=4, min_passes=4, seed=2, checkpoint_every=1)
+    capped = fit(store, "2pl", settings, checkpoint_dir=tmp_path / "ckpt")
+    assert capped.num_passes == 4
+    longer = settings.replace(max_passes=8, min_passes=8)
+    resumed = fit(store, "2pl", longer, checkpoint_dir=tmp_path / "ckpt", resume=True)
+    whole = fit(store, "2pl", longer.replace(checkpoint_every=0))
+    assert resumed.num_passes == whole.num_passes == 8
+    for k in whole.guide.loc:
+        np.testing.assert_allclose(resumed.guide.loc[k], whole.guide.loc[k], atol=1e-5, err_msg=k)
+    with pytest.raises(SettingsError, match="differs in settings"):
+        fit(store, "2pl", longer.replace(seed=3), checkpoint_dir=tmp_path / "ckpt", resume=True)
