@@ -239,11 +239,14 @@ def cmd_score(args) -> int:
     from engine.score import score
 
     t0 = time.perf_counter()
-    board, res = score(args.run, args.responses, num_draws=args.draws, seed=args.seed)
+    board, res = score(args.run, args.responses, num_draws=args.draws, seed=args.seed,
+                       method=args.method)
     lb = leaderboard(board)
     new = lb[lb["new"]]
+    how = ("grid update, 1 pass" if res.extra.get("method") == "grid" else
+           f"frozen fit, {res.num_passes} passes, {'converged' if res.converged else 'NOT converged'}")
     print(f"scored {len(new)} new subject(s) against frozen items in {time.perf_counter() - t0:.1f} s "
-          f"({res.num_passes} passes, {'converged' if res.converged else 'NOT converged'})")
+          f"({how})")
     print(format_leaderboard(lb if args.all else new))
     if args.out:
         _write_table(lb, args.out)
@@ -467,6 +470,10 @@ def _add_item_commands(sub) -> None:
     p.add_argument("--draws", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the combined leaderboard (.csv/.parquet)")
+    p.add_argument("--method", choices=("auto", "grid", "fit"), default="auto",
+                   help="grid: exact ability update on a grid, one pass (scalar ability, binary "
+                        "responses); fit: the frozen variational fit (any model); auto: grid "
+                        "where it applies")
     p.set_defaults(func=cmd_score)
 
     p = sub.add_parser("subset", help="K items maximising test information; ranking agreement")

@@ -1,14 +1,24 @@
 """Score new subjects against a run's frozen item parameters.
 
-Scoring is the ordinary fit (``engine.api.fit``) started from the run's posterior with
-every item and global block frozen: only the new subjects' abilities move, so it takes
-seconds where a refit of the whole matrix takes minutes, and the abilities land on the
-run's scale, ready to be placed on its leaderboard.
+Only the new subjects' abilities are fitted; every item and global factor of the run is
+held fixed, so the abilities land on the run's scale, ready for its leaderboard.
+
+Two methods, the same target (the mean-field factor of each ability given the frozen
+items):
+
+- ``grid`` (models with one scalar ability and binary responses): the exact
+  coordinate-ascent update on an ability grid, one pass over the responses
+  (:mod:`engine.infer.conditional`).
+- ``fit``: the ordinary fit (``engine.api.fit``) started from the run's posterior with the
+  item and global blocks frozen; any model.
+
+``auto`` picks ``grid`` where it applies.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import jax
@@ -17,7 +27,8 @@ import pandas as pd
 
 from engine.api import fit, response_stats
 from engine.data.store import Store, open_store
-from engine.errors import DataFormatError
+from engine.errors import DataFormatError, SettingsError
+from engine.infer.conditional import GridSettings, conditional_abilities, conditional_applies
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
@@ -25,7 +36,9 @@ from engine.readout.posterior import draw_posterior, summarize
 from engine.readout.ranking import rank_stats
 from engine.run import Run, load_run
 
-__all__ = ["score", "score_responses", "read_new_responses", "place_on_leaderboard"]
+__all__ = ["score", "score_responses", "read_new_responses", "place_on_leaderboard", "METHODS"]
+
+METHODS = ("auto", "grid", "fit")
 
 
 def _run(run: Run | str | Path) -> Run:
@@ -46,19 +59,39 @@ def _frozen_init(run: Run, item_idx: np.ndarray | None) -> tuple[GuideState, fro
     return GuideState(loc, log_scale), frozenset(frozen)
 
 
+def _grid_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitResult:
+    """The grid update packaged as a frozen fit's result: one pass over ``y``."""
+    t0 = time.perf_counter()
+    subject_guide, info = conditional_abilities(run.spec, run.guide, y, item_idx=item_idx,
+                                                settings=grid)
+    init, frozen = _frozen_init(run, item_idx)
+    guide = GuideState({**init.loc, **subject_guide.loc}, {**init.log_scale, **subject_guide.log_scale})
+    wall = time.perf_counter() - t0
+    trace = [{"pass": 1, "elbo": float(np.sum(info["log_normalizer"])), "seconds": wall}]
+    trace[0]["elbo_smooth"] = trace[0]["elbo"]
+    settings = FitSettings.from_dict(run.info["settings"]).replace(progress=False)
+    return FitResult(run.spec, guide, settings, trace, True, wall, 0.0, y.shape[0], y.shape[1],
+                     int((y >= 0).sum()), 1, tuple(sorted(frozen)),
+                     {"method": "grid", "grid": list(info["grid"]), "widened": info["widened"],
+                      "elbo_note": "sum over subjects of log normalisers (item terms excluded)"})
+
+
 def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarray | None = None,
-                    settings: FitSettings | None = None) -> FitResult:
+                    settings: FitSettings | None = None, method: str = "auto",
+                    grid: GridSettings = GridSettings()) -> FitResult:
     """Fit only the abilities of the rows of ``y`` with the run's items frozen.
 
     Parameters
     ----------
     y : int8 ``(s, n)`` responses, -1 missing; column ``j`` is run item ``item_idx[j]``
         (all run items in order when ``item_idx`` is None).
-    settings : defaults to the run's fit settings.
+    settings : the frozen fit's settings (``method="fit"``); default the run's.
+    method : ``auto`` (``grid`` where the model allows it, else ``fit``), ``grid`` or ``fit``.
 
     Returns
     -------
-    The ``FitResult`` of the frozen fit (its item blocks equal the run's).
+    A ``FitResult`` whose item blocks equal the run's; ``extra["method"]`` says which
+    method ran.
     """
     run = _run(run)
     n_run = len(run.items)
@@ -66,14 +99,26 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
     if y.ndim != 2 or y.shape[1] != expect:
         raise DataFormatError(f"new responses have shape {y.shape}; expected (subjects, {expect}) "
                               f"columns matching the run's items")
+    if method not in METHODS:
+        raise SettingsError(f"score method {method!r} is unknown; use one of {', '.join(METHODS)}")
+    applies = conditional_applies(run.spec)
+    if method == "grid" and not applies:
+        raise SettingsError(f"score method 'grid' needs one scalar ability and binary responses; "
+                            f"model {run.info['model']!r} has not: use --method fit")
+    y = np.asarray(y)
+    y = y if np.issubdtype(y.dtype, np.floating) else y.astype(np.int8)  # float: continuous kinds
+    if method in ("grid", "auto") and applies:
+        return _grid_result(run, y, item_idx, grid)
     if settings is None:
         settings = FitSettings.from_dict(run.info["settings"]).replace(progress=False)
     init, frozen = _frozen_init(run, item_idx)
     options = dict(run.info["model_options"])
     prior = options.pop("prior", "vague")
     signed = options.pop("signed_discrimination", False)
-    return fit(np.asarray(y, np.int8), model=run.info["model"], settings=settings, prior=prior,
-               signed_discrimination=signed, model_options=options, init=init, frozen=frozen)
+    res = fit(y, model=run.info["model"], settings=settings, prior=prior,
+              signed_discrimination=signed, model_options=options, init=init, frozen=frozen)
+    res.extra["method"] = "fit"
+    return res
 
 
 def read_new_responses(run: Run, responses: str | Path | Store) -> tuple[np.ndarray, np.ndarray]:
@@ -122,7 +167,8 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
 
 
 def score(run: Run | str | Path, responses, *, settings: FitSettings | None = None,
-          num_draws: int = 1000, top_k: int = 3, seed: int = 0) -> tuple[pd.DataFrame, FitResult]:
+          num_draws: int = 1000, top_k: int = 3, seed: int = 0,
+          method: str = "auto") -> tuple[pd.DataFrame, FitResult]:
     """Score new subjects and place them on the run's leaderboard.
 
     Returns
@@ -135,11 +181,15 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
     >>> board, res = score("runs/nlu", "new_models.csv")  # doctest: +SKIP
     """
     run = _run(run)
+    if any(p.shape != () for p in run.spec.by_owner("subject")):
+        raise SettingsError(f"run {run.path} has vector abilities (model {run.info['model']!r}); "
+                            f"score places scalar abilities on a leaderboard: score a scalar-ability "
+                            f"run, or refit with the new subjects")
     if isinstance(responses, np.ndarray):
         y, ids = responses, np.asarray([f"new{i}" for i in range(responses.shape[0])], dtype=object)
     else:
         y, ids = read_new_responses(run, responses)
-    res = score_responses(run, y, settings=settings)
+    res = score_responses(run, y, settings=settings, method=method)
     table = summarize(run.spec, res.guide, "subject")
     stats = response_stats(y)
     table.insert(0, "subject", ids)

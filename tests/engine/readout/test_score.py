@@ -4,18 +4,20 @@ import numpy as np
 import pytest
 
 from engine.api import fit
-from engine.errors import DataFormatError
+from engine.errors import DataFormatError, SettingsError
 from engine.infer.settings import FitSettings
+from engine.run import save_run
 from engine.score import score
 
 from _item_runs import fit_run, simulate_2pl
 
 
-@pytest.mark.parametrize("model", ["1pl", "2pl"])
-def test_score_agrees_with_a_full_refit(tmp_path, model):
+@pytest.mark.parametrize("model,method", [("1pl", "auto"), ("2pl", "auto"), ("2pl", "fit")])
+def test_score_agrees_with_a_full_refit(tmp_path, model, method):
     y, truth, _ = simulate_2pl(140, 60, seed=21, log_a_sd=0.0 if model == "1pl" else 0.3)
     run = fit_run(tmp_path, y[:120], model)
-    board, res = score(run, y[120:])
+    board, res = score(run, y[120:], method=method)
+    assert res.extra["method"] == ("grid" if method == "auto" else "fit")
     new = board[board["new"]]
     # only abilities moved: every item block is the run's, exactly
     for p in run.spec.params:
@@ -30,7 +32,7 @@ def test_score_agrees_with_a_full_refit(tmp_path, model):
     print(model, "refit scale vs run: slope", round(float(slope), 3), "offset", round(float(offset), 3))
     full = (refit[120:] - offset) / slope
     gap = np.abs(new["ability_mean"].to_numpy() - full) / new["ability_sd"].to_numpy()
-    print(model, "score vs refit: max gap", gap.max().round(3), "median", np.median(gap).round(3), "sd; r", np.corrcoef(full, new.ability_mean)[0, 1])
+    print(model, method, "score vs refit: max gap", gap.max().round(3), "median", np.median(gap).round(3), "sd; r", np.corrcoef(full, new.ability_mean)[0, 1])
     # measured max / median gap: 1pl .12 / .04 sd; 2pl .58 / .22 sd (the joint 2PL fit is
     # not a fixed point of the frozen ability update, see tests/engine/infer/test_fit.py)
     assert gap.max() < (0.3 if model == "1pl" else 1.0)
@@ -49,3 +51,19 @@ def test_score_rejects_a_matrix_of_the_wrong_width(tmp_path):
     run = fit_run(tmp_path, y, "1pl")
     with pytest.raises(DataFormatError, match="expected \\(subjects, 20\\)"):
         score(run, y[:, :10])
+
+
+def test_grid_method_needs_a_scalar_binary_model(tmp_path):
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=30)
+    y = 1 / (1 + np.exp(-(theta[:, None] - rng.normal(size=12)))) * rng.uniform(0.8, 1.0, (30, 12))
+    run = save_run(fit(y.astype(np.float32), "beta", settings=FitSettings(seed=0)), tmp_path / "beta",
+                   num_draws=50)
+    with pytest.raises(SettingsError, match="use --method fit"):
+        score(run, y[:3], method="grid")
+    with pytest.raises(SettingsError, match="unknown"):
+        score(run, y[:3], method="newton")
+    board, res = score(run, y[:3].astype(np.float32), num_draws=50)  # auto: the frozen fit
+    assert res.extra["method"] == "fit" and board["new"].sum() == 3
+    refit = res.means()["ability"]
+    assert np.corrcoef(refit, theta[:3])[0, 1] > 0.9
