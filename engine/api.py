@@ -50,9 +50,10 @@ def make_source(store: Store, settings: FitSettings) -> BlockSource:
     if store.layout == "sparse":
         in_memory = store.num_observed * _COO_BYTES * IN_MEMORY_FACTOR <= budget
         return SparseSource.from_store(store, settings.max_block_cells, in_memory=in_memory)
-    if store.num_subjects * store.num_items * IN_MEMORY_FACTOR <= budget:
-        return InMemorySource(np.asarray(store.responses.compute()),  # read through Dask
-                              max_block_cells=settings.max_block_cells)
+    cell_bytes = store.responses.dtype.itemsize  # 1 (int8) or 4 (float32 kinds)
+    if store.num_subjects * store.num_items * cell_bytes * IN_MEMORY_FACTOR <= budget:
+        return source_for(np.asarray(store.responses.compute()),  # read through Dask
+                          settings.max_block_cells)
     return StreamingSource.from_store(store, settings.max_block_cells)
 
 
