@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from engine.data.kinds import detect_kind
 from engine.data.store import KINDS, LAYOUTS, Store, check_writable, write_store
 from engine.errors import DataFormatError, SettingsError
 
@@ -322,15 +323,6 @@ def _check_support(values: np.ndarray, kind: str | None,
             f"nonnegative error), or empty for missing; no response kind holds negative values: "
             f"transform them first (e.g. errors = -score, or 1 + score/25 for scores in [-25, 0])")
     return values + np.float32(0)  # -0.0 -> 0.0
-
-
-def detect_kind(values: np.ndarray) -> str:
-    """The smallest kind holding every observed value of a checked float32 array (NaN missing):
-    binary (all 0 or 1), unit (all in [0, 1]) or nonnegative."""
-    seen = values[~np.isnan(values)]
-    if np.isin(seen, (0, 1)).all():
-        return "binary"
-    return "unit" if seen.max() <= 1 else "nonnegative"
 
 
 def as_stored(values: np.ndarray, kind: str) -> np.ndarray:

@@ -129,7 +129,7 @@ def _values(col: pa.Array, kind: str | None, at: Callable[[int], str], name: str
 
 
 class _KindSeen:
-    """The smallest kind holding every value seen so far (see ``ingest.detect_kind``)."""
+    """The smallest kind holding every value seen so far (``kinds.detect_kind``, batch by batch)."""
 
     def __init__(self):
         self.binary, self.unit = True, True
