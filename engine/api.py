@@ -14,7 +14,7 @@ from engine.data.kinds import READS, as_responses, boundary_counts, detect_kind,
 from engine.data.sparse import SparseSource
 from engine.data.store import Store, open_store
 from engine.data.streaming import StreamingSource
-from engine.errors import ModelError
+from engine.errors import DataFormatError, ModelError
 from engine.infer.checkpoint import Checkpointer
 from engine.infer.fit import FitResult, fit_source
 from engine.infer.guide import GuideState, init_guide
@@ -50,9 +50,10 @@ def make_source(store: Store, settings: FitSettings) -> BlockSource:
     if store.layout == "sparse":
         in_memory = store.num_observed * _COO_BYTES * IN_MEMORY_FACTOR <= budget
         return SparseSource.from_store(store, settings.max_block_cells, in_memory=in_memory)
-    if store.num_subjects * store.num_items * IN_MEMORY_FACTOR <= budget:
-        return InMemorySource(np.asarray(store.responses.compute()),  # read through Dask
-                              max_block_cells=settings.max_block_cells)
+    cell_bytes = store.responses.dtype.itemsize  # 1 (int8) or 4 (float32 kinds)
+    if store.num_subjects * store.num_items * cell_bytes * IN_MEMORY_FACTOR <= budget:
+        return source_for(np.asarray(store.responses.compute()),  # read through Dask
+                          settings.max_block_cells)
     return StreamingSource.from_store(store, settings.max_block_cells)
 
 
@@ -115,6 +116,8 @@ def _prepare(data, settings: FitSettings):
         info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind,
                 "layout": data.layout}
         y = source.responses if isinstance(source, InMemorySource) else None
+        if y is None and data.boundary is not None:  # streamed or sparse float store
+            info["boundary_cells"] = data.boundary
         return source, _ids(data.subjects), _ids(data.items), _store_stats(data, source), info, y
     # int8 with -1 missing (binary), or float32 with NaN missing (unit scores, errors)
     y, kind = as_responses(data)
@@ -161,6 +164,25 @@ def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | N
     return spec, options
 
 
+def _resolve_streamed(model: str, options: dict, y, info: dict, shape, cells: dict | None):
+    """``resolve_model``; for a float store not held in memory, the model adapts to a probe
+    holding the store's exact boundary values (recorded at ingest), so a streamed or sparse
+    fit chooses the same inflation as an in-memory one."""
+    if cells is None:
+        return resolve_model(model, options, y, info.get("kind"), shape)
+    probe = np.array([[0.0] * (cells["zeros"] > 0) + [1.0] * (cells["ones"] > 0) + [0.5]],
+                     np.float32)
+    try:
+        return resolve_model(model, options, probe, info.get("kind"), shape)
+    except DataFormatError:
+        found = "; ".join(f"{cells[k + 's']} response(s) equal {v} exactly (first at row "
+                          f"{cells['first_' + k][0]}, column {cells['first_' + k][1]})"
+                          for k, v in (("zero", 0), ("one", 1)) if cells[k + "s"])
+        raise DataFormatError(f"{info['store']}: {found}; model {model!r} with options "
+                              f"{options} does not fit exact boundary values: use "
+                              f"inflation='auto'; values are never clipped") from None
+
+
 def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prior: str = "vague",
         signed_discrimination: bool = False, init: GuideState | None = None,
         frozen: frozenset = frozenset(), progress_fn=None, model_options: dict | None = None,
@@ -196,7 +218,10 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     shape = (source.num_subjects, source.num_items)
     # options go to fit.json and rebuild the model on load: arrays become lists
     options = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in options.items()}
-    spec, options = resolve_model(model, options, y, info.get("kind"), shape)
+    cells = info.pop("boundary_cells", None)
+    if cells is not None:
+        info["boundary"] = {"zeros": cells["zeros"], "ones": cells["ones"]}
+    spec, options = _resolve_streamed(model, options, y, info, shape, cells)
     info = {**info, "kind": info.get("kind") or detect_kind(y)}
     if info["kind"] != "binary" and y is not None:
         info["boundary"] = boundary_counts(y)  # exact 0 / 1 cells, fitted by inflation

@@ -48,7 +48,7 @@ def cmd_ingest(args) -> int:
 
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
     store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite,
-                   layout=args.layout, memory_budget=budget)
+                   layout=args.layout, memory_budget=budget, kind=args.kind)
     print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
           f"{store.num_observed} observed ({store.density:.1%}), kind {store.kind}, "
           f"layout {store.layout}")
@@ -512,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inputs", nargs="+", help="wide/long CSV or Parquet, py-irt jsonl, or a folder")
     p.add_argument("--out", required=True)
     p.add_argument("--format", choices=["wide", "long", "jsonl"], default=None)
+    p.add_argument("--kind", choices=["binary", "unit", "nonnegative"], default=None,
+                   help="response kind: binary (0/1), unit (scores in [0, 1]) or nonnegative "
+                        "(errors >= 0); default: the smallest kind holding every value")
     p.add_argument("--layout", choices=["auto", "dense", "sparse"], default="auto",
                    help="dense matrix or sparse (subject, item, response) observations; auto "
                         "picks sparse below 10%% observed")

@@ -1,7 +1,7 @@
 """Block sources: fixed-shape blocks ``(subject_idx, item_idx, y)`` of the response data.
 
 Every source yields blocks padded to one shape, so the fit step compiles once. A padded
-cell holds the missing sentinel ``-1`` and contributes nothing. A source knows the
+cell holds the missing sentinel (``-1`` in int8 blocks, NaN in float32 ones) and contributes nothing. A source knows the
 total observed cell count, so a step that sees part of the matrix scales correctly.
 
 A dense block is a tile: ``y`` is ``(bs, bn)`` and cell ``(r, c)`` is subject
@@ -20,7 +20,7 @@ from typing import Hashable, Iterator, NamedTuple, Protocol, Sequence
 import numpy as np
 
 __all__ = ["Block", "BlockSource", "InMemorySource", "block_shape", "aligned_tile", "tile_block",
-           "MISSING"]
+           "empty_tile", "missing_of", "MISSING"]
 
 MISSING = -1
 
@@ -30,7 +30,7 @@ class Block(NamedTuple):
 
     subject_idx: np.ndarray  # int32 (bs,)
     item_idx: np.ndarray  # int32 (bn,)
-    y: np.ndarray  # int8 (bs, bn), -1 missing
+    y: np.ndarray  # int8 (bs, bn) with -1 missing, or float32 with NaN missing
 
 
 class BlockSource(Protocol):
@@ -85,11 +85,17 @@ def _pad(idx: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
+def missing_of(dtype) -> int | float:
+    """The missing sentinel of a block dtype: NaN for floats, ``MISSING`` (-1) otherwise."""
+    return np.nan if np.dtype(dtype).kind == "f" else MISSING
+
+
 def tile_block(part: np.ndarray, origin: tuple[int, int], tile: tuple[int, int]) -> Block:
-    """The tile at ``origin`` holding ``part`` (clipped at the matrix edge), padded to ``tile``."""
+    """The tile at ``origin`` holding ``part`` (clipped at the matrix edge), padded to ``tile``
+    with the missing value of ``part``'s dtype (int8 or float32)."""
     r, c = origin
     rows, cols = tile
-    y = np.full((rows, cols), MISSING, np.int8)
+    y = np.full((rows, cols), missing_of(part.dtype), part.dtype)
     y[: part.shape[0], : part.shape[1]] = part
     return Block(
         _pad(np.arange(r, r + part.shape[0], dtype=np.int32), rows),
@@ -98,11 +104,11 @@ def tile_block(part: np.ndarray, origin: tuple[int, int], tile: tuple[int, int])
     )
 
 
-def empty_tile(tile: tuple[int, int]) -> Block:
+def empty_tile(tile: tuple[int, int], dtype=np.int8) -> Block:
     """A tile with every cell missing (pads a group of blocks to the device count)."""
     rows, cols = tile
     return Block(np.zeros(rows, np.int32), np.zeros(cols, np.int32),
-                 np.full((rows, cols), MISSING, np.int8))
+                 np.full((rows, cols), missing_of(dtype), dtype))
 
 
 @dataclass

@@ -5,6 +5,11 @@ Formats (see ``ingest``): "wide" (CSV/Parquet, a row per subject, a column per i
 memory by ``engine.data.long``) and "jsonl" (py-irt lines
 ``{"subject_id": ..., "responses": {item: value}}``). Locations in error messages are
 ``line N`` for CSV/jsonl (the CSV header is line 1) and ``row index N`` (0-based) for Parquet.
+
+Response kinds (``engine.data.store.KINDS``): ``binary`` (0/1, stored int8), ``unit`` (scores in
+[0, 1]) and ``nonnegative`` (errors >= 0), both stored float32 with NaN missing. The kind is the
+smallest one holding every observed value unless given; a value outside it, a negative or a
+non-finite value is an error naming its file, row and column. Nothing is clipped.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from engine.data.kinds import detect_kind
 from engine.data.store import KINDS, LAYOUTS, Store, check_writable, write_store
 from engine.errors import DataFormatError, SettingsError
 
@@ -34,13 +40,14 @@ _LONG_COLS = {"subject": ("subject", "subject_id"), "item": ("item", "item_id"),
               "response": ("response",)}
 _SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet",
              ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
-_EXPECTED = "0 or 1 (binary), or empty for missing"
+_EXPECTED = "a number (0/1, a score in [0, 1] or an error >= 0), or empty for missing"
+_SUPPORT = {"binary": "0 or 1", "unit": "a score in [0, 1]", "nonnegative": "an error >= 0"}
 _NULLS = {"", "na", "n/a", "nan", "null", "none"}
 
 
 @dataclass
 class _Parsed:
-    """One file (or all files, merged): int8 responses with -1 missing, ids, and locators."""
+    """One file (or all files, merged): float32 responses with NaN missing, ids, locators."""
 
     responses: np.ndarray
     subjects: list[str]
@@ -70,8 +77,10 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         Store directory to create (atomically).
     fmt : {"wide", "long", "jsonl"}, optional
         Input format; detected from extension and columns when None.
-    kind : {"binary"}, optional
-        Response kind; detected when None (only binary is supported by this version).
+    kind : {"binary", "unit", "nonnegative"}, optional
+        Response kind; when None, the smallest kind holding every value (0/1 -> binary,
+        within [0, 1] -> unit, >= 0 -> nonnegative). Binary is stored int8 (-1 missing), the
+        others float32 (NaN missing).
     chunks : (int, int)
         Chunk shape of the stored matrix (clipped to its shape).
     overwrite : bool
@@ -90,7 +99,8 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
     Raises
     ------
     DataFormatError
-        Unreadable or malformed input; the message names file, line/row, column and value.
+        Unreadable or malformed input, or a value outside the kind (negative, non-finite, or
+        outside ``kind`` when given); the message names file, line/row, column and value.
     SettingsError
         ``chunks`` is not two positive integers.
     StoreExistsError
@@ -103,8 +113,8 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
     (1000, 5)
     """
     if kind is not None and kind not in KINDS:
-        raise DataFormatError(f"kind {kind!r} is not supported by this version; use one of "
-                              f"{sorted(KINDS)} or leave it unset to detect")
+        raise DataFormatError(f"kind {kind!r} is not supported; use one of {', '.join(KINDS)} "
+                              f"or leave it unset to detect it from the data")
     if fmt is not None and fmt not in FORMATS:
         raise DataFormatError(f"unknown input format {fmt!r}; use one of {list(FORMATS)}")
     if layout not in LAYOUTS:
@@ -122,7 +132,9 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
     reader = _read_jsonl if fmt == "jsonl" else _read_wide
     parsed = _merge([reader(path, kind) for path in files])
     _check_nonempty(parsed)
-    return write_store(parsed.responses, parsed.subjects, parsed.items, out, kind=kind or "binary",
+    kind = kind or detect_kind(parsed.responses)
+    return write_store(as_stored(parsed.responses, kind), parsed.subjects, parsed.items, out,
+                       kind=kind,
                        source=[str(p) for p in files], input_format=fmt, chunks=chunks,
                        overwrite=overwrite, layout=layout)
 
@@ -282,19 +294,47 @@ def _to_float(col: pa.ChunkedArray) -> np.ndarray:
 
 def _check_support(values: np.ndarray, kind: str | None,
                    where: Callable[[int], str]) -> np.ndarray:
-    """Check values are binary (or NaN) and return them as int8 with -1 for missing."""
+    """Check values (NaN missing) are finite and inside ``kind`` (or >= 0 when no kind is
+    given: some kind must hold them); return them as float32 with -0.0 made 0.0."""
+    values = np.asarray(values, np.float32)
     missing = np.isnan(values)
-    good = missing | (values == 0) | (values == 1)
+    bad = ~missing & ~np.isfinite(values)
+    if bad.any():
+        index = int(np.argmax(bad.ravel()))
+        raise DataFormatError(f"{where(index)}: got {values.flat[index]:g}; expected a finite "
+                              f"number, or empty for missing; fix the value or leave the cell "
+                              f"empty")
+    if kind == "binary":
+        good = missing | (values == 0) | (values == 1)
+    elif kind == "unit":
+        good = missing | ((values >= 0) & (values <= 1))
+    else:
+        good = missing | (values >= 0)
     if not good.all():
         index = int(np.argmin(good.ravel()))
-        hint = (f"expected {_EXPECTED}" if kind else "only binary responses (0 or 1, empty for "
-                "missing) are supported by this version; fix the value or leave the cell empty")
-        raise DataFormatError(f"{where(index)}: got {values.flat[index]:g}; {hint}")
-    return np.where(missing, -1, values).astype(np.int8)
+        got = f"{where(index)}: got {values.flat[index]:g}"
+        if kind:
+            raise DataFormatError(
+                f"{got}; expected {_SUPPORT[kind]} for kind {kind!r}, or empty for missing; fix "
+                f"the value, or ingest with another --kind (binary: 0 or 1, unit: [0, 1], "
+                f"nonnegative: >= 0) or none to detect it")
+        raise DataFormatError(
+            f"{got}; expected a response >= 0 (binary 0/1, a unit score in [0, 1] or a "
+            f"nonnegative error), or empty for missing; no response kind holds negative values: "
+            f"transform them first (e.g. errors = -score, or 1 + score/25 for scores in [-25, 0])")
+    return values + np.float32(0)  # -0.0 -> 0.0
+
+
+def as_stored(values: np.ndarray, kind: str) -> np.ndarray:
+    """Checked float32 values (NaN missing) in ``kind``'s storage: int8 with -1 missing for
+    binary, float32 with NaN missing otherwise."""
+    if kind == "binary":
+        return np.where(np.isnan(values), -1, values).astype(np.int8)
+    return np.asarray(values, np.float32)
 
 
 def _bad_value(where: str, value: object) -> DataFormatError:
-    return DataFormatError(f"{where}: got {value!r}; expected a number: {_EXPECTED}")
+    return DataFormatError(f"{where}: got {value!r}; expected {_EXPECTED}")
 
 
 def _ids(col: pa.Array | pa.ChunkedArray, what: str, where: Callable[[int], str]) -> pa.Array:
@@ -472,19 +512,19 @@ def _merge(parts: list[_Parsed]) -> _Parsed:
         for c, name in enumerate(part.items):
             items.setdefault(name, (p, c))
     s_index, i_index = {s: k for k, s in enumerate(subjects)}, {i: k for k, i in enumerate(items)}
-    matrix = np.full((len(subjects), len(items)), -1, np.int8)
+    matrix = np.full((len(subjects), len(items)), np.nan, np.float32)
     for part in parts:
         rows = np.array([s_index[s] for s in part.subjects])[:, None]
         cols = np.array([i_index[i] for i in part.items])[None, :]
         block, new = matrix[rows, cols], part.responses
-        clash = (block >= 0) & (new >= 0) & (block != new)
+        clash = ~np.isnan(block) & ~np.isnan(new) & (block != new)
         if clash.any():
             r, c = np.argwhere(clash)[0]
             raise DataFormatError(
-                f'{part.where_subject(r)}, column "{part.items[c]}": got {new[r, c]} for subject '
-                f"{part.subjects[r]!r}, but an earlier input file has {block[r, c]}; keep one "
-                f"response per (subject, item)")
-        matrix[rows, cols] = np.where(new >= 0, new, block)
+                f'{part.where_subject(r)}, column "{part.items[c]}": got {new[r, c]:g} for '
+                f"subject {part.subjects[r]!r}, but an earlier input file has {block[r, c]:g}; "
+                f"keep one response per (subject, item)")
+        matrix[rows, cols] = np.where(np.isnan(new), block, new)
     s_at, i_at = list(subjects.values()), list(items.values())
     return _Parsed(matrix, list(subjects), list(items),
                    lambda s: parts[s_at[s][0]].where_subject(s_at[s][1]),
@@ -493,7 +533,7 @@ def _merge(parts: list[_Parsed]) -> _Parsed:
 
 def _check_nonempty(parsed: _Parsed) -> None:
     """Raise if a subject (row) or an item (column) has no observed response."""
-    observed = parsed.responses >= 0
+    observed = ~np.isnan(parsed.responses)
     for axis, what, ids, where in ((1, "subject", parsed.subjects, parsed.where_subject),
                                    (0, "item", parsed.items, parsed.where_item)):
         empty = np.flatnonzero(~observed.any(axis=axis))

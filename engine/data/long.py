@@ -1,9 +1,10 @@
 """Streaming ingest of long-format files (subject, item, response), in bounded memory.
 
 Three passes, none holding the input: (1) read record batches (pyarrow; Parquet row
-groups with dictionary-encoded ids, CSV blocks), validate them and collect the subject
-and item ids in first-appearance order; (2) read again and spill each observation as a
-17-byte record (subject, item, response, input row) to a scratch file per band of
+groups with dictionary-encoded ids, CSV blocks), validate them, collect the subject
+and item ids in first-appearance order and detect the response kind; (2) read again and
+spill each observation as a record (subject, item, response, input row: 17 bytes for
+binary, 20 for float kinds) to a scratch file per band of
 subject rows; (3) per band, build the band (a dense row band, or sorted observations),
 detect conflicting duplicates and write it to the store. Memory is a batch plus a
 band (``memory_budget``), whatever the number of cells.
@@ -24,15 +25,18 @@ import pyarrow.parquet as pq
 
 from engine.data.ingest import (_LONG_COLS, _BadCell, _bad_value, _cannot_read, _check_support,
                                 _container, _csv_rows, _delimiter, _header, _long_column,
-                                _open_text, _to_float, _where_row)
-from engine.data.store import Store, check_writable, resolve_layout
+                                _open_text, _to_float, _where_row, as_stored)
+from engine.data.store import KINDS, Store, check_writable, resolve_layout
 from engine.data.writer import DenseWriter, SparseWriter
 from engine.errors import DataFormatError
 
 __all__ = ["ingest_long", "DEFAULT_BUDGET"]
 
 DEFAULT_BUDGET = 512 << 20
-_SPILL = np.dtype([("s", "<i4"), ("i", "<i4"), ("v", "i1"), ("g", "<i8")])
+def _spill_dtype(kind: str) -> np.dtype:
+    """A scratch record: subject, item, the response in ``kind``'s dtype, input row."""
+    return np.dtype([("s", "<i4"), ("i", "<i4"), ("v", np.dtype(KINDS[kind].dtype).newbyteorder("<")),
+                     ("g", "<i8")])
 _MAX_BANDS = 256
 
 
@@ -115,12 +119,29 @@ def _read(path: Path, names: list[str], batch_rows: int) -> Iterator[pa.RecordBa
 
 
 def _values(col: pa.Array, kind: str | None, at: Callable[[int], str], name: str) -> np.ndarray:
+    """Checked float32 responses of a batch (NaN missing); see ``_check_support``."""
     try:
         values = _to_float(pa.chunked_array([col]))
     except _BadCell as bad:
         raise _bad_value(f'{at(bad.index)}, column "{name}"', bad.value) from None
     return _check_support(np.asarray(values, np.float32), kind,
-                              lambda r: f'{at(r)}, column "{name}"')
+                          lambda r: f'{at(r)}, column "{name}"')
+
+
+class _KindSeen:
+    """The smallest kind holding every value seen so far (``kinds.detect_kind``, batch by batch)."""
+
+    def __init__(self):
+        self.binary, self.unit = True, True
+
+    def add(self, values: np.ndarray) -> None:
+        seen = values[~np.isnan(values)]
+        self.binary = self.binary and bool(np.isin(seen, (0, 1)).all())
+        self.unit = self.unit and not bool((seen > 1).any())
+
+    @property
+    def kind(self) -> str:
+        return "binary" if self.binary else "unit" if self.unit else "nonnegative"
 
 
 def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = None,
@@ -138,7 +159,7 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
     out = check_writable(out, overwrite)
     budget = memory_budget or DEFAULT_BUDGET
     subjects, items = _Ids("subject"), _Ids("item")
-    file_rows, num_observed = [0] * len(files), 0
+    file_rows, num_observed, detected = [0] * len(files), 0, _KindSeen()
 
     # pass 1: validate, collect ids, count
     for k, offset, batch, name in _batches(files, batch_rows):
@@ -146,12 +167,15 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
         row0 = sum(file_rows[:k]) + offset
         subjects.encode(batch.column(0), row0, at, learn=True)
         items.encode(batch.column(1), row0, at, learn=True)
-        num_observed += int((_values(batch.column(2), kind, at, name) >= 0).sum())
+        values = _values(batch.column(2), kind, at, name)
+        num_observed += int((~np.isnan(values)).sum())
+        detected.add(values)
         file_rows[k] = offset + batch.num_rows
     starts = [0, *np.cumsum(file_rows).tolist()]
     if starts[-1] == 0:
         raise DataFormatError(f"{', '.join(map(str, files))}: no rows; expected one row per "
                               f"(subject, item, response)")
+    kind = kind or detected.kind
 
     def where(g: int) -> str:
         k = int(np.searchsorted(starts, g, side="right")) - 1
@@ -159,12 +183,13 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
 
     S, N = len(subjects.first), len(items.first)
     layout = resolve_layout(layout, num_observed, S, N)
-    band_rows = _band_rows(layout, S, N, num_observed, budget, chunks)
+    band_rows = _band_rows(layout, S, N, num_observed, budget, chunks,
+                           np.dtype(KINDS[kind].dtype).itemsize)
     scratch = out.parent / f".{out.name}.spill-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
     try:
         _spill(files, batch_rows, subjects, items, starts, band_rows, scratch, kind)
-        common = dict(kind=kind or "binary", source=[str(p) for p in files], input_format="long",
+        common = dict(kind=kind, source=[str(p) for p in files], input_format="long",
                       overwrite=overwrite)
         if layout == "dense":
             writer = DenseWriter(out, subjects.ids, items.ids, chunks=chunks, **common)
@@ -181,14 +206,14 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
 
 
 def _band_rows(layout: str, S: int, N: int, num_observed: int, budget: int,
-               chunks: Sequence[int]) -> int:
+               chunks: Sequence[int], itemsize: int = 1) -> int:
     """Subject rows per band, so that a band's records, their sorting temporaries and (for
     dense stores) its rows stay within the budget; the dense writer itself buffers one
-    chunk row band (``chunks[0] x N`` bytes) beside it."""
-    per_obs = 64  # a 17-byte record read back, plus index and sorting temporaries
-    per_row = per_obs * max(1.0, num_observed / max(1, S)) + (N if layout == "dense" else 0)
+    chunk row band (``chunks[0] x N`` cells of ``itemsize`` bytes) beside it."""
+    per_obs = 64  # a 17- or 20-byte record read back, plus index and sorting temporaries
+    per_row = per_obs * max(1.0, num_observed / max(1, S)) + (N * itemsize if layout == "dense" else 0)
     if layout == "dense":
-        budget = max(1, budget - min(int(chunks[0]), S) * N)
+        budget = max(1, budget - min(int(chunks[0]), S) * N * itemsize)
     rows = max(1, int(budget // per_row))
     return int(max(rows, -(-S // _MAX_BANDS)))
 
@@ -197,14 +222,15 @@ def _spill(files, batch_rows, subjects: _Ids, items: _Ids, starts, band_rows: in
            scratch: Path, kind) -> None:
     """Pass 2: append each observation to its band's scratch file."""
     handles: dict[int, object] = {}
+    spill = _spill_dtype(kind)
     try:
         for k, offset, batch, name in _batches(files, batch_rows):
             at = lambda r, k=k, offset=offset: _where_row(files[k], offset + r)  # noqa: E731
             s = subjects.encode(batch.column(0), 0, at, learn=False)
             i = items.encode(batch.column(1), 0, at, learn=False)
-            v = _values(batch.column(2), kind, at, name)
-            seen = np.flatnonzero(v >= 0)
-            rec = np.empty(len(seen), _SPILL)
+            v = as_stored(_values(batch.column(2), kind, at, name), kind)
+            seen = np.flatnonzero(v >= 0)  # -1 and NaN are missing
+            rec = np.empty(len(seen), spill)
             rec["s"], rec["i"], rec["v"] = s[seen], i[seen], v[seen]
             rec["g"] = starts[k] + offset + seen
             band = rec["s"] // band_rows
@@ -228,22 +254,23 @@ def _conflict(where, subjects: _Ids, items: _Ids, rec: np.ndarray, clash: np.nda
     h = int(np.argmax(same_key(g) & ~clash))
     return DataFormatError(
         f"{where(int(rec['g'][g]))}: conflicting duplicate for subject "
-        f"{subjects.ids[rec['s'][g]]!r}, item {items.ids[rec['i'][g]]!r}: {rec['v'][g]} here "
-        f"but {rec['v'][h]} at {where(int(rec['g'][h]))}; keep one response per (subject, item)")
+        f"{subjects.ids[rec['s'][g]]!r}, item {items.ids[rec['i'][g]]!r}: {rec['v'][g]:g} here "
+        f"but {rec['v'][h]:g} at {where(int(rec['g'][h]))}; keep one response per (subject, item)")
 
 
 def _write_bands(writer, layout: str, scratch: Path, S: int, N: int, band_rows: int,
                  subjects: _Ids, items: _Ids, where) -> tuple[np.ndarray, np.ndarray]:
     """Pass 3: each band in subject order into the store; returns observed counts."""
     n_s, n_i = np.zeros(S, np.int64), np.zeros(N, np.int64)
+    spill, spec = _spill_dtype(writer.kind), KINDS[writer.kind]
     for b, r0 in enumerate(range(0, S, band_rows)):
         rows = min(band_rows, S - r0)
         path = scratch / f"band-{b:06d}.bin"
-        rec = np.fromfile(path, _SPILL) if path.exists() else np.empty(0, _SPILL)
+        rec = np.fromfile(path, spill) if path.exists() else np.empty(0, spill)
         path.unlink(missing_ok=True)
         local = rec["s"].astype(np.int64) - r0
         if layout == "dense":
-            band = np.full((rows, N), -1, np.int8)
+            band = np.full((rows, N), spec.fill, spec.dtype)
             band[local, rec["i"]] = rec["v"]
             clash = band[local, rec["i"]] != rec["v"]
             if clash.any():

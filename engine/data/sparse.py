@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.data.blocks import MISSING, Block
+from engine.data.blocks import Block, missing_of
 
 __all__ = ["SparseSource"]
 
@@ -15,7 +15,8 @@ class SparseSource:
     Parameters
     ----------
     subject_idx, item_idx, response : equal-length 1-D arrays (numpy, or dask/zarr for
-        data larger than memory: then batches are read as the fit asks for them).
+        data larger than memory: then batches are read as the fit asks for them); responses
+        int8 (-1 missing) or float (NaN missing; batches are then float32).
     num_subjects, num_items : the matrix shape.
     batch_size : observations per block (the last batch is padded with missing).
     """
@@ -27,13 +28,15 @@ class SparseSource:
         if not (len(subject_idx) == len(item_idx) == len(response)):
             raise ValueError("subject_idx, item_idx and response must have equal lengths")
         self.arrays = (subject_idx, item_idx, response)
+        dtype = np.dtype(getattr(response, "dtype", None) or np.asarray(response).dtype)
+        self.dtype = np.dtype(np.float32 if dtype.kind == "f" else np.int8)
         self.resident = all(isinstance(a, np.ndarray) for a in self.arrays)
         self.num_subjects, self.num_items = int(num_subjects), int(num_items)
         self.length = len(response)
         self.batch_size = max(1, min(int(batch_size), self.length))
         if self.resident:
             self.arrays = (np.asarray(subject_idx, np.int32), np.asarray(item_idx, np.int32),
-                           np.asarray(response, np.int8))
+                           np.asarray(response, self.dtype))
             self.num_observed = int((self.arrays[2] >= 0).sum())
         else:
             self.num_observed = self.length  # stored observations are all observed
@@ -53,7 +56,7 @@ class SparseSource:
     @classmethod
     def from_dense(cls, responses: np.ndarray, batch_size: int = 1 << 20) -> "SparseSource":
         """The observed cells of a dense matrix as a sparse source (row-major order)."""
-        rows, cols = np.nonzero(np.asarray(responses) >= 0)
+        rows, cols = np.nonzero(np.asarray(responses) >= 0)  # NaN and -1 are missing
         return cls(rows, cols, np.asarray(responses)[rows, cols], *np.shape(responses),
                    batch_size=batch_size)
 
@@ -73,4 +76,5 @@ class SparseSource:
 
     def empty_block(self) -> Block:
         b = self.batch_size
-        return Block(np.zeros(b, np.int32), np.zeros(b, np.int32), np.full(b, MISSING, np.int8))
+        return Block(np.zeros(b, np.int32), np.zeros(b, np.int32),
+                     np.full(b, missing_of(self.dtype), self.dtype))

@@ -3,7 +3,8 @@
 Layout of a store directory ``out/`` (``layout`` "dense")::
 
     out/zarr.json        group metadata; attributes["irt_engine"] is the metadata below
-    out/responses/       int8 array (S, N), -1 = missing, chunked + sharded (zstd)
+    out/responses/       (S, N) array, chunked + sharded (zstd): int8 with -1 missing for
+                         binary stores, float32 with NaN missing for unit / nonnegative ones
     out/subjects/        string array (S,), subject ids in row order
     out/items/           string array (N,), item ids in column order
 
@@ -12,12 +13,15 @@ A very sparse matrix (density below ``SPARSE_DENSITY``) is stored as observation
 
     out/subject_idx/     int32 (M,) row of each observation
     out/item_idx/        int32 (M,) column of each observation
-    out/response/        int8 (M,) the observed responses
+    out/response/        int8 or float32 (M,) the observed responses
 
-``attributes["irt_engine"]`` holds ``format_version`` (1), ``kind``, ``dtype``, ``missing``,
+The response kind (:data:`KINDS`) is ``binary`` (0/1), ``unit`` (scores in [0, 1]) or
+``nonnegative`` (errors >= 0). ``attributes["irt_engine"]`` holds ``format_version`` (1 for
+binary stores, 2 for float ones, so older readers refuse those), ``kind``, ``dtype``, ``missing``,
 ``layout``, ``num_subjects``, ``num_items``, ``num_observed``, ``source`` (input file
 names), ``input_format``, ``checksum`` (see :func:`store_checksum` and
-:func:`sparse_checksum`) and ``created`` (ISO 8601).
+:func:`sparse_checksum`), ``created`` (ISO 8601) and, for float kinds, ``boundary`` (counts
+of observed values exactly 0 and exactly 1, and the first such cell).
 """
 
 from __future__ import annotations
@@ -43,16 +47,16 @@ from engine.errors import DataFormatError, SettingsError, StoreExistsError, Stor
 
 __all__ = ["FORMAT_VERSION", "KINDS", "LAYOUTS", "SPARSE_DENSITY", "ResponseKind", "Store",
            "open_store", "write_store", "store_checksum", "sparse_checksum", "check_writable",
-           "resolve_layout"]
+           "resolve_layout", "format_version", "observed", "check_values", "Boundary"]
 
-FORMAT_VERSION = 1
+# The newest store format this version reads: 1 (binary int8) and 2 (float32 kinds).
+FORMAT_VERSION = 2
 _ATTR = "irt_engine"
 LAYOUTS = ("auto", "dense", "sparse")
 # Below this share of observed cells a store holds (subject, item, response) observations:
 # 9 bytes per observation against 1 byte per cell, so about where COO becomes smaller.
 SPARSE_DENSITY = 0.1
 COO_FIELDS = ("subject_idx", "item_idx", "response")
-_COO_RECORD = np.dtype([("s", "<i4"), ("i", "<i4"), ("v", "i1")])
 
 
 def resolve_layout(layout: str, num_observed: int, num_subjects: int, num_items: int) -> str:
@@ -73,13 +77,75 @@ class ResponseKind:
     dtype: str
     missing: int | str  # a sentinel value, or "nan" for float kinds
     support: str  # human-readable, used in error messages
+    version: int = 1  # store format version of this kind
+
+    @property
+    def fill(self) -> int | float:
+        """The missing value as a number of ``dtype`` (NaN for float kinds)."""
+        return np.nan if self.missing == "nan" else self.missing
+
+    @property
+    def is_float(self) -> bool:
+        return np.dtype(self.dtype).kind == "f"
 
 
-# Future kinds: "unit" -> ResponseKind("unit", "float32", "nan", "a number in [0, 1]"),
-# "nonnegative" -> ResponseKind("nonnegative", "float32", "nan", "a number >= 0").
 KINDS: dict[str, ResponseKind] = {
     "binary": ResponseKind("binary", "int8", -1, "0 or 1 (also 0.0/1.0, true/false)"),
+    "unit": ResponseKind("unit", "float32", "nan", "a score in [0, 1]", version=2),
+    "nonnegative": ResponseKind("nonnegative", "float32", "nan", "an error >= 0", version=2),
 }
+
+
+def format_version(kind: str) -> int:
+    """The store format version written for ``kind`` (binary stores stay at 1)."""
+    return KINDS[kind].version
+
+
+def observed(values: np.ndarray) -> np.ndarray:
+    """Observed cells: not -1 (int8) and not NaN (float32)."""
+    return values >= 0 if values.dtype.kind != "f" else ~np.isnan(values)
+
+
+def check_values(values: np.ndarray, kind: str) -> str | None:
+    """What is wrong with the observed ``values`` stored as ``kind`` (None when all is well)."""
+    obs = values[observed(values)]
+    if kind == "binary":
+        return None if np.isin(obs, (0, 1)).all() else "binary responses must be 0, 1 or -1 (missing)"
+    if not np.isfinite(obs).all():
+        return f"{kind} responses must be finite (NaN = missing)"
+    if (obs < 0).any() or (kind == "unit" and (obs > 1).any()):
+        return f"{kind} responses must each be {KINDS[kind].support} (NaN = missing)"
+    return None
+
+
+@dataclass
+class Boundary:
+    """Running count of observed values exactly 0 and exactly 1, with the first cell of each."""
+
+    zeros: int = 0
+    ones: int = 0
+    first_zero: list[int] | None = None
+    first_one: list[int] | None = None
+
+    def add(self, subject_idx: np.ndarray, item_idx: np.ndarray, values: np.ndarray) -> None:
+        """Count observations given in (subject, item) order."""
+        for point, name in ((0, "zero"), (1, "one")):
+            hit = np.flatnonzero(values == point)
+            if hit.size:
+                setattr(self, name + "s", getattr(self, name + "s") + int(hit.size))
+                first = [int(subject_idx[hit[0]]), int(item_idx[hit[0]])]
+                old = getattr(self, "first_" + name)
+                if old is None or first < old:
+                    setattr(self, "first_" + name, first)
+
+    def add_rows(self, rows: np.ndarray, row0: int) -> None:
+        """Count a dense band of rows starting at subject ``row0``."""
+        r, c = np.nonzero((rows == 0) | (rows == 1))
+        self.add(r + row0, c, rows[r, c])
+
+    def to_dict(self) -> dict:
+        return {"zeros": self.zeros, "ones": self.ones, "first_zero": self.first_zero,
+                "first_one": self.first_one}
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,7 +159,8 @@ class Store:
     subjects, items : np.ndarray
         Subject ids (S,) and item ids (N,) as numpy string arrays.
     kind : str
-        Response kind, a key of ``KINDS`` (only "binary" for now).
+        Response kind, a key of ``KINDS``: "binary" (int8, -1 missing), "unit" or
+        "nonnegative" (float32, NaN missing).
     meta : dict
         The ``irt_engine`` group attributes.
     """
@@ -124,7 +191,8 @@ class Store:
 
     @property
     def responses(self) -> da.Array:
-        """Lazy ``Int8[Array, "s n"]`` dask array of responses; ``meta["missing"]`` = missing.
+        """Lazy ``(S, N)`` dask array of responses in the stored dtype (int8 with -1 missing, or
+        float32 with NaN missing; see ``meta["missing"]``).
 
         For a sparse store this densifies on compute (one task): meant for small stores.
         """
@@ -136,8 +204,8 @@ class Store:
         return da.from_zarr(self._array)
 
     def observations(self) -> tuple[da.Array, da.Array, da.Array]:
-        """Lazy COO arrays ``(subject_idx int32, item_idx int32, response int8)`` of a sparse
-        store, sorted by (subject, item)."""
+        """Lazy COO arrays ``(subject_idx int32, item_idx int32, response)`` of a sparse
+        store, sorted by (subject, item); ``response`` is int8 or float32 by kind."""
         if self.layout != "sparse":
             raise DataFormatError(f"{self.path}: a dense store has no observation arrays; use "
                                   f"Store.responses, or ingest with --layout sparse")
@@ -166,13 +234,19 @@ class Store:
         return self.num_observed / max(1, self.num_subjects * self.num_items)
 
     def load(self) -> np.ndarray:
-        """Read the whole response matrix into memory as ``Int8[ndarray, "s n"]``."""
+        """Read the whole response matrix into memory in the stored dtype (see ``responses``)."""
         if self.layout == "sparse":
             s, i, v = (np.asarray(a) for a in self.observations())
-            y = np.full(self.shape, KINDS[self.kind].missing, np.dtype(KINDS[self.kind].dtype))
+            y = np.full(self.shape, KINDS[self.kind].fill, np.dtype(KINDS[self.kind].dtype))
             y[s, i] = v
             return y
         return np.asarray(self._array[...])
+
+    @property
+    def boundary(self) -> dict | None:
+        """Observed values exactly 0 and 1 of a float store: ``{"zeros", "ones", "first_zero",
+        "first_one"}`` (first cells as [row, column]); None for binary stores."""
+        return self.meta.get("boundary")
 
 
 def open_store(path: str | Path, *, verify: bool = False) -> Store:
@@ -207,6 +281,9 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
         raise DataFormatError(f"{path}: store format_version {meta['format_version']} is "
                               f"newer than this irt-engine supports ({FORMAT_VERSION}); "
                               f"upgrade irt-engine")
+    if meta.get("kind") not in KINDS:
+        raise DataFormatError(f"{path}: store response kind {meta.get('kind')!r} is not known "
+                              f"to this irt-engine (known: {', '.join(KINDS)}); upgrade irt-engine")
     store = Store(path=path, subjects=subjects, items=items, kind=meta["kind"], meta=meta)
     if verify:
         if store.layout == "sparse":
@@ -224,8 +301,10 @@ def store_checksum(responses: Any, subjects: Sequence[str], items: Sequence[str]
                    kind: str = "binary", rows_per_block: int = 4096) -> str:
     """SHA-256 hex digest of the response matrix and ids, independent of chunking.
 
-    The digest covers, in order: the header ``f"irt-engine/{FORMAT_VERSION} {kind} {dtype}
-    {S} {N}\\n"``; the response bytes in row-major (C) order in the stored dtype, read in
+    The digest covers, in order: the header ``f"irt-engine/{version} {kind} {dtype}
+    {S} {N}\\n"`` (``version`` is :func:`format_version` of ``kind``: 1 for binary, 2 for
+    float kinds); the response bytes in row-major (C) order in the stored dtype (every NaN
+    as one quiet NaN), read in
     row blocks so the matrix never has to fit in memory; then ``json.dumps(ids,
     ensure_ascii=False, separators=(",", ":"))`` + ``"\\n"`` in UTF-8, for subjects then items.
 
@@ -246,7 +325,7 @@ def store_checksum(responses: Any, subjects: Sequence[str], items: Sequence[str]
     rows_per_block = max(1, min(rows_per_block, (1 << 26) // max(1, num_items)))
     for start in range(0, num_subjects, rows_per_block):
         block = np.asarray(responses[start:start + rows_per_block], dtype=dtype)
-        digest.update(np.ascontiguousarray(block).tobytes())
+        digest.update(canonical_bytes(block))
     return hash_ids(digest, subjects, items)
 
 
@@ -254,7 +333,7 @@ def checksum_header(kind: str, num_subjects: int, num_items: int, layout: str = 
     """A SHA-256 object primed with the header of :func:`store_checksum` (or the sparse one)."""
     dtype = np.dtype(KINDS[kind].dtype)
     tail = "" if layout == "dense" else " sparse"
-    return hashlib.sha256(f"irt-engine/{FORMAT_VERSION} {kind} {dtype.name} {num_subjects} "
+    return hashlib.sha256(f"irt-engine/{format_version(kind)} {kind} {dtype.name} {num_subjects} "
                           f"{num_items}{tail}\n".encode())
 
 
@@ -266,9 +345,20 @@ def hash_ids(digest, subjects: Sequence[str], items: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
+def canonical_bytes(values: np.ndarray) -> bytes:
+    """C-order bytes of ``values``; floats with every NaN as one quiet NaN and -0 as +0."""
+    values = np.ascontiguousarray(values)
+    if values.dtype.kind == "f":
+        values = np.where(np.isnan(values), values.dtype.type(np.nan), values + 0)  # -0 -> +0
+    return values.tobytes()
+
+
 def coo_bytes(subject_idx: np.ndarray, item_idx: np.ndarray, response: np.ndarray) -> bytes:
-    """Observations packed as 9-byte records (<i4 subject, <i4 item, i1 response)."""
-    rec = np.empty(len(response), _COO_RECORD)
+    """Observations packed as records (<i4 subject, <i4 item, response): 9 bytes for int8
+    responses, 12 for (little-endian) float32."""
+    response = np.asarray(response)
+    value = response.dtype.newbyteorder("<")
+    rec = np.empty(len(response), [("s", "<i4"), ("i", "<i4"), ("v", value)])
     rec["s"], rec["i"], rec["v"] = subject_idx, item_idx, response
     return rec.tobytes()
 
@@ -276,7 +366,7 @@ def coo_bytes(subject_idx: np.ndarray, item_idx: np.ndarray, response: np.ndarra
 def sparse_checksum(subject_idx: Any, item_idx: Any, response: Any, subjects: Sequence[str],
                     items: Sequence[str], *, kind: str = "binary",
                     shape: tuple[int, int] | None = None, per_block: int = 1 << 22) -> str:
-    """SHA-256 hex digest of a sparse store: header ``f"irt-engine/{FORMAT_VERSION} {kind}
+    """SHA-256 hex digest of a sparse store: header ``f"irt-engine/{version} {kind}
     {dtype} {S} {N} sparse\\n"``, the observations in stored (subject, item) order as
     :func:`coo_bytes` records read ``per_block`` at a time, then the ids as in
     :func:`store_checksum`."""
@@ -327,13 +417,14 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
     Parameters
     ----------
     responses : np.ndarray
-        ``Int8[ndarray, "s n"]`` with values in {0, 1} and -1 for missing (binary kind).
+        ``(S, N)`` in the kind's dtype: int8 in {0, 1} with -1 missing (binary), float32 with
+        NaN missing in [0, 1] (unit) or >= 0 (nonnegative).
     subjects, items : sequence of str
         Row ids (S,) and column ids (N,); each must be unique.
     out : str or Path
         Store directory to create.
     kind : str
-        Response kind; only "binary" is supported by this version.
+        Response kind, a key of ``KINDS``.
     source, input_format : optional
         Provenance recorded in the metadata.
     chunks : (int, int)
@@ -372,15 +463,20 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
         raise DataFormatError(f"responses dtype {responses.dtype}; expected {spec.dtype}")
     if kind == "binary" and not np.isin(responses, (-1, 0, 1)).all():
         raise DataFormatError("binary responses must be 0, 1 or -1 (missing)")
+    problem = check_values(responses, kind)
+    if problem:
+        raise DataFormatError(f"{problem}; `irt-engine ingest` names the row and column of a "
+                              f"bad value in a file")
     for what, ids in (("subject", subjects), ("item", items)):
         if len(set(ids)) != len(ids):
             dup = next(i for i, c in Counter(ids).items() if c > 1)
             raise DataFormatError(f"duplicate {what} id {dup!r}; ids must be unique")
-    num_observed = int((responses != spec.missing).sum())
+    seen = observed(responses)
+    num_observed = int(seen.sum())
     if resolve_layout(layout, num_observed, *responses.shape) == "sparse":
         from engine.data.writer import SparseWriter
 
-        rows, cols = np.nonzero(responses != spec.missing)  # row-major: (subject, item) order
+        rows, cols = np.nonzero(seen)  # row-major: (subject, item) order
         with SparseWriter(out, subjects, items, kind=kind, source=source, overwrite=overwrite,
                           input_format=input_format, expected=len(rows)) as writer:
             writer.append(rows, cols, responses[rows, cols])
@@ -389,14 +485,19 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(6)}"
     try:
-        _write_group(tmp, responses, subjects, items, spec, chunks, {
-            "format_version": FORMAT_VERSION, "kind": kind, "dtype": spec.dtype,
+        meta = {
+            "format_version": format_version(kind), "kind": kind, "dtype": spec.dtype,
             "missing": spec.missing, "layout": "dense", "num_subjects": len(subjects),
             "num_items": len(items), "num_observed": num_observed,
             "source": [str(s) for s in source], "input_format": input_format,
             "checksum": store_checksum(responses, subjects, items, kind=kind),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        })
+        }
+        if spec.is_float:
+            boundary = Boundary()
+            boundary.add_rows(responses, 0)
+            meta["boundary"] = boundary.to_dict()
+        _write_group(tmp, responses, subjects, items, spec, chunks, meta)
         _move_into_place(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -409,7 +510,7 @@ def _write_group(tmp: Path, responses: np.ndarray, subjects: list[str], items: l
     group = zarr.open_group(tmp, mode="w-", zarr_format=3)
     inner, shards = _chunking(responses.shape, chunks)
     array = group.create_array("responses", shape=responses.shape, dtype=spec.dtype,
-                               chunks=inner, shards=shards, fill_value=spec.missing)
+                               chunks=inner, shards=shards, fill_value=spec.fill)
     array[...] = responses
     for name, ids in (("subjects", subjects), ("items", items)):
         ids_array = group.create_array(name, shape=(len(ids),), dtype=str,

@@ -24,7 +24,8 @@ class StreamingSource:
 
     Parameters
     ----------
-    responses : dask array ``Int8[Array, "s n"]`` (e.g. ``Store.responses``), -1 missing.
+    responses : dask array ``(S, N)`` (e.g. ``Store.responses``): int8 with -1 missing, or
+        float32 with NaN missing (tiles keep that dtype).
     num_observed : observed cells in the whole matrix (the ELBO scale).
     max_block_cells : cells per tile at most.
     tile : an explicit tile shape (overrides the chunk-aligned default).
@@ -38,6 +39,7 @@ class StreamingSource:
         if responses.ndim != 2:
             raise ValueError(f"responses must be 2-D (subjects x items), got {responses.shape}")
         self.responses = responses
+        self.dtype = np.dtype(np.float32 if responses.dtype.kind == "f" else np.int8)
         self.shape = tuple(int(n) for n in responses.shape)
         self.num_subjects, self.num_items = self.shape
         self.num_observed = int(num_observed)
@@ -59,10 +61,10 @@ class StreamingSource:
         rows, cols = self.tile
         # The synchronous scheduler: this runs on the prefetch thread, beside the devices.
         part = self.responses[r : r + rows, c : c + cols].compute(scheduler="synchronous")
-        return tile_block(np.asarray(part, np.int8), origin, self.tile)
+        return tile_block(np.asarray(part, self.dtype), origin, self.tile)
 
     def empty_block(self) -> Block:
-        return empty_tile(self.tile)
+        return empty_tile(self.tile, self.dtype)
 
 
 _DONE = object()

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from engine.data.store import (COO_FIELDS, FORMAT_VERSION, KINDS, Store, _ATTR, _chunking,
-                               _move_into_place, check_writable, checksum_header, coo_bytes,
-                               hash_ids, open_store)
+from engine.data.store import (COO_FIELDS, KINDS, Boundary, Store, _ATTR, _chunking,
+                               _move_into_place, canonical_bytes, check_values, check_writable,
+                               checksum_header, coo_bytes, format_version, hash_ids, observed,
+                               open_store)
 from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["DenseWriter", "SparseWriter", "check_ids"]
@@ -54,6 +55,7 @@ class _Writer:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.out.parent / f".{self.out.name}.tmp-{secrets.token_hex(6)}"
         self.num_observed, self.done = 0, False
+        self.boundary = Boundary() if self.spec.is_float else None
         try:
             self.group = zarr.open_group(self.tmp, mode="w-", zarr_format=3)
             for name, ids in (("subjects", self.subjects), ("items", self.items)):
@@ -87,8 +89,9 @@ class _Writer:
             raise RuntimeError("writer already committed or aborted")
         try:
             self._flush(final=True)
-            self.group.attrs[_ATTR] = {
-                "format_version": FORMAT_VERSION, "kind": self.kind, "dtype": self.spec.dtype,
+            meta = {
+                "format_version": format_version(self.kind), "kind": self.kind,
+                "dtype": self.spec.dtype,
                 "missing": self.spec.missing, "layout": self.layout,
                 "num_subjects": self.shape[0], "num_items": self.shape[1],
                 "num_observed": int(self.num_observed), "source": self.source,
@@ -96,6 +99,9 @@ class _Writer:
                 "checksum": hash_ids(self.digest, self.subjects, self.items),
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             }
+            if self.boundary is not None:
+                meta["boundary"] = self.boundary.to_dict()
+            self.group.attrs[_ATTR] = meta
             _move_into_place(self.tmp, self.out, self.overwrite)
         except BaseException:
             self.abort()
@@ -120,7 +126,7 @@ class DenseWriter(_Writer):
         try:
             self.array = self.group.create_array(
                 "responses", shape=self.shape, dtype=self.spec.dtype, chunks=inner,
-                shards=shards, fill_value=self.spec.missing)
+                shards=shards, fill_value=self.spec.fill)
         except BaseException:
             self.abort()
             raise
@@ -128,7 +134,8 @@ class DenseWriter(_Writer):
         self.written, self.pending, self.pending_rows = 0, [], 0
 
     def write_rows(self, rows: np.ndarray) -> None:
-        """Append the next rows (``Int8[ndarray, "r n"]``, -1 missing) in order."""
+        """Append the next rows in order, in the kind's dtype (int8 with -1 missing, or float32
+        with NaN missing)."""
         rows = np.asarray(rows)
         if rows.ndim != 2 or rows.shape[1] != self.shape[1]:
             raise DataFormatError(f"row band shape {rows.shape}; expected (rows, {self.shape[1]})")
@@ -138,8 +145,14 @@ class DenseWriter(_Writer):
             raise DataFormatError(f"more than {self.shape[0]} rows written")
         if self.kind == "binary" and ((rows < -1) | (rows > 1)).any():
             raise DataFormatError("binary responses must be 0, 1 or -1 (missing)")
-        self.digest.update(np.ascontiguousarray(rows).tobytes())
-        self.num_observed += int((rows != self.spec.missing).sum())
+        if self.boundary is not None:
+            problem = check_values(rows, self.kind)
+            if problem:
+                raise DataFormatError(problem)
+            rows = rows + np.float32(0)  # -0.0 stored as 0.0
+            self.boundary.add_rows(rows, self.written + self.pending_rows)
+        self.digest.update(canonical_bytes(rows))
+        self.num_observed += int(observed(rows).sum())
         self.pending.append(rows)
         self.pending_rows += rows.shape[0]
         if self.pending_rows >= self.band_rows:
@@ -196,11 +209,21 @@ class SparseWriter(_Writer):
                                   f"x {self.shape[1]} items")
         if self.kind == "binary" and not np.isin(v, (0, 1)).all():
             raise DataFormatError("binary observations must be 0 or 1")
+        if self.boundary is not None:
+            v = v.astype(self.spec.dtype)
+            problem = check_values(v, self.kind) or (
+                "observations must not be NaN (missing cells are not observations)"
+                if np.isnan(v).any() else None)
+            if problem:
+                raise DataFormatError(problem)
         key = s * self.shape[1] + i
         if key[0] <= self.last_key or (np.diff(key) <= 0).any():
             raise DataFormatError("observations must be unique and sorted by (subject, item)")
         self.last_key = int(key[-1])
         parts = (s.astype(np.int32), i.astype(np.int32), v.astype(self.spec.dtype))
+        if self.boundary is not None:
+            parts = (*parts[:2], parts[2] + np.float32(0))  # -0.0 stored as 0.0
+            self.boundary.add(s, i, parts[2])
         self.digest.update(coo_bytes(*parts))
         self.num_observed += len(v)
         self.pending.append(parts)

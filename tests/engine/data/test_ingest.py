@@ -158,8 +158,10 @@ def test_chunks_argument(tmp_path):
 
 BAD_INPUTS = [
     ("v.csv", "model,q1,q2\na,1,0\nb,0.7x,1\n", r"v\.csv line 3, column \"q1\": got '0\.7x'"),
-    ("v.csv", "model,q1,q2\na,1,0\nb,1,2\n", r"v\.csv line 3, column \"q2\": got 2; only binary"),
-    ("v.csv", "q1,q2\n1,0\n0.5,1\n", r"v\.csv line 3, column \"q1\": got 0\.5; only binary"),
+    ("v.csv", "model,q1,q2\na,1,0\nb,1,-2\n",
+     r"v\.csv line 3, column \"q2\": got -2; expected a response >= 0.*errors = -score"),
+    ("v.csv", "q1,q2\n1,0\n-0.5,1\n", r"v\.csv line 3, column \"q1\": got -0\.5; expected a"),
+    ("v.csv", "model,q1,q2\na,1,0\nb,inf,1\n", r"v\.csv line 3, column \"q1\": got inf; expected a finite"),
     ("v.csv", "model,q1,q2\na,1,0\nb,1\n", r"v\.csv line 3: 2 fields, but the header has 3"),
     ("v.csv", "model,q1,q2\na,1,0\nb,1,1\na,0,0\n",
      r"v\.csv line 4: duplicate subject 'a' \(first at .*v\.csv line 2\)"),
@@ -186,7 +188,7 @@ BAD_INPUTS = [
      r"j\.jsonl line 2: missing key \"subject_id\""),
     ("j.jsonl", '{"subject_id": "a", "responses": {"q1": 1}}\n{"subject_id": "b", '
      '"responses": {"q1": "x"}}\n', r"j\.jsonl line 2, item \"q1\": got 'x'"),
-    ("j.jsonl", '{"subject_id": "a", "responses": {"q1": 3}}\n', r"j\.jsonl line 1, item \"q1\""),
+    ("j.jsonl", '{"subject_id": "a", "responses": {"q1": -3}}\n', r"j\.jsonl line 1, item \"q1\""),
     ("j.jsonl", "\n", r"j\.jsonl: no records"),
     ("data.xlsx", "whatever", r"data\.xlsx: unknown input format"),
 ]
@@ -242,8 +244,8 @@ def test_bad_arguments_and_paths(tmp_path):
         ingest([], tmp_path / "out.zarr")
     with pytest.raises(DataFormatError, match="unknown input format 'xml'"):
         ingest(src, tmp_path / "out.zarr", fmt="xml")
-    with pytest.raises(DataFormatError, match="kind 'unit' is not supported"):
-        ingest(src, tmp_path / "out.zarr", kind="unit")
+    with pytest.raises(DataFormatError, match="kind 'ordinal' is not supported"):
+        ingest(src, tmp_path / "out.zarr", kind="ordinal")
     with pytest.raises(DataFormatError, match="mix formats"):
         ingest([src, _write(tmp_path / "j.jsonl", "{}\n")], tmp_path / "out.zarr")
     bad = _write(tmp_path / "w.csv", "model,q1\na,5\n")

@@ -132,8 +132,8 @@ def test_write_store_rejects_bad_input(tmp_path, bad, match):
 
 
 def test_write_store_unknown_kind(tmp_path):
-    with pytest.raises(DataFormatError, match="kind 'unit' is not supported"):
-        write_store(_matrix(), _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr", kind="unit")
+    with pytest.raises(DataFormatError, match="kind 'ordinal' is not supported"):
+        write_store(_matrix(), _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr", kind="ordinal")
 
 
 def test_overwrite(tmp_path):
