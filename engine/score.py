@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import pandas as pd
 
@@ -32,7 +31,7 @@ from engine.infer.conditional import GridSettings, conditional_abilities, condit
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
-from engine.readout.posterior import draw_posterior, summarize
+from engine.readout.posterior import summarize
 from engine.readout.ranking import rank_stats
 from engine.run import Run, load_run
 
@@ -158,10 +157,15 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
                         "accuracy", "n_responses"]].copy()
     old["new"] = False
     board = pd.concat([old, new.assign(new=True)[old.columns]], ignore_index=True)
-    key_old, key_new = jax.random.split(jax.random.PRNGKey(seed))
-    d_old = draw_posterior(run.spec, run.guide, num_draws, rng_key=key_old, names=("ability",))["ability"]
-    d_new = draw_posterior(run.spec, new_guide, num_draws, rng_key=key_new, names=("ability",))["ability"]
-    for k, v in rank_stats(np.concatenate([d_old, d_new], axis=1), top_k).items():
+    # Mean-field ability factors are independent Gaussians: draw them directly (numpy, no
+    # compiled program per shape) and map through the block's transform.
+    ability = run.spec.by_owner("subject")[0]
+    loc = np.concatenate([np.asarray(run.guide.loc[ability.name]), np.asarray(new_guide.loc[ability.name])])
+    scale = np.exp(np.concatenate([np.asarray(run.guide.log_scale[ability.name]),
+                                   np.asarray(new_guide.log_scale[ability.name])]))
+    eps = np.random.default_rng(seed).standard_normal((num_draws, loc.size), dtype=np.float32)
+    draws = np.asarray(ability.constrain(loc + scale * eps))
+    for k, v in rank_stats(draws, top_k).items():
         board[k] = v
     return board
 

@@ -40,15 +40,16 @@ __all__ = ["GridSettings", "conditional_applies", "conditional_abilities", "sigm
 class GridSettings:
     """Settings of the grid update.
 
-    grid_size : ability grid points (the spline's knots).
+    grid_size : ability grid points (the spline's knots); 48 resolve posteriors of sd 0.01
+        on a 20-unit grid to 1% of their sd (measured against 600 points).
     margin : the grid spans the run's abilities widened by this many units each side; it
         is widened further for subjects whose posterior reaches an edge.
     item_chunk : items tabulated per compiled call (bounds memory).
     window : the posterior is integrated over this many spline widths around its mode.
     """
 
-    grid_size: int = 96
-    margin: float = 4.0
+    grid_size: int = 48
+    margin: float = 2.0
     item_chunk: int = 16384
     window: float = 12.0
     max_widen: int = 6
@@ -98,9 +99,11 @@ def _item_points(spec: ModelSpec, guide: GuideState, item_idx) -> tuple[dict, np
 
 @partial(jax.jit, static_argnames=("spec",))
 def _expected_loglik(spec: ModelSpec, grid, points, weights, globals_):
-    """``(E1, E0)``, each ``(n, g)``: sigma-point expectations of the per-cell log-likelihood
-    for y = 1 and y = 0 at each grid ability."""
+    """``(E1, E0, log prior)``: ``(n, g)`` sigma-point expectations of the per-cell
+    log-likelihood for y = 1 and y = 0 at each grid ability, and the ability prior's log
+    density on the grid (globals at their locations)."""
     (subject,) = spec.by_owner("subject")
+    env = {p.name: p.constrain(globals_[p.name]) for p in spec.params if p.owner == "global"}
 
     def at_point(pt):
         params = {}
@@ -115,15 +118,16 @@ def _expected_loglik(spec: ModelSpec, grid, points, weights, globals_):
         return spec.loglik(params, ones, ones), spec.loglik(params, 0.0 * ones, ones)
 
     e1, e0 = jax.lax.map(at_point, points)  # (P, g, n) each
-    return jnp.tensordot(weights, e1, 1).T, jnp.tensordot(weights, e0, 1).T
+    return (jnp.tensordot(weights, e1, 1).T, jnp.tensordot(weights, e0, 1).T,
+            subject.prior.log_prob(grid, env))
 
 
-def _tables(spec, guide, grid, item_idx, chunk) -> tuple[np.ndarray, np.ndarray]:
+def _tables(spec, guide, grid, item_idx, chunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     points, weights = _item_points(spec, guide, item_idx)
-    globals_ = {p.name: jnp.asarray(guide.loc[p.name]) for p in spec.likelihood_params
+    globals_ = {p.name: np.asarray(guide.loc[p.name], np.float32) for p in spec.params
                 if p.owner == "global"}
     n = next(iter(points.values())).shape[1]
-    chunk = min(chunk, n)
+    chunk = -(-n // -(-n // chunk))  # equal chunks: little padding
     e1 = np.empty((n, len(grid)), np.float32)
     e0 = np.empty_like(e1)
     for start in range(0, n, chunk):
@@ -131,16 +135,9 @@ def _tables(spec, guide, grid, item_idx, chunk) -> tuple[np.ndarray, np.ndarray]
         # pad the last chunk to the same width: one compiled program per call shape
         part = {k: np.pad(v[:, start:stop], [(0, 0), (0, chunk - (stop - start))] +
                           [(0, 0)] * (v.ndim - 2), mode="edge") for k, v in points.items()}
-        a, b = _expected_loglik(spec, jnp.asarray(grid, jnp.float32), part, weights, globals_)
+        a, b, prior = _expected_loglik(spec, np.asarray(grid, np.float32), part, weights, globals_)
         e1[start:stop], e0[start:stop] = np.asarray(a)[:stop - start], np.asarray(b)[:stop - start]
-    return e1, e0
-
-
-def _log_prior(spec: ModelSpec, guide: GuideState, grid: np.ndarray) -> np.ndarray:
-    (subject,) = spec.by_owner("subject")
-    env = {p.name: p.constrain(jnp.asarray(guide.loc[p.name])) for p in spec.params
-           if p.owner == "global"}
-    return np.asarray(subject.prior.log_prob(jnp.asarray(grid, jnp.float32), env), np.float64)
+    return e1, e0, np.asarray(prior, np.float64)
 
 
 def _spline_eval(cs: CubicSpline, x: np.ndarray) -> np.ndarray:
@@ -215,9 +212,8 @@ def conditional_abilities(spec: ModelSpec, guide: GuideState, y: np.ndarray, *,
     widened = 0
     for attempt in range(settings.max_widen + 1):
         grid = np.linspace(lo, hi, settings.grid_size)
-        e1, e0 = _tables(spec, guide, grid, item_idx, settings.item_chunk)
-        logpost = (ones[todo] @ e1 + zeros[todo] @ e0).astype(np.float64)
-        logpost += _log_prior(spec, guide, grid)[None, :]
+        e1, e0, log_prior = _tables(spec, guide, grid, item_idx, settings.item_chunk)
+        logpost = (ones[todo] @ e1 + zeros[todo] @ e0).astype(np.float64) + log_prior[None, :]
         m, s, z, edge = _moments(grid, logpost, settings.window)
         done = ~edge if attempt < settings.max_widen else np.ones_like(edge)
         mean[todo[done]], sd[todo[done]], log_norm[todo[done]] = m[done], s[done], z[done]

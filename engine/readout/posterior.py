@@ -41,9 +41,10 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str) -> pd.DataFrame:
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:
             continue
-        loc = jnp.asarray(guide.loc[p.name])
-        scale = jnp.exp(jnp.asarray(guide.log_scale[p.name]))
-        slope = jnp.vectorize(jax.grad(lambda x: p.constrain(x)))(loc)
+        loc = np.asarray(guide.loc[p.name], np.float32)
+        scale = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
+        # elementwise transforms: the derivative is one forward-mode pass
+        slope = np.asarray(jax.jvp(p.constrain, (jnp.asarray(loc),), (jnp.ones_like(loc),))[1])
         # (D,) blocks get one column set per component, named by the model's skills
         labels = [""] if p.shape == () else [
             f"_{s}" for s in (spec.skills if len(spec.skills) == p.shape[0] else range(p.shape[0]))]
@@ -51,7 +52,7 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str) -> pd.DataFrame:
             pick = (lambda a: a) if p.shape == () else (lambda a, d=d: a[:, d])
             name = f"{p.name}{label}"
             cols[f"{name}_mean"] = np.asarray(pick(p.constrain(loc)))
-            cols[f"{name}_sd"] = np.asarray(pick(jnp.abs(slope) * scale))
+            cols[f"{name}_sd"] = np.asarray(pick(np.abs(slope) * scale))
             cols[f"{name}_q05"] = np.asarray(pick(p.constrain(loc - Z90 * scale)))
             cols[f"{name}_q95"] = np.asarray(pick(p.constrain(loc + Z90 * scale)))
     return pd.DataFrame(cols)
