@@ -330,6 +330,40 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    from engine.errors import RunExistsError
+    from engine.readout.compare import compare, format_comparison, parse_models, write_comparison
+
+    q = None
+    if args.q_matrix:
+        from engine.data.store import open_store
+        from engine.models.multidim import read_q_matrix
+
+        q = read_q_matrix(args.q_matrix, items=[str(i) for i in open_store(args.store).items])
+    models = parse_models(args.models, q_matrix=q)  # a bad token fails before any fit
+    if args.out and (Path(args.out) / "compare.parquet").exists() and not args.overwrite:
+        raise RunExistsError(f"{Path(args.out) / 'compare.parquet'} exists; pass --overwrite or "
+                             f"choose another --out")
+    settings = _settings(args)
+
+    def report(label, row):
+        if settings.progress:
+            print(f"  {label}: held-out log-likelihood {row['heldout_loglik']:.6g} "
+                  f"({row['passes']} passes, {row['wall_s']:.1f} s)", file=sys.stderr)
+
+    table = compare(args.store, models, holdout=args.holdout, seed=args.seed, settings=settings,
+                    prior=args.prior, num_draws=args.draws, q_matrix=q, progress_fn=report)
+    s = table.attrs["settings"]
+    print(f"{len(table)} models fitted on {s['shape'][0]} x {s['shape'][1]} ({s['kind']}) with "
+          f"{table['num_heldout'].iloc[0]} cells held out ({args.holdout:g}, seed {args.seed}); "
+          f"best held-out log-likelihood first:")
+    print(format_comparison(table))
+    if args.out:
+        parquet, meta = write_comparison(table, args.out)
+        print(f"wrote {parquet} and {meta}")
+    return 0
+
+
 def _runner(args):
     from cluster.settings import RunnerSettings
 
@@ -551,6 +585,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", dest="top_k_rows", type=int, default=None)
     _fit_options(p, model_default="1pl")  # seed 003: 1PL when subjects number in the tens
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("compare", help="held-out log-likelihood, accuracy, AUC and calibration "
+                       "of several models")
+    p.add_argument("store")
+    p.add_argument("--models", required=True,
+                   help="comma-separated models; NAME:D for D skills, NAME:q for --q-matrix's "
+                        "skills, e.g. 1pl,2pl,feas,mirt-comp:2")
+    p.add_argument("--holdout", type=float, default=0.1, help="share of observed cells held out")
+    p.add_argument("--out", default=None, help="directory for compare.parquet and compare.json")
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--q-matrix", default=None, help="items x skills CSV for NAME:q models")
+    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
+    p.add_argument("--optimizer", default="newton", choices=["newton", "adam"])
+    p.add_argument("--max-passes", type=int, default=500)
+    p.add_argument("--tol", type=float, default=1e-4, help="relative ELBO change to stop at")
+    p.add_argument("--seed", type=int, default=0, help="held-out cells, fits and draws")
+    p.add_argument("--devices", type=int, default=None, help="local devices to use (default all)")
+    p.add_argument("--draws", type=int, default=200, help="posterior draws of the predictive")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("stability", help="ranking stability over item samples (Ray trials)")
     _trial_model_options(p)
