@@ -101,6 +101,13 @@ def _adapt(model: str, inflation: str, zero_allowed: bool, one_allowed: bool):
     def adapt(y: np.ndarray) -> dict:
         n0, cell0 = _boundary_cell(y, 0)
         n1, cell1 = _boundary_cell(y, 1) if one_allowed else (0, None)
+        observed = int((~np.isnan(y)).sum() if np.issubdtype(y.dtype, np.floating) else (y >= 0).sum())
+        if observed and n0 + n1 == observed:
+            raise DataFormatError(
+                f"model {model!r}: all {observed} observed responses are exactly 0"
+                f"{' or 1' if one_allowed else ''}, so the density part of the model gets no data "
+                f"(every cell would sit on an inflation point mass); these are binary responses: "
+                f"fit a binary model such as 2pl")
         if inflation == "auto":
             want = {(False, False): "none", (True, False): "zero", (False, True): "one",
                     (True, True): "zero-one"}[(n0 > 0 and zero_allowed, n1 > 0)]

@@ -325,3 +325,9 @@ def test_data_kind_errors_name_the_cell():
         fit(np.full((3, 4), 0.25, np.float32), model="2pl")
     with pytest.raises(IRTError, match="row 0, column 0: got -3"):
         fit(np.full((2, 2), -3, np.int8), model="2pl")
+    binary = np.array([[0, 1, -1], [1, 1, 0]], np.int8)
+    for model in ("beta", "beta3"):
+        with pytest.raises(DataFormatError, match="all 5 observed responses are exactly 0 or 1.*2pl"):
+            fit(binary, model=model)
+    with pytest.raises(DataFormatError, match="all 2 observed responses are exactly 0,"):
+        fit(np.array([[0.0, np.nan], [np.nan, 0.0]], np.float32), model="gamma")
