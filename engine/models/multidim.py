@@ -181,6 +181,9 @@ def mirt_model(kind: str, *, dims: int | None = None, q_matrix: Sequence[Sequenc
     initial = None
     if q is None and kind == "comp" and dims > 1:
         initial = lambda y: _svd_start(y, dims, mask_fn, with_loadings=True)
+    elif q is None and kind == "noncomp" and dims > 1:
+        # abilities only: per-skill difficulties and loadings have no principal-component reading
+        initial = lambda y: _svd_start(y, dims, mask_fn, with_loadings=False)
     return ModelSpec(
         name=name,
         kind="binary",
