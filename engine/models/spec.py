@@ -97,11 +97,16 @@ class Constant:
     ``value(num_subjects, num_items)`` returns the full array (leading axis the owner's),
     e.g. a Q-matrix mask of which item loads on which skill. The engine gathers it per
     block like a parameter but never fits or differentiates it.
+
+    ``masks`` names blocks of the same owner and shape that the likelihood only reads
+    multiplied by this constant (e.g. loadings under a Q-matrix): read-outs report their
+    effective value, zero where the constant is zero.
     """
 
     name: str
     owner: Owner
     value: Callable[[int, int], np.ndarray] = field(compare=False, repr=False)
+    masks: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.owner not in ("subject", "item"):

@@ -38,6 +38,7 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str) -> pd.DataFrame:
     quantiles map the Gaussian's exactly through the monotone transform.
     """
     cols = {}
+    masks = _read_out_masks(spec, guide, owner)
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:
             continue
@@ -45,14 +46,25 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str) -> pd.DataFrame:
         scale = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
         # elementwise transforms: the derivative is one forward-mode pass
         slope = np.asarray(jax.jvp(p.constrain, (jnp.asarray(loc),), (jnp.ones_like(loc),))[1])
+        keep = masks.get(p.name, 1.0)  # effective value: zero where a declared mask is zero
         # (D,) blocks get one column set per component, named by the model's skills
         labels = [""] if p.shape == () else [
             f"_{s}" for s in (spec.skills if len(spec.skills) == p.shape[0] else range(p.shape[0]))]
         for d, label in enumerate(labels):
             pick = (lambda a: a) if p.shape == () else (lambda a, d=d: a[:, d])
             name = f"{p.name}{label}"
-            cols[f"{name}_mean"] = np.asarray(pick(p.constrain(loc)))
-            cols[f"{name}_sd"] = np.asarray(pick(np.abs(slope) * scale))
-            cols[f"{name}_q05"] = np.asarray(pick(p.constrain(loc - Z90 * scale)))
-            cols[f"{name}_q95"] = np.asarray(pick(p.constrain(loc + Z90 * scale)))
+            cols[f"{name}_mean"] = np.asarray(pick(keep * p.constrain(loc)))
+            cols[f"{name}_sd"] = np.asarray(pick(keep * np.abs(slope) * scale))
+            cols[f"{name}_q05"] = np.asarray(pick(keep * p.constrain(loc - Z90 * scale)))
+            cols[f"{name}_q95"] = np.asarray(pick(keep * p.constrain(loc + Z90 * scale)))
     return pd.DataFrame(cols)
+
+
+def _read_out_masks(spec: ModelSpec, guide: GuideState, owner: str) -> dict[str, np.ndarray]:
+    """``{block: constant}`` for blocks of ``owner`` that a constant masks (``Constant.masks``)."""
+    declared = [c for c in spec.constants if c.owner == owner and c.masks]
+    if not declared:
+        return {}
+    count = lambda who: next((int(np.shape(guide.loc[p.name])[0]) for p in spec.by_owner(who)), 0)
+    values = spec.constant_values(count("subject"), count("item"))
+    return {name: np.asarray(values[c.name], np.float32) for c in declared for name in c.masks}
