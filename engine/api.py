@@ -126,7 +126,6 @@ def _prepare(data, settings: FitSettings):
     return source, _array_ids(y.shape[0]), _array_ids(y.shape[1]), response_stats(y), info, y
 
 
-# Settings that do not change a fit's result (or may change on resume).
 # Settings that do not change the path of a fit; the pass bounds only decide where it may stop,
 # so a resumed fit may be given a larger cap and continue.
 _UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every", "max_passes",
@@ -225,6 +224,12 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     info = {**info, "kind": info.get("kind") or detect_kind(y)}
     if info["kind"] != "binary" and y is not None:
         info["boundary"] = boundary_counts(y)  # exact 0 / 1 cells, fitted by inflation
+    constant = _constant_items(y, info["kind"], spec, frozen)
+    if constant.any():  # set aside: they carry no ranking information, only Monte Carlo noise
+        y_fit = y.copy()
+        y_fit[:, constant] = -1
+        source = source_for(y_fit, settings.max_block_cells)
+        info["constant_items"] = int(constant.sum())
     if init is None and spec.initial is not None and y is not None:  # a model-declared start
         init = GuideState(spec.initial(y), {})
     if init is not None:
@@ -244,6 +249,23 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         stats=stats, data=info,
     )
     return result
+
+
+def _constant_items(y, kind: str, spec, frozen) -> np.ndarray:
+    """Binary items every observed subject answered the same way, ``(N,)`` bool.
+
+    Their likelihood only pushes the item's own difficulty towards infinity; under a vague
+    prior its factor stays nearly as wide as the prior, and its draws feed pure noise into
+    every ability step (a 10-subject fit with hundreds of such items never settled). Such
+    items are fitted as unobserved (prior only), the usual treatment of extreme items in IRT
+    software. Not when item blocks are frozen (scoring: their values are known, so a
+    constant column is informative), nor for data not held in memory.
+    """
+    if y is None or kind != "binary" or any(p.owner == "item" and p.name in frozen for p in spec.params):
+        return np.zeros(0 if y is None else y.shape[1], bool)
+    observed = (y >= 0).sum(axis=0)
+    ones = (y == 1).sum(axis=0)
+    return (observed > 0) & ((ones == 0) | (ones == observed))
 
 
 def load_responses(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:

@@ -68,6 +68,9 @@ def _item_table(res: FitResult) -> pd.DataFrame:
     df = summarize(res.spec, res.guide, "item")
     df.insert(0, "item", ex["items"])
     df["mean_response"] = ex["stats"]["item_mean"]
+    # every observed response the same: fitted as unobserved (engine.api._constant_items)
+    df["constant_response"] = np.isin(df["mean_response"], (0.0, 1.0)) & \
+        bool(ex.get("data", {}).get("constant_items"))
     df["n_responses"] = ex["stats"]["item_n"]
     return df
 

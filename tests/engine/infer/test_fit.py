@@ -254,3 +254,28 @@ def test_signed_discrimination_recovers_negative_items():
     print("negative items with fitted a < 0:", np.mean(m["discrimination"][neg] < 0))
     assert np.mean(m["discrimination"][neg] < 0) > 0.8
     assert _r(m["difficulty"], truth["difficulty"]) > 0.9
+
+
+def test_constant_items_are_fitted_as_unobserved_and_flagged(tmp_path):
+    """Items every subject answered alike carry no ranking information; fitted as
+    unobserved they leave the abilities alone and the ELBO settles (with them in the
+    likelihood, a 10-subject demo fit never did)."""
+    from engine.api import fit
+    from engine.run import save_run
+
+    rng = np.random.default_rng(4)
+    theta = rng.normal(size=12)
+    y = (rng.random((12, 300)) < 1 / (1 + np.exp(-(theta[:, None] - rng.normal(size=300))))).astype(np.int8)
+    y[:, :120] = 0  # constant columns, as in MT error annotations
+    y[:, 120:130] = 1
+    constant = np.isin(y.sum(axis=0), (0, 12))  # the 130 planted and a few by chance
+    assert constant[:130].all() and constant.sum() < 150
+    res = fit(y, "1pl", settings=FitSettings(seed=0))
+    ref = fit(y[:, ~constant], "1pl", settings=FitSettings(seed=0))
+    assert res.extra["data"]["constant_items"] == constant.sum()
+    assert res.num_observed == 12 * (~constant).sum()
+    gap = np.abs(res.means()["ability"] - ref.means()["ability"]) / ref.sds()["ability"]
+    print("constant items set aside vs dropped: max ability gap", gap.max().round(3), "sd")
+    assert gap.max() < 1.0  # Monte Carlo noise of two fits: measured 0.5 sd
+    run = save_run(res, tmp_path / "run", num_draws=50)
+    assert run.items["constant_response"].tolist() == constant.tolist()
