@@ -292,6 +292,13 @@ def _to_float(col: pa.ChunkedArray) -> np.ndarray:
     raise _BadCell(0, f"<column of type {kind}>")
 
 
+def no_response_error(where: str, what: str, ident, count: int) -> DataFormatError:
+    """The error for a subject or item with no observed response (``count`` such ids)."""
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return DataFormatError(f"{where}: {what} {ident!r} has no observed response{more}; drop that "
+                           f"{what} from the input, it carries no information")
+
+
 def _check_support(values: np.ndarray, kind: str | None,
                    where: Callable[[int], str]) -> np.ndarray:
     """Check values (NaN missing) are finite and inside ``kind`` (or >= 0 when no kind is
@@ -538,8 +545,4 @@ def _check_nonempty(parsed: _Parsed) -> None:
                                    (0, "item", parsed.items, parsed.where_item)):
         empty = np.flatnonzero(~observed.any(axis=axis))
         if empty.size:
-            k = int(empty[0])
-            more = f" (and {empty.size - 1} more)" if empty.size > 1 else ""
-            raise DataFormatError(f"{where(k)}: {what} {ids[k]!r} has no observed response"
-                                  f"{more}; drop that {what} from the input, it carries no "
-                                  f"information")
+            raise no_response_error(where(int(empty[0])), what, ids[int(empty[0])], empty.size)

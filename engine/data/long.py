@@ -24,7 +24,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from engine.data.ingest import (_LONG_COLS, _BadCell, _bad_value, _cannot_read, _check_support,
-                                _container, _csv_rows, _delimiter, _header, _long_column,
+                                _container, no_response_error, _csv_rows, _delimiter, _header, _long_column,
                                 _open_text, _to_float, _where_row, as_stored)
 from engine.data.store import KINDS, Store, check_writable, resolve_layout
 from engine.data.writer import DenseWriter, SparseWriter
@@ -303,7 +303,4 @@ def _check_nonempty(counts: np.ndarray, ids: _Ids, where) -> None:
     empty = np.flatnonzero(counts == 0)
     if empty.size:
         k = int(empty[0])
-        more = f" (and {empty.size - 1} more)" if empty.size > 1 else ""
-        raise DataFormatError(f"{where(ids.first[k])}: {ids.what} {ids.ids[k]!r} has no observed "
-                              f"response{more}; drop that {ids.what} from the input, it carries "
-                              f"no information")
+        raise no_response_error(where(ids.first[k]), ids.what, ids.ids[k], empty.size)
