@@ -24,8 +24,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from engine.data.ingest import (_LONG_COLS, _BadCell, _bad_value, _cannot_read, _check_support,
-                                _container, no_response_error, _csv_rows, _delimiter, _header, _long_column,
-                                _open_text, _to_float, _where_row, as_stored)
+                                _container, _csv_rows, _delimiter, _header, _long_column,
+                                _open_text, _to_float, _where_row, as_stored, no_response_error)
 from engine.data.store import KINDS, Store, check_writable, resolve_layout
 from engine.data.writer import DenseWriter, SparseWriter
 from engine.errors import DataFormatError
