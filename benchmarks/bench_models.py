@@ -51,7 +51,7 @@ from simulate import simulate_2pl  # noqa: E402
 
 NLU_PARQUET = Path("/work/shared/data/nlu/responses_items_x_subjects.parquet")
 SQUAD_SHAPE = (161, 11_873)
-PARTS = ("beta", "mirt", "incumbents")
+PARTS = ("beta", "mirt", "incumbents", "mirt-nlu")
 # Cells are redrawn (truncated Beta) until they lie in [_LO, 1 - _LO]: float32 then keeps every
 # score strictly inside (0, 1), so the model needs no zero/one inflation.
 _LO = 1e-4
@@ -267,8 +267,12 @@ def part_mirt(args, nlu: np.ndarray) -> dict:
                 abilities=ability_table(fits, acc, None))
 
 
-def part_incumbents(args, nlu: np.ndarray, nlu_fits: list[dict]) -> dict:
-    """mirt 2-factor and py-irt multidim_2pl, with irt-engine mirt-comp D=2 on the same data."""
+def part_incumbents(args, nlu: np.ndarray, nlu_fits: list[dict] | None,
+                     squad: bool = True) -> dict:
+    """mirt 2-factor and py-irt multidim_2pl, with irt-engine mirt-comp D=2 on the same data;
+    ``squad=False``: only mirt's 2-factor attempt on NLU (part ``mirt-nlu``)."""
+    if not squad:
+        return dict(nlu=_nlu_incumbents(args, nlu, nlu_fits), mirt_limit_s=args.mirt_limit)
     shape = (161, 1_000) if args.quick else SQUAD_SHAPE
     sim = simulate_2pl(*shape, seed=0)
     y = sim["responses"]
@@ -278,6 +282,15 @@ def part_incumbents(args, nlu: np.ndarray, nlu_fits: list[dict]) -> dict:
     if not args.skip_pyirt:
         squad.append(_incumbent("pyirt-multidim-2", "pyirt_multidim", y,
                                 {"dims": 2, "epochs": args.pyirt_epochs}, args.pyirt_limit))
+    return dict(
+        squad=dict(shape=list(shape), description="simulated 2PL, seed 0 (one true skill)",
+                   fits=squad,
+                   abilities=ability_table(squad, y.mean(axis=1), sim["ability"])),
+        nlu=_nlu_incumbents(args, nlu, nlu_fits))
+
+
+def _nlu_incumbents(args, nlu: np.ndarray, nlu_fits: list[dict] | None) -> dict:
+    """mirt's 2-factor fit of NLU within the limit, and its agreement with irt-engine's."""
     nlu_runs = [_incumbent("mirt-2f", "mirt_2pl_factors", nlu, {"factors": 2}, args.mirt_limit)]
     if nlu_fits is None:  # this run has no NLU engine fits: make them when there is a partner
         ok = nlu_runs[0].get("status") == "ok"
@@ -285,12 +298,8 @@ def part_incumbents(args, nlu: np.ndarray, nlu_fits: list[dict]) -> dict:
                     _engine("2pl", "2pl", nlu, None, args.timeout)] if ok else []
     engine_nlu = [f for f in nlu_fits if f["label"] in ("mirt-comp-2", "mirt-comp-3")]
     engine_nlu += [f for f in nlu_fits if f["label"] == "2pl"][:1]
-    return dict(
-        squad=dict(shape=list(shape), description="simulated 2PL, seed 0 (one true skill)",
-                   fits=squad,
-                   abilities=ability_table(squad, y.mean(axis=1), sim["ability"])),
-        nlu=dict(shape=list(nlu.shape), fits=nlu_runs,
-                 abilities=ability_table(engine_nlu + nlu_runs, nlu.mean(axis=1), None)))
+    return dict(shape=list(nlu.shape), fits=nlu_runs,
+                abilities=ability_table(engine_nlu + nlu_runs, nlu.mean(axis=1), None))
 
 
 def _strip(obj):
@@ -363,6 +372,10 @@ def main(argv=None) -> None:
         out["incumbents"] = part_incumbents(args, nlu, nlu_fits)
         print(json.dumps(out["incumbents"]["squad"]["abilities"], indent=1), flush=True)
         print(json.dumps(out["incumbents"]["nlu"]["abilities"], indent=1), flush=True)
+        save()
+    if "mirt-nlu" in parts:  # a longer attempt at mirt's 2-factor NLU fit alone
+        print("[mirt-nlu]", flush=True)
+        out["mirt_nlu_attempt"] = part_incumbents(args, nlu, nlu_fits, squad=False)
         save()
     save()
     print(f"wrote {args.out}")
