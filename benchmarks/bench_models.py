@@ -12,6 +12,9 @@ Measures, in one run (every fit in its own child process, peak RSS per process):
    on NLU and on the SQuAD-sized simulated binary matrix, each with a time limit, and py-irt
    0.7.1's ``multidim_2pl`` on the SQuAD-sized matrix; irt-engine's ``mirt-comp`` D=2 there.
 
+``--parts profile`` times one tile's block terms (with and without the Hessian, and the
+log-likelihood alone) for beta, mirt-comp and the 2PL, and the special functions of a beta cell.
+
 Targets (issue 6): cells/s per pass of ``beta`` and of ``mirt-comp`` D=3 at least 50% of the
 2PL's on the same shape. Cells/s per pass = observed cells x passes / fit wall time (JAX
 compilation included); also reported from the median per-pass time of the trace (first pass,
@@ -51,7 +54,7 @@ from simulate import simulate_2pl  # noqa: E402
 
 NLU_PARQUET = Path("/work/shared/data/nlu/responses_items_x_subjects.parquet")
 SQUAD_SHAPE = (161, 11_873)
-PARTS = ("beta", "mirt", "incumbents", "mirt-nlu")
+PARTS = ("beta", "mirt", "incumbents", "mirt-nlu", "profile")
 # Cells are redrawn (truncated Beta) until they lie in [_LO, 1 - _LO]: float32 then keeps every
 # score strictly inside (0, 1), so the model needs no zero/one inflation.
 _LO = 1e-4
@@ -302,6 +305,77 @@ def _nlu_incumbents(args, nlu: np.ndarray, nlu_fits: list[dict] | None) -> dict:
                 abilities=ability_table(engine_nlu + nlu_runs, nlu.mean(axis=1), None))
 
 
+def _median_time(fn, *args, calls: int = 5) -> float:
+    """Median seconds of ``calls`` calls of a jitted ``fn`` after one warm-up call."""
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _tile_times(model: str, options: dict, y: np.ndarray) -> dict:
+    """One tile's block terms as the Newton pass computes them (with Hessian), value and
+    gradient only, and the summed log-likelihood alone; jitted, median of 5 calls."""
+    import jax
+    import jax.numpy as jnp
+
+    from engine.infer.elbo import make_block_terms
+    from engine.models.registry import get_model
+
+    S, N = y.shape
+    spec = get_model(model, **options)
+    rng = np.random.default_rng(0)
+    z = {p.name: jnp.asarray(0.3 * rng.standard_normal(p.full_shape(S, N)), jnp.float32)
+         for p in spec.likelihood_params}
+    rows, cols, yj = jnp.arange(S), jnp.arange(N), jnp.asarray(y)
+    out = {"cells": int(S * N)}
+    for hess, key in ((True, "terms_hessian_s"), (False, "terms_gradient_s")):
+        terms = jax.jit(make_block_terms(spec, S, N, with_hessian=hess))
+        out[key] = _median_time(terms, z, rows, cols, yj)
+    consts = {k: jnp.asarray(v, jnp.float32)[None] for k, v in spec.constant_values(S, N).items()}
+
+    def loglik(z, y):
+        params = {p.name: p.constrain(z[p.name]) for p in spec.likelihood_params}
+        cells = {p.name: params[p.name][:, None] if p.owner == "subject" else params[p.name][None]
+                 for p in spec.likelihood_params}
+        mask = (y >= 0).astype(jnp.float32)
+        return jnp.sum(spec.loglik({**cells, **consts}, jnp.where(y >= 0, y, 0).astype(jnp.float32),
+                                   mask))
+
+    out["loglik_only_s"] = _median_time(jax.jit(loglik), z, yj)
+    return out
+
+
+def part_profile(args, nlu: np.ndarray) -> dict:
+    """Where a beta or mirt-comp pass spends its time against the 2PL pass, one tile each,
+    plus the special functions a beta cell evaluates (one process, in this one)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.scipy.special import digamma, gammaln, polygamma
+
+    shape = (161, 1_000) if args.quick else SQUAD_SHAPE
+    beta_y = simulate_beta(*shape, seed=0)["responses"]
+    binary_y = simulate_2pl(*shape, seed=0)["responses"]
+    tile = nlu[:, :46_000]  # one default tile (max_block_cells 4,194,304) of the NLU matrix
+    out = {"squad": {"2pl": _tile_times("2pl", {}, binary_y),
+                     "beta": _tile_times("beta", {"inflation": "none"}, beta_y)},
+           "nlu_tile": {"2pl": _tile_times("2pl", {}, tile),
+                        "mirt-comp-1": _tile_times("mirt-comp", {"dims": 1}, tile),
+                        "mirt-comp-3": _tile_times("mirt-comp", {"dims": 3}, tile)}}
+    x = jnp.asarray(np.random.default_rng(0).uniform(0.5, 5.0, binary_y.size), jnp.float32)
+    funcs = {"log": jnp.log, "softplus": jax.nn.softplus, "gammaln": gammaln,
+             "digamma": digamma, "polygamma1": lambda v: polygamma(1, v)}
+    out["special_functions_s"] = {k: _median_time(jax.jit(f), x) for k, f in funcs.items()}
+    out["special_functions_values"] = int(x.size)
+    out["load_avg"] = os.getloadavg()
+    return out
+
+
 def _strip(obj):
     """Drop estimate arrays (and long log tails) before writing JSON."""
     if isinstance(obj, dict):
@@ -376,6 +450,11 @@ def main(argv=None) -> None:
     if "mirt-nlu" in parts:  # a longer attempt at mirt's 2-factor NLU fit alone
         print("[mirt-nlu]", flush=True)
         out["mirt_nlu_attempt"] = part_incumbents(args, nlu, nlu_fits, squad=False)
+        save()
+    if "profile" in parts:
+        print("[profile]", flush=True)
+        out["profile"] = part_profile(args, nlu)
+        print(json.dumps(out["profile"], indent=1), flush=True)
         save()
     save()
     print(f"wrote {args.out}")
