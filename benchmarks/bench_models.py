@@ -279,16 +279,16 @@ def part_incumbents(args, nlu: np.ndarray, nlu_fits: list[dict] | None,
     shape = (161, 1_000) if args.quick else SQUAD_SHAPE
     sim = simulate_2pl(*shape, seed=0)
     y = sim["responses"]
-    squad = [_engine("mirt-comp-2", "mirt-comp", y, {"dims": 2}, args.timeout),
-             _engine("2pl", "2pl", y, None, args.timeout),
-             _incumbent("mirt-2f", "mirt_2pl_factors", y, {"factors": 2}, args.mirt_limit)]
+    fits = [_engine("mirt-comp-2", "mirt-comp", y, {"dims": 2}, args.timeout),
+            _engine("2pl", "2pl", y, None, args.timeout),
+            _incumbent("mirt-2f", "mirt_2pl_factors", y, {"factors": 2}, args.mirt_limit)]
     if not args.skip_pyirt:
-        squad.append(_incumbent("pyirt-multidim-2", "pyirt_multidim", y,
+        fits.append(_incumbent("pyirt-multidim-2", "pyirt_multidim", y,
                                 {"dims": 2, "epochs": args.pyirt_epochs}, args.pyirt_limit))
     return dict(
         squad=dict(shape=list(shape), description="simulated 2PL, seed 0 (one true skill)",
-                   fits=squad,
-                   abilities=ability_table(squad, y.mean(axis=1), sim["ability"])),
+                   fits=fits,
+                   abilities=ability_table(fits, y.mean(axis=1), sim["ability"])),
         nlu=_nlu_incumbents(args, nlu, nlu_fits))
 
 
