@@ -2,23 +2,25 @@
 
 Parent side: ``run_engine(model, responses)`` and ``run_probe(responses)``.
 Child side: ``python engine_side.py JOB DATA.npy OUT_DIR OPTIONS`` with JOB in
-{"engine_1pl", "engine_2pl", "jax_probe"}.
+{"engine_1pl", "engine_2pl", "engine_model", "jax_probe"}; ``engine_model`` fits any registered
+model with its options (``run_engine_model``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ENGINE_PYTHON", "run_engine", "run_probe"]
+__all__ = ["ENGINE_PYTHON", "run_engine", "run_engine_model", "run_probe"]
 
 _HERE = Path(__file__).resolve()
 _REPO = _HERE.parent.parent
-ENGINE_PYTHON = str(_REPO / ".venv" / "bin" / "python")
+ENGINE_PYTHON = os.environ.get("IRT_ENGINE_PYTHON", str(_REPO / ".venv" / "bin" / "python"))
 
 
 def fit_engine(responses: np.ndarray, model: str, seed: int = 0) -> tuple[dict, dict]:
@@ -42,6 +44,36 @@ def fit_engine(responses: np.ndarray, model: str, seed: int = 0) -> tuple[dict, 
     arrays = {k: np.asarray(means[k]) for k in ("ability", "difficulty", "discrimination")
               if k in means}
     return meta, arrays
+
+
+def fit_engine_model(responses: np.ndarray, model: str, model_options: dict | None = None,
+                     seed: int = 0) -> tuple[dict, dict]:
+    """engine.fit of any registered model (with builder options), default settings.
+
+    Besides ``fit_engine``'s fields it reports the per-pass seconds from the trace: the first
+    pass (JAX compilation included) apart, and the median of the others.
+    """
+    sys.path.insert(0, str(_REPO))
+    import engine
+
+    start = time.perf_counter()
+    res = engine.fit(responses, model=model, settings=engine.FitSettings(seed=seed),
+                     model_options=model_options)
+    means = res.means()
+    call_s = time.perf_counter() - start
+    seconds = [float(r["seconds"]) for r in res.trace]
+    passes, wall = int(res.num_passes), float(res.wall_time_s)
+    median_pass = float(np.median(seconds[1:])) if len(seconds) > 1 else None
+    meta = dict(tool="irt-engine", model=model, model_options=res.extra.get("model_options"),
+                wall_s=wall, call_s=call_s, passes=passes, converged=bool(res.converged),
+                observed_cells=int(res.num_observed), first_pass_s=seconds[0] if seconds else None,
+                median_pass_s=median_pass, pass_seconds=seconds,
+                compile_time_s=float(res.compile_time_s),
+                cells_per_s_per_pass=int(res.num_observed) * passes / wall,
+                cells_per_s_median_pass=(int(res.num_observed) / median_pass
+                                         if median_pass else None),
+                elbo=float(res.elbo))
+    return meta, {k: np.asarray(v) for k, v in means.items()}
 
 
 def jax_probe(responses: np.ndarray, calls: int = 20) -> tuple[dict, dict]:
@@ -75,6 +107,7 @@ def jax_probe(responses: np.ndarray, calls: int = 20) -> tuple[dict, dict]:
 _JOBS = {
     "engine_1pl": lambda y, **o: fit_engine(y, "1pl", **o),
     "engine_2pl": lambda y, **o: fit_engine(y, "2pl", **o),
+    "engine_model": fit_engine_model,
     "jax_probe": jax_probe,
 }
 
@@ -96,6 +129,15 @@ def run_engine(model: str, responses: np.ndarray, *, timeout: float = 600.0,
     from subproc import run_worker
 
     return run_worker(python, _HERE, f"engine_{model}", responses, timeout=timeout)
+
+
+def run_engine_model(model: str, responses: np.ndarray, *, model_options: dict | None = None,
+                     timeout: float = 600.0, python: str = ENGINE_PYTHON) -> dict:
+    """Fit any irt-engine ``model`` with ``model_options`` in a child process; never raises."""
+    from subproc import run_worker
+
+    options = {"model": model, "model_options": model_options or {}}
+    return run_worker(python, _HERE, "engine_model", responses, timeout=timeout, options=options)
 
 
 def run_probe(responses: np.ndarray, *, cores: int | None = None, timeout: float = 300.0,

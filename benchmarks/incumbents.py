@@ -120,11 +120,69 @@ def fit_pyirt_2pl(responses: np.ndarray, epochs: int = 2000, seed: int = 0) -> t
     return meta, dict(ability=ability, difficulty=diff, discrimination=disc)
 
 
+def fit_mirt_factors(responses: np.ndarray, factors: int = 2, **opts) -> tuple[dict, dict]:
+    """mirt for Python's exploratory multidimensional 2PL (the port of R's ``mirt(data, F)``):
+    EM over a ``21^F`` quadrature grid, no SEs, then EAP abilities; progress printed per EM
+    iteration so that a killed run shows how far it got.
+
+    Its item model is ``P(y = 1) = sigmoid(a . theta - d)``-style with unrotated loadings
+    ``discrimination`` (items x F); abilities are ``ability`` (subjects x F).
+    """
+    import mirt
+
+    start = time.perf_counter()
+    fit = mirt.fit_mirt(responses, model="2PL", n_factors=factors, estimation="EM",
+                        compute_standard_errors=False, verbose=True, **opts)
+    fit_s = time.perf_counter() - start
+    scores = mirt.fscores(fit, responses, method="EAP")
+    wall_s = time.perf_counter() - start
+    params = fit.model.parameters
+    meta = dict(tool="mirt", tool_version=mirt.__version__, model=f"2pl-{factors}f",
+                estimator=f"EM, 21^{factors} quad pts, no SEs; EAP abilities",
+                wall_s=wall_s, fit_s=fit_s, score_s=wall_s - fit_s,
+                iterations=int(fit.n_iterations), converged=bool(fit.converged),
+                log_likelihood=float(fit.log_likelihood))
+    return meta, dict(ability=np.asarray(scores.theta).reshape(responses.shape[0], -1),
+                      difficulty=np.asarray(params["difficulty"]),
+                      discrimination=np.asarray(params["discrimination"]))
+
+
+def fit_pyirt_multidim(responses: np.ndarray, dims: int = 2, epochs: int = 2000,
+                       seed: int = 0) -> tuple[dict, dict]:
+    """py-irt ``multidim_2pl``: logits = sum_d gamma_nd (theta_sd - b_nd), hierarchical priors,
+    Pyro SVI with its defaults (Adam lr 0.1); export gives per-dimension ability, diff and
+    disc = exp(loc_disc)."""
+    import pyro
+    from importlib.metadata import version
+    from py_irt.config import IrtConfig
+    from py_irt.training import IrtModelTrainer
+
+    pyro.set_rng_seed(seed)
+    dataset = _pyirt_dataset(responses)
+    config = IrtConfig(model_type="multidim_2pl", epochs=epochs, dims=dims)
+    trainer = IrtModelTrainer(data_path=None, config=config, dataset=dataset, verbose=False)
+    start = time.perf_counter()
+    trainer.train(device="cpu")
+    wall_s = time.perf_counter() - start
+    params = trainer.last_params
+    order = lambda ids: np.array([int(ids[i]) for i in range(len(ids))])  # noqa: E731
+    subj_order, item_order = order(params["subject_ids"]), order(params["item_ids"])
+    ability = np.empty((responses.shape[0], dims)); ability[subj_order] = params["ability"]
+    diff = np.empty((responses.shape[1], dims)); diff[item_order] = params["diff"]
+    disc = np.empty((responses.shape[1], dims)); disc[item_order] = params["disc"]
+    meta = dict(tool="py-irt", tool_version=version("py-irt"), model=f"multidim_2pl-{dims}d",
+                estimator=f"Pyro SVI, hierarchical priors, {epochs} epochs",
+                wall_s=wall_s, epochs=epochs, converged=None)
+    return meta, dict(ability=ability, difficulty=diff, discrimination=disc)
+
+
 INCUMBENTS = {
     "mirt_2pl": lambda y, **o: fit_mirt(y, model="2PL", **o),
     "mirt_1pl": lambda y, **o: fit_mirt(y, model="1PL", **o),
     "girth_1pl": fit_girth_rasch,
     "pyirt_2pl": fit_pyirt_2pl,
+    "mirt_2pl_factors": fit_mirt_factors,
+    "pyirt_multidim": fit_pyirt_multidim,
 }
 
 
@@ -143,13 +201,14 @@ def _worker_main(argv: list[str]) -> None:
 
 
 def run_incumbent(name: str, responses: np.ndarray, *, timeout: float = 600.0,
-                  python: str = BENCH_PYTHON, options: dict | None = None) -> dict:
+                  python: str = BENCH_PYTHON, options: dict | None = None,
+                  env: dict | None = None) -> dict:
     """Fit incumbent ``name`` (a key of INCUMBENTS) in a child process; never raises."""
     from subproc import run_worker
 
     if not Path(python).exists():
         return dict(job=name, status="failed", reason=f"no interpreter at {python}")
-    return run_worker(python, _HERE, name, responses, timeout=timeout, options=options)
+    return run_worker(python, _HERE, name, responses, timeout=timeout, options=options, env=env)
 
 
 if __name__ == "__main__":

@@ -115,8 +115,9 @@ def run_worker(
             log.seek(0)
             tail = log.read()[-1500:].strip()
         base = dict(job=job, process_s=round(elapsed, 3), peak_rss_gb=rss)
-        if code is None:
-            return dict(base, status="timeout", reason=f"killed after {timeout:.0f} s")
+        if code is None:  # the log's tail shows how far it got (if the child flushes it)
+            return dict(base, status="timeout", reason=f"killed after {timeout:.0f} s",
+                        log_tail=tail)
         if code != 0 or not (tmp_path / "result.json").exists():
             return dict(base, status="failed", reason=f"exit code {code}: {tail}")
         result = _read_result(tmp_path)
