@@ -106,6 +106,12 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
                             f"model {run.info['model']!r} has not: use --method fit")
     y = np.asarray(y)
     y = y if np.issubdtype(y.dtype, np.floating) else y.astype(np.int8)  # float: continuous kinds
+    if "constant_response" in run.items and run.items["constant_response"].any():
+        # items the run fitted as unobserved (prior only) are not evidence here either
+        aside = run.items["constant_response"].to_numpy(bool)
+        aside = aside if item_idx is None else aside[item_idx]
+        y = y.copy()
+        y[:, aside] = np.nan if np.issubdtype(y.dtype, np.floating) else -1
     if method in ("grid", "auto") and applies:
         return _grid_result(run, y, item_idx, grid)
     if settings is None:
