@@ -140,15 +140,17 @@ def _tables(spec, guide, grid, item_idx, chunk) -> tuple[np.ndarray, np.ndarray,
     return e1, e0, np.asarray(prior, np.float64)
 
 
-def _spline_eval(cs: CubicSpline, x: np.ndarray) -> np.ndarray:
-    """Evaluate a spline over subjects (``cs.c`` is ``(4, g-1, s)``) at per-subject points
-    ``x`` ``(s, w)``."""
+def _spline_eval(cs, x: np.ndarray) -> np.ndarray:
+    """Evaluate a piecewise polynomial over subjects (``cs.c`` is ``(k, g-1, s)``: a spline
+    or one of its derivatives) at per-subject points ``x`` ``(s, w)``."""
     knots = cs.x
     idx = np.clip(np.searchsorted(knots, x) - 1, 0, len(knots) - 2)
     dx = x - knots[idx]
     rows = np.arange(x.shape[0])[:, None]
-    c = cs.c
-    return ((c[0][idx, rows] * dx + c[1][idx, rows]) * dx + c[2][idx, rows]) * dx + c[3][idx, rows]
+    out = np.zeros_like(dx)
+    for coef in cs.c:  # Horner, highest power first
+        out = out * dx + coef[idx, rows]
+    return out
 
 
 def _moments(grid: np.ndarray, logpost: np.ndarray, window: float) -> tuple[np.ndarray, ...]:
@@ -159,7 +161,7 @@ def _moments(grid: np.ndarray, logpost: np.ndarray, window: float) -> tuple[np.n
     values = cs(fine).T  # (s, f)
     top = np.argmax(values, axis=1)
     mode = fine[top]
-    curv = -cs(mode, 2)[np.arange(len(mode)), np.arange(len(mode))] if len(mode) else mode
+    curv = -_spline_eval(cs.derivative(2), mode[:, None])[:, 0]  # each subject at its own mode
     step = fine[1] - fine[0]
     width = 1.0 / np.sqrt(np.maximum(curv, 1.0 / (grid[-1] - grid[0]) ** 2))
     width = np.maximum(width, 0.5 * step)
