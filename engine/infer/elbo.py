@@ -8,36 +8,17 @@ derivatives are exact and cheap; they feed both Adam and the natural-gradient st
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+from engine.infer.linear import make_linear_block_terms, supports_linear
+from engine.infer.terms import Terms, add_terms, cross_pairs, scale_terms
 from engine.models.spec import ModelSpec
 
 __all__ = ["Terms", "make_block_terms", "make_observation_terms", "cross_pairs", "log_prior", "prior_terms", "entropy", "add_terms",
            "scale_terms"]
-
-
-class Terms(NamedTuple):
-    """A scalar value with its gradient and Hessian pieces, dicts keyed by parameter.
-
-    ``hess[name]`` is the diagonal; ``cross["a|b"]`` the mixed second derivative of two
-    scalar blocks of the same owner (e.g. one item's difficulty and discrimination).
-    """
-
-    value: jax.Array
-    grad: dict
-    hess: dict
-    cross: dict = {}
-
-
-def add_terms(a: Terms, b: Terms) -> Terms:
-    return jax.tree.map(jnp.add, a, b)
-
-
-def scale_terms(t: Terms, factor) -> Terms:
-    return jax.tree.map(lambda x: x * factor, t)
 
 
 def _diag(h, shape):
@@ -143,9 +124,16 @@ def _terms_fn(spec: ModelSpec, over, reduce, consts, const_owner, with_hessian: 
 
 
 def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
-                     with_hessian: bool = True, frozen: frozenset = frozenset()) -> Callable:
+                     with_hessian: bool = True, frozen: frozenset = frozenset(),
+                     *, per_cell: bool = False) -> Callable:
     """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded block; frozen
-    blocks get no gradient or Hessian entries."""
+    blocks get no gradient or Hessian entries.
+
+    A model that declares a linear predictor takes :mod:`engine.infer.linear`'s path (the
+    same terms, cheaper); ``per_cell=True`` forces the generic per-cell derivatives.
+    """
+    if not per_cell and supports_linear(spec):
+        return make_linear_block_terms(spec, num_subjects, num_items, with_hessian, frozen)
     lik = spec.likelihood_params
     cell = _make_cell(spec, with_hessian, frozenset(frozen))
     consts, const_owner = _constants(spec, num_subjects, num_items)
@@ -186,12 +174,6 @@ def log_prior(spec: ModelSpec, z: dict) -> jax.Array:
     """Joint log prior density of the unconstrained values ``z``."""
     env = {p.name: p.constrain(z[p.name]) for p in spec.params if p.owner == "global"}
     return sum(jnp.sum(p.prior.log_prob(z[p.name], env)) for p in spec.params)
-
-
-def cross_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
-    """Pairs of scalar likelihood blocks with the same owner (whose mixed terms we keep)."""
-    lik = [p for p in spec.likelihood_params if p.shape == () and p.owner != "global"]
-    return [(a.name, b.name) for i, a in enumerate(lik) for b in lik[i + 1:] if a.owner == b.owner]
 
 
 def prior_terms(spec: ModelSpec, z: dict) -> Terms:

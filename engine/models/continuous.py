@@ -27,7 +27,7 @@ import numpy as np
 from engine.errors import DataFormatError, ModelError
 from engine.models.logistic import _block as prior_block
 from engine.models.priors import logit_uniform, normal
-from engine.models.spec import ModelSpec, ParamSpec, Symmetry
+from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
 from engine.models.special import lbeta, lgamma
 
 __all__ = ["beta_model", "gamma_model", "beta3_model", "beta_logpdf", "gamma_logpdf",
@@ -132,19 +132,26 @@ def _check(inflation: str, allowed: tuple[str, ...], name: str) -> None:
         raise ModelError(f"model {name!r}: unknown inflation {inflation!r}; use one of {', '.join(allowed)}")
 
 
-def _beta_loglik(params, y, mask, *, disc: bool):
-    eta = params["ability"] - params["difficulty"]
-    if disc:
-        eta = params["discrimination"] * params["ability"] - params["difficulty"]
-    o = params["log_precision"]
-    density = lambda v: beta_logpdf(v, 0.5 * (eta + o), 0.5 * (o - eta))
-    return inflated_loglik(density, y, mask, zero=params.get("zero"), one=params.get("one"))
+def _beta_linear(*, disc: bool, inflation: tuple[str, ...]) -> Linear:
+    """``eta = alpha theta - beta`` as the predictor; log-precision and inflation as extras."""
+    names = ("log_precision",) + inflation
+
+    def item(params):
+        b = params["difficulty"]
+        a = params["discrimination"] if disc else jnp.ones_like(b)
+        return a[..., None], -b, tuple(params[n] for n in names)
+
+    def cell(eta, extras, y, mask):
+        e = dict(zip(names, extras))
+        o = e["log_precision"]
+        density = lambda v: beta_logpdf(v, 0.5 * (eta + o), 0.5 * (o - eta))
+        return inflated_loglik(density, y, mask, zero=e.get("zero"), one=e.get("one"))
+
+    return Linear(subject=lambda params: params["ability"][..., None], item=item, cell=cell)
 
 
-def _beta_expected(params, *, disc: bool):
-    eta = params["discrimination"] * params["ability"] - params["difficulty"] if disc \
-        else params["ability"] - params["difficulty"]
-    mean = jax.nn.sigmoid(eta)
+def _beta_expected(linear, params):
+    mean = jax.nn.sigmoid(linear.eta(params)[0])
     zero, one = params.get("zero", 0.0), params.get("one", 0.0)
     return (1.0 - zero) * (one + (1.0 - one) * mean)
 
@@ -183,16 +190,19 @@ def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
     params.append(ParamSpec("log_precision", "item", normal(0.0, 1.0)))
     params += _inflation_params(resolved)
     name = "beta" if discrimination else "beta-1pl"
+    linear = _beta_linear(disc=discrimination,
+                          inflation=tuple(p.name for p in _inflation_params(resolved)))
     return ModelSpec(
         name=name + ("-signed" if signed_discrimination else ""),
         kind="unit",
         params=tuple(params),
-        loglik=partial(_beta_loglik, disc=discrimination),
+        loglik=linear.loglik,
         description=(f"Beta-IRT (Molenaar): E[y] = sigmoid({'alpha theta' if discrimination else 'theta'}"
                      f" - beta), per-item log-precision; inflation {resolved}; {prior} priors"),
         symmetries=tuple(symmetries),
-        expected=partial(_beta_expected, disc=discrimination),
+        expected=partial(_beta_expected, linear),
         adapt=_adapt(name, inflation, zero_allowed=True, one_allowed=True),
+        linear=linear,
     )
 
 

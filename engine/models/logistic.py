@@ -7,14 +7,12 @@ lower (guessing) and upper (feasibility) asymptotes:
 
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
 
 from engine.errors import ModelError
 from engine.models.priors import hyper_params, logit_uniform, normal
-from engine.models.spec import ModelSpec, ParamSpec, Symmetry
+from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
 
 __all__ = ["logistic_model", "bernoulli_loglik", "LOGISTIC_MODELS"]
 
@@ -40,9 +38,12 @@ def bernoulli_loglik(z, y, lower=None, upper=None):
 
     ``lower`` (c) and ``upper`` (d) are probabilities or ``None`` for 0 and 1.
     """
-    ls_pos, ls_neg = jax.nn.log_sigmoid(z), jax.nn.log_sigmoid(-z)
     if lower is None and upper is None:
-        return y * ls_pos + (1.0 - y) * ls_neg
+        # y log sigmoid(z) + (1 - y) log sigmoid(-z) = y z - softplus(z), written around the
+        # nearest label k so that one softplus serves value and derivatives, exact when saturated
+        k = jnp.round(y)
+        return (y - k) * z - jax.nn.softplus((1.0 - 2.0 * k) * z)
+    ls_pos, ls_neg = jax.nn.log_sigmoid(z), jax.nn.log_sigmoid(-z)
     log_c, log1m_c = _log_pair(lower) if lower is not None else (None, 0.0)
     log_d, log1m_d = _log_pair(upper) if upper is not None else (0.0, None)
     if log_c is None:
@@ -56,16 +57,21 @@ def bernoulli_loglik(z, y, lower=None, upper=None):
     return y * log_p1 + (1.0 - y) * log_p0
 
 
-def _loglik(params, y, mask, *, disc: bool, lower: bool, upper: bool):
-    z = params["ability"] - params["difficulty"]
-    if disc:
-        z = params["discrimination"] * z
-    return bernoulli_loglik(
-        z,
-        y,
-        lower=params["guessing"] if lower else None,
-        upper=params["feasibility"] if upper else None,
-    )
+def _linear(*, disc: bool, lower: bool, upper: bool) -> Linear:
+    """The logit ``a (theta - b) = a theta - a b`` as a linear predictor; asymptotes as extras."""
+
+    def item(params):
+        b = params["difficulty"]
+        a = params["discrimination"] if disc else jnp.ones_like(b)
+        extras = tuple(params[k] for k, on in (("guessing", lower), ("feasibility", upper)) if on)
+        return a[..., None], -a * b, extras
+
+    def cell(eta, extras, y, mask):
+        rest = iter(extras)
+        return bernoulli_loglik(eta, y, lower=next(rest) if lower else None,
+                                upper=next(rest) if upper else None)
+
+    return Linear(subject=lambda params: params["ability"][..., None], item=item, cell=cell)
 
 
 def _block(name, owner, family, vague_prior, transform="identity", init=0.0):
@@ -115,11 +121,13 @@ def logistic_model(name: str, *, prior: str = "vague", signed_discrimination: bo
         a_move = ("discrimination", -1.0, 0.0) if signed_discrimination else ("discrimination", 0.0, -1.0)
         symmetries.append(Symmetry("scale", (("ability", 1.0, 0.0), ("difficulty", 1.0, 0.0), a_move)))
     label = name + ("-signed" if signed_discrimination else "")
+    linear = _linear(disc=disc, lower=lower, upper=upper)
     return ModelSpec(
         name=label,
         kind="binary",
         params=tuple(params),
-        loglik=partial(_loglik, disc=disc, lower=lower, upper=upper),
+        loglik=linear.loglik,
+        linear=linear,
         description=f"{description}; {prior} priors",
         symmetries=tuple(symmetries),
     )

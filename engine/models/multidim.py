@@ -27,7 +27,7 @@ import numpy as np
 from engine.errors import ModelError
 from engine.models.logistic import _block as prior_block, bernoulli_loglik
 from engine.models.priors import normal
-from engine.models.spec import Constant, ModelSpec, ParamSpec, Symmetry
+from engine.models.spec import Constant, Linear, ModelSpec, ParamSpec, Symmetry
 
 __all__ = ["mirt_model", "pinned_mask", "rotate", "read_q_matrix", "MIRT_KINDS"]
 
@@ -42,10 +42,26 @@ def pinned_mask(num_items: int, dims: int) -> np.ndarray:
     return mask
 
 
-def _comp_loglik(params, y, mask):
-    alpha = params["discrimination"] * params["skill_mask"]
-    z = jnp.sum(alpha * params["ability"], axis=-1) - params["difficulty"]
-    return bernoulli_loglik(z, y)
+def _binary_cell(eta, extras, y, mask):
+    return bernoulli_loglik(eta, y)
+
+
+def _comp_item(params):
+    return params["discrimination"] * params["skill_mask"], -params["difficulty"], ()
+
+
+def _vec_item(params):
+    """``gamma sum_d q_d (theta_d - b_d) = sum_d (gamma q_d) theta_d - gamma sum_d q_d b_d``."""
+    q, gamma = params["skill_mask"], params["discrimination"]
+    return gamma[..., None] * q, -gamma * jnp.sum(q * params["difficulty"], axis=-1), ()
+
+
+def _ability(params):
+    return params["ability"]
+
+
+_COMP = Linear(subject=_ability, item=_comp_item, cell=_binary_cell)
+_VEC = Linear(subject=_ability, item=_vec_item, cell=_binary_cell)
 
 
 def _noncomp_log_pq(params):
@@ -67,18 +83,8 @@ def _noncomp_loglik(params, y, mask):
     return y * log_p + (1.0 - y) * log_q
 
 
-def _vec_logit(params):
-    q = params["skill_mask"]
-    return params["discrimination"] * jnp.sum(q * (params["ability"] - params["difficulty"]), axis=-1)
-
-
-def _vec_loglik(params, y, mask):
-    return bernoulli_loglik(_vec_logit(params), y)
-
-
-def _comp_expected(params):
-    alpha = params["discrimination"] * params["skill_mask"]
-    return jax.nn.sigmoid(jnp.sum(alpha * params["ability"], axis=-1) - params["difficulty"])
+def _linear_expected(linear, params):
+    return jax.nn.sigmoid(linear.eta(params)[0])
 
 
 def _axis(d: int, dims: int, value: float = 1.0) -> tuple[float, ...]:
@@ -172,11 +178,11 @@ def mirt_model(kind: str, *, dims: int | None = None, q_matrix: Sequence[Sequenc
     else:
         mask_fn = lambda num_subjects, num_items: np.ones((num_items, dims), np.float32)
         mode = "exploratory"
-    loglik, expected = {
-        "comp": (_comp_loglik, _comp_expected),
-        "noncomp": (_noncomp_loglik, lambda p: jnp.exp(_noncomp_log_pq(p)[0])),
-        "vec": (_vec_loglik, lambda p: jax.nn.sigmoid(_vec_logit(p))),
-    }[kind]
+    linear = {"comp": _COMP, "noncomp": None, "vec": _VEC}[kind]
+    if linear is None:
+        loglik, expected = _noncomp_loglik, lambda p: jnp.exp(_noncomp_log_pq(p)[0])
+    else:
+        loglik, expected = linear.loglik, partial(_linear_expected, linear)
     name = "irt-vec" if kind == "vec" else f"mirt-{kind}"
     initial = None
     if q is None and kind == "comp" and dims > 1:
@@ -196,6 +202,7 @@ def mirt_model(kind: str, *, dims: int | None = None, q_matrix: Sequence[Sequenc
         skills=skills,
         expected=expected,
         initial=initial,
+        linear=linear,
     )
 
 

@@ -1,5 +1,6 @@
 """Tests for engine.infer.fit: seeded recovery, coverage, frozen blocks, one compile."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -166,14 +167,20 @@ def test_frozen_refit_has_no_systematic_scale_change():
 
 
 def _count_loglik_traces(spec):
-    """A spec whose loglik counts its calls; it only runs while jax traces."""
+    """A spec whose cell log-likelihood counts its calls; it only runs while jax traces."""
     calls = []
 
-    def loglik(params, y, mask):
-        calls.append(1)
-        return spec.loglik(params, y, mask)
+    def counted(fn):
+        def wrapped(*args):
+            calls.append(1)
+            return fn(*args)
 
-    return spec.replace(loglik=loglik), calls
+        return wrapped
+
+    if spec.linear is not None:  # the predictor path calls the cell function, not loglik
+        linear = dataclasses.replace(spec.linear, cell=counted(spec.linear.cell))
+        return spec.replace(loglik=linear.loglik, linear=linear), calls
+    return spec.replace(loglik=counted(spec.loglik)), calls
 
 
 def test_fit_step_compiles_once(caplog):

@@ -1,0 +1,185 @@
+"""Block terms through a model's linear predictor (``ModelSpec.linear``).
+
+A cell's log-likelihood is ``g(eta, e, y)`` with ``eta = u_s . v_n + w_n`` and per-item
+extras ``e_n``. So a block needs ``g``'s derivatives in ``q = (eta, e)`` only (one tangent
+per entry of ``q``, not one per parameter entry), and every owner's sums come out as small
+matrix products of those per-cell derivatives with ``u`` and ``v``:
+
+- subject side, ``phi_s = u_s``: gradient ``R @ V``, Hessian ``sum_n W v_n v_n^T``;
+- item side, ``phi_n = (v_n, w_n, e_n)``: gradient and Hessian from ``R``, ``W`` and the
+  extras' derivatives contracted with ``(u_s, 1)``;
+
+with ``R = dg/deta`` and ``W = d2g/deta2`` per cell. The chain rule from ``phi`` to each
+owner's unconstrained entries, ``J^T H_phi J + sum_k (dL/dphi_k) d2phi_k``, runs per owner
+(``S`` or ``N`` small problems), never per cell. The result equals
+:func:`engine.infer.elbo.make_block_terms` on the generic path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from engine.errors import ModelError
+from engine.infer.terms import Terms, cross_pairs
+from engine.models.spec import ModelSpec, ParamSpec
+
+__all__ = ["make_linear_block_terms", "supports_linear"]
+
+
+def supports_linear(spec: ModelSpec) -> bool:
+    """True when ``spec`` declares a linear predictor and no global block enters the cells."""
+    return spec.linear is not None and all(p.owner != "global" for p in spec.likelihood_params)
+
+
+def _flat(specs: list[ParamSpec], x: dict) -> jax.Array:
+    return jnp.concatenate([jnp.reshape(x[p.name], (-1,)) for p in specs])
+
+
+def _unflat(specs: list[ParamSpec], flat: jax.Array) -> dict:
+    out, at = {}, 0
+    for p in specs:
+        size = math.prod(p.shape)
+        out[p.name] = jnp.reshape(flat[at : at + size], p.shape)
+        at += size
+    return out
+
+
+def _owner_chain(params: list[ParamSpec], free: list[ParamSpec], phi_fn: Callable,
+                 with_hessian: bool, pairs: list[tuple[str, str]]) -> Callable:
+    """``chain(x, c, g_phi, h_phi) -> (grad, hess, cross)`` for one owner (vmapped later).
+
+    ``phi_fn(params, consts)`` maps one owner's constrained values to its ``phi``.
+    """
+    offsets, at = {}, 0
+    for p in free:
+        offsets[p.name] = at
+        at += math.prod(p.shape)
+    free_names = {p.name for p in free}
+
+    def chain(x, c, g_phi, h_phi):
+        fixed = {p.name: x[p.name] for p in params if p.name not in free_names}
+
+        def phi(flat):
+            xs = {**fixed, **_unflat(free, flat)}
+            return phi_fn({p.name: p.constrain(xs[p.name]) for p in params}, c)
+
+        flat = _flat(free, x)
+        jac = jax.jacfwd(phi)(flat)  # (P, F)
+        grad_flat = jac.T @ g_phi
+        grad = _unflat(free, grad_flat)
+        if not with_hessian:
+            return grad, {}, {}
+        second = jax.hessian(lambda v: jnp.dot(g_phi, phi(v)))(flat)
+        h = jac.T @ h_phi @ jac + second
+        diag = _unflat(free, jnp.diagonal(h))
+        cross = {f"{a}|{b}": h[offsets[a], offsets[b]] for a, b in pairs}
+        return grad, diag, cross
+
+    return chain
+
+
+def make_linear_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
+                            with_hessian: bool = True, frozen: frozenset = frozenset()) -> Callable:
+    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded dense tile.
+
+    Raises ``ModelError`` when ``spec`` has no linear predictor (see :func:`supports_linear`).
+    """
+    if not supports_linear(spec):
+        raise ModelError(f"model {spec.name!r} declares no linear predictor over subject and "
+                         "item blocks; use engine.infer.elbo.make_block_terms")
+    lin = spec.linear
+    lik = spec.likelihood_params
+    by_owner = {o: [p for p in lik if p.owner == o] for o in ("subject", "item")}
+    free = {o: [p for p in ps if p.name not in frozen] for o, ps in by_owner.items()}
+    consts = {k: jnp.asarray(v, jnp.float32)
+              for k, v in spec.constant_values(num_subjects, num_items).items()}
+    const_owner = {c.name: c.owner for c in spec.constants}
+    pairs = [(a, b) for a, b in cross_pairs(spec) if a not in frozen and b not in frozen]
+    owner_of = {p.name: p.owner for p in lik}
+
+    def item_phi(params, c):
+        v, w, extras = lin.item({**params, **c})
+        return jnp.concatenate([v, jnp.reshape(w, (1,))] + [jnp.reshape(e, (1,)) for e in extras])
+
+    chains = {
+        "subject": _owner_chain(by_owner["subject"], free["subject"],
+                                lambda p, c: lin.subject({**p, **c}), with_hessian,
+                                [(a, b) for a, b in pairs if owner_of[a] == "subject"]),
+        "item": _owner_chain(by_owner["item"], free["item"], item_phi, with_hessian,
+                             [(a, b) for a, b in pairs if owner_of[a] == "item"]),
+    }
+
+    def cell(q, y, m):
+        return m * lin.cell(q[0], tuple(q[1:]), y, m)
+
+    if with_hessian:
+        def cell_terms(q, y, m):
+            def grad_aux(qq):
+                v, g = jax.value_and_grad(cell)(qq, y, m)
+                return g, (v, g)
+
+            h, (v, g) = jax.jacfwd(grad_aux, has_aux=True)(q)
+            return v, g, h
+    else:
+        def cell_terms(q, y, m):
+            v, g = jax.value_and_grad(cell)(q, y, m)
+            return v, g, None
+    over_cells = jax.vmap(jax.vmap(cell_terms))
+
+    def terms(z, subject_idx, item_idx, y):
+        xs = {p.name: z[p.name][subject_idx] for p in by_owner["subject"]}
+        xi = {p.name: z[p.name][item_idx] for p in by_owner["item"]}
+        cs = {k: v[subject_idx] for k, v in consts.items() if const_owner[k] == "subject"}
+        ci = {k: v[item_idx] for k, v in consts.items() if const_owner[k] == "item"}
+        cons = lambda ps, x: {p.name: p.constrain(x[p.name]) for p in ps}
+        u = jax.vmap(lambda p, c: lin.subject({**p, **c}))(cons(by_owner["subject"], xs), cs)
+        phi_i = jax.vmap(item_phi)(cons(by_owner["item"], xi), ci)  # (n, D + 1 + K)
+        dims = u.shape[-1]
+        v, w, extras = phi_i[:, :dims], phi_i[:, dims], phi_i[:, dims + 1:]
+        mask = (y >= 0).astype(jnp.float32)
+        yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
+        eta = u @ v.T + w[None, :]
+        q = jnp.concatenate([eta[..., None],
+                             jnp.broadcast_to(extras[None], eta.shape + extras.shape[-1:])], -1)
+        value, g, h = over_cells(q, yf, mask)
+        r = g[..., 0]
+        u1 = jnp.concatenate([u, jnp.ones_like(u[:, :1])], axis=1)  # (s, D + 1)
+        grad, hess, cross = {}, {}, {}
+
+        def add(owner, idx, x, c, g_phi, h_phi):
+            if not free[owner]:
+                return
+            gr, hs, cr = jax.vmap(chains[owner])(x, c, g_phi, h_phi)
+            size = num_subjects if owner == "subject" else num_items
+            for p in free[owner]:
+                full = jnp.zeros((size,) + p.shape, jnp.float32)
+                grad[p.name] = full.at[idx].add(gr[p.name])
+                if with_hessian:
+                    hess[p.name] = full.at[idx].add(hs[p.name])
+            for key, val in cr.items():
+                cross[key] = jnp.zeros((size,), jnp.float32).at[idx].add(val)
+
+        # subjects: phi_s = u_s
+        g_u = r @ v
+        h_u = jnp.einsum("sn,ni,nj->sij", h[..., 0, 0], v, v) if with_hessian else None
+        add("subject", subject_idx, xs, cs, g_u, h_u)
+        # items: phi_n = (v_n, w_n, e_n)
+        g_i = jnp.concatenate([r.T @ u1, g[..., 1:].sum(axis=0)], axis=1)
+        h_i = None
+        if with_hessian:
+            top = jnp.einsum("sn,si,sj->nij", h[..., 0, 0], u1, u1)
+            side = jnp.einsum("snk,si->nik", h[..., 0, 1:], u1)
+            corner = h[..., 1:, 1:].sum(axis=0)
+            h_i = jnp.concatenate([jnp.concatenate([top, side], axis=2),
+                                   jnp.concatenate([jnp.swapaxes(side, 1, 2), corner], axis=2)],
+                                  axis=1)
+        add("item", item_idx, xi, ci, g_i, h_i)
+        if not with_hessian:
+            hess = {n: jnp.zeros_like(gv) for n, gv in grad.items()}
+        return Terms(value.sum(), grad, hess, cross)
+
+    return terms

@@ -1,0 +1,43 @@
+"""Likelihood terms of a block: a value with its gradient and Hessian pieces per block.
+
+Both ways of computing them (per cell in :mod:`engine.infer.elbo`, through a linear
+predictor in :mod:`engine.infer.linear`) return this one type.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from engine.models.spec import ModelSpec
+
+__all__ = ["Terms", "add_terms", "scale_terms", "cross_pairs"]
+
+
+class Terms(NamedTuple):
+    """A scalar value with its gradient and Hessian pieces, dicts keyed by parameter.
+
+    ``hess[name]`` is the diagonal; ``cross["a|b"]`` the mixed second derivative of two
+    scalar blocks of the same owner (e.g. one item's difficulty and discrimination).
+    """
+
+    value: jax.Array
+    grad: dict
+    hess: dict
+    cross: dict = {}
+
+
+def add_terms(a: Terms, b: Terms) -> Terms:
+    return jax.tree.map(jnp.add, a, b)
+
+
+def scale_terms(t: Terms, factor) -> Terms:
+    return jax.tree.map(lambda x: x * factor, t)
+
+
+def cross_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
+    """Pairs of scalar likelihood blocks with the same owner (whose mixed terms we keep)."""
+    lik = [p for p in spec.likelihood_params if p.shape == () and p.owner != "global"]
+    return [(a.name, b.name) for i, a in enumerate(lik) for b in lik[i + 1:] if a.owner == b.owner]
