@@ -48,6 +48,17 @@ def _unflat(specs: list[ParamSpec], flat: jax.Array) -> dict:
     return out
 
 
+def _small_matmul(a, b):
+    """``a @ b`` for matrices of a few rows and columns, unrolled into scalar products.
+
+    The chain rule runs vmapped over thousands of owners; XLA on CPU turns a batched dot of
+    tiny matrices into a loop of library calls that costs far more than the arithmetic.
+    """
+    rows = [[sum(a[i, k] * b[k, j] for k in range(a.shape[1])) for j in range(b.shape[1])]
+            for i in range(a.shape[0])]
+    return jnp.stack([jnp.stack(r) for r in rows])
+
+
 def _owner_chain(params: list[ParamSpec], free: list[ParamSpec], phi_fn: Callable,
                  with_hessian: bool, pairs: list[tuple[str, str]]) -> Callable:
     """``chain(x, c, g_phi, h_phi) -> (grad, hess, cross)`` for one owner (vmapped later).
@@ -69,17 +80,23 @@ def _owner_chain(params: list[ParamSpec], free: list[ParamSpec], phi_fn: Callabl
 
         flat = _flat(free, x)
         jac = jax.jacfwd(phi)(flat)  # (P, F)
-        grad_flat = jac.T @ g_phi
-        grad = _unflat(free, grad_flat)
+        grad = _unflat(free, _small_matmul(jac.T, g_phi[:, None])[:, 0])
         if not with_hessian:
             return grad, {}, {}
-        second = jax.hessian(lambda v: jnp.dot(g_phi, phi(v)))(flat)
-        h = jac.T @ h_phi @ jac + second
+        second = jax.hessian(lambda v: jnp.sum(g_phi * phi(v)))(flat)
+        h = _small_matmul(jac.T, _small_matmul(h_phi, jac)) + second
         diag = _unflat(free, jnp.diagonal(h))
         cross = {f"{a}|{b}": h[offsets[a], offsets[b]] for a, b in pairs}
         return grad, diag, cross
 
     return chain
+
+
+def _weighted_outer(weights, x):
+    """``out[a, i, j] = sum_b weights[a, b] x[b, i] x[b, j]`` as one matrix product."""
+    k = x.shape[1]
+    outer = (x[:, :, None] * x[:, None, :]).reshape(x.shape[0], k * k)
+    return (weights @ outer).reshape(weights.shape[0], k, k)
 
 
 def make_linear_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
@@ -165,14 +182,15 @@ def make_linear_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
 
         # subjects: phi_s = u_s
         g_u = r @ v
-        h_u = jnp.einsum("sn,ni,nj->sij", h[..., 0, 0], v, v) if with_hessian else None
+        h_u = _weighted_outer(h[..., 0, 0], v) if with_hessian else None
         add("subject", subject_idx, xs, cs, g_u, h_u)
         # items: phi_n = (v_n, w_n, e_n)
         g_i = jnp.concatenate([r.T @ u1, g[..., 1:].sum(axis=0)], axis=1)
         h_i = None
         if with_hessian:
-            top = jnp.einsum("sn,si,sj->nij", h[..., 0, 0], u1, u1)
-            side = jnp.einsum("snk,si->nik", h[..., 0, 1:], u1)
+            top = _weighted_outer(h[..., 0, 0].T, u1)
+            side = jnp.stack([h[..., 0, 1 + k].T @ u1 for k in range(h.shape[-1] - 1)]
+                             or [jnp.zeros((v.shape[0], dims + 1))], axis=2)[..., : h.shape[-1] - 1]
             corner = h[..., 1:, 1:].sum(axis=0)
             h_i = jnp.concatenate([jnp.concatenate([top, side], axis=2),
                                    jnp.concatenate([jnp.swapaxes(side, 1, 2), corner], axis=2)],
