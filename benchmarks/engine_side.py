@@ -24,26 +24,10 @@ ENGINE_PYTHON = os.environ.get("IRT_ENGINE_PYTHON", str(_REPO / ".venv" / "bin" 
 
 
 def fit_engine(responses: np.ndarray, model: str, seed: int = 0) -> tuple[dict, dict]:
-    """engine.fit with default settings; wall_s is the engine's own fit-only time."""
-    sys.path.insert(0, str(_REPO))
-    import engine
-
-    start = time.perf_counter()
-    res = engine.fit(responses, model=model, settings=engine.FitSettings(seed=seed))
-    means = res.means()
-    call_s = time.perf_counter() - start
-    observed = int(np.count_nonzero(responses >= 0))
-    meta = dict(tool="irt-engine", model=model, wall_s=float(res.wall_time_s), call_s=call_s,
-                passes=int(res.num_passes), converged=bool(res.converged),
-                observed_cells=observed,
-                cells_per_s_per_pass=observed * int(res.num_passes) / float(res.wall_time_s))
-    for attr in ("log_likelihood", "compile_time_s"):  # optional extras, if the engine has them
-        value = getattr(res, attr, None)
-        if isinstance(value, (int, float, np.number)):
-            meta[attr] = float(value)
-    arrays = {k: np.asarray(means[k]) for k in ("ability", "difficulty", "discrimination")
-              if k in means}
-    return meta, arrays
+    """engine.fit with default settings: ``fit_engine_model``'s timings, the three 2PL arrays."""
+    meta, arrays = fit_engine_model(responses, model, seed=seed)
+    return meta, {k: v for k, v in arrays.items()
+                  if k in ("ability", "difficulty", "discrimination")}
 
 
 def fit_engine_model(responses: np.ndarray, model: str, model_options: dict | None = None,

@@ -130,10 +130,12 @@ def _fit_row(name: str, res: dict) -> str:
         reason = _reason(res, 80)
         rss = _fmt(res.get("peak_rss_gb"), ".2f")
         return (f"| {name} | {res['model']} | {res['tool']} | {res['status']}: {reason} | - | "
-                f"{rss} | - | - | - | - | - |")
+                f"{rss} | - | - | - | - | - | - | - |")
     return (f"| {name} | {res['model']} | {res['tool']} | ok | {res['wall_s']:.2f} | "
             f"{_fmt(res.get('peak_rss_gb'), '.2f')} | {_fmt(passes, 'd')} | "
             f"{res.get('converged', '-')} | {_fmt(res.get('cells_per_s_per_pass'), '.2e')} | "
+            f"{_fmt(res.get('compile_time_s'), '.2f')} | "
+            f"{_fmt(res.get('cells_per_s_median_pass'), '.2e')} | "
             f"{_rec(res, 'pearson')} | {_rec(res, 'kendall')} |")
 
 
@@ -157,10 +159,13 @@ def markdown(results: dict) -> str:
     """Markdown tables of every fit, the NLU agreement and the JAX probe."""
     m = results["machine"]
     lines = [f"# Core benchmark\n\nMachine: {m['cpu']}, {m['cores']} cores, {m['mem_gb']} GB.\n",
-             "wall s = fit only (mirt, girth: fit + EAP abilities); RSS = child's peak; "
+             "wall s = fit only (mirt, girth: fit + EAP abilities; irt-engine: JAX compilation "
+             "included, most of it in the 1st pass); RSS = child's peak; cells/s/pass (wall) = "
+             "cells x passes / wall; median pass = the trace's passes after the first; "
              "recovery = ability / difficulty / discrimination vs truth.\n",
              "| data | model | tool | status | wall s | peak RSS GB | passes | converged | "
-             "cells/s/pass | Pearson r | Kendall tau |", "|" + "---|" * 11]
+             "cells/s/pass (wall) | 1st pass s | cells/s, median pass | Pearson r | Kendall tau |",
+             "|" + "---|" * 13]
     for name, entry in results["datasets"].items():
         lines += [_fit_row(name, f) for f in entry["fits"]]
     for name, entry in results["datasets"].items():
@@ -172,11 +177,15 @@ def markdown(results: dict) -> str:
                 lines.append(f"\n{name} {fit['model']} {fit['tool']} log-likelihood "
                              f"(as the tool reports it; mirt: marginal): "
                              f"{fit['log_likelihood']:.2f}")
-    probe = ["\n| data | cells | JAX probe cores | cells/s |", "|---|---|---|---|"]
+    probe = ["\n| data | cells | JAX probe cores | cells/s | irt-engine median pass / probe |",
+             "|---|---|---|---|---|"]
     for name, entry in results["datasets"].items():
         for p in entry.get("jax_probe", []):
+            ratios = [f"{f['model']} {f['cells_per_s_median_pass'] / p['cells_per_s']:.0%}"
+                      for f in entry["fits"] if f.get("tool") == "irt-engine"
+                      and f.get("cells_per_s_median_pass") and p.get("cells_per_s")]
             probe.append(f"| {name} | {entry['observed_cells']} | {p.get('cores') or 'all'} | "
-                         f"{_fmt(p.get('cells_per_s'), '.2e')} |")
+                         f"{_fmt(p.get('cells_per_s'), '.2e')} | {', '.join(ratios) or '-'} |")
     notes = [f"\n{name} {f['model']} {f['tool']}: EAP ability non-finite for "
              f"{f['ability_nan_fraction']:.0%} of subjects"
              for name, entry in results["datasets"].items() for f in entry["fits"]

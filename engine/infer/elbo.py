@@ -13,7 +13,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from engine.infer.linear import make_linear_block_terms, supports_linear
+from engine.infer.linear import (make_linear_block_terms, make_linear_observation_terms,
+                                 supports_linear)
 from engine.infer.terms import Terms, add_terms, cross_pairs, scale_terms
 from engine.models.spec import ModelSpec
 
@@ -154,11 +155,15 @@ def make_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
 
 
 def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
-                           with_hessian: bool = True, frozen: frozenset = frozenset()) -> Callable:
+                           with_hessian: bool = True, frozen: frozenset = frozenset(),
+                           *, per_cell: bool = False) -> Callable:
     """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded batch of
     observations: ``y[k]`` is subject ``subject_idx[k]``'s response to item ``item_idx[k]``
     (all ``(b,)``; ``y < 0`` is padding). The same per-cell derivatives as
-    :func:`make_block_terms`, scattered to each observation's owners: no dense matrix."""
+    :func:`make_block_terms`, scattered to each observation's owners: no dense matrix.
+    A model with a linear predictor takes that path unless ``per_cell``."""
+    if not per_cell and supports_linear(spec):
+        return make_linear_observation_terms(spec, num_subjects, num_items, with_hessian, frozen)
     lik = spec.likelihood_params
     cell = _make_cell(spec, with_hessian, frozenset(frozen))
     consts, const_owner = _constants(spec, num_subjects, num_items)

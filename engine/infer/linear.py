@@ -27,7 +27,7 @@ from engine.errors import ModelError
 from engine.infer.terms import Terms, cross_pairs
 from engine.models.spec import ModelSpec, ParamSpec
 
-__all__ = ["make_linear_block_terms", "supports_linear"]
+__all__ = ["make_linear_block_terms", "make_linear_observation_terms", "supports_linear"]
 
 
 def supports_linear(spec: ModelSpec) -> bool:
@@ -99,12 +99,46 @@ def _weighted_outer(weights, x):
     return (weights @ outer).reshape(weights.shape[0], k, k)
 
 
-def make_linear_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
-                            with_hessian: bool = True, frozen: frozenset = frozenset()) -> Callable:
-    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded dense tile.
+def _hessian_blocks(top, side, corner):
+    """``[[top, side], [side^T, corner]]`` over the trailing two axes."""
+    return jnp.concatenate([jnp.concatenate([top, side], axis=-1),
+                            jnp.concatenate([jnp.swapaxes(side, -1, -2), corner], axis=-1)],
+                           axis=-2)
 
-    Raises ``ModelError`` when ``spec`` has no linear predictor (see :func:`supports_linear`).
-    """
+
+def _tile_sums(u, v, w, extras, cell_fn, y, mask, with_hessian):
+    """A dense tile: per-row (subject) and per-column (item) sums as matrix products."""
+    eta = u @ v.T + w[None, :]
+    q = jnp.concatenate([eta[..., None],
+                         jnp.broadcast_to(extras[None], eta.shape + extras.shape[-1:])], -1)
+    value, g, h = jax.vmap(jax.vmap(cell_fn))(q, y, mask)
+    r, u1 = g[..., 0], jnp.concatenate([u, jnp.ones_like(u[:, :1])], axis=1)
+    g_u = r @ v
+    g_i = jnp.concatenate([r.T @ u1, g[..., 1:].sum(axis=0)], axis=1)
+    if not with_hessian:
+        return value.sum(), g_u, None, g_i, None
+    side = jnp.stack([h[..., 0, 1 + k].T @ u1 for k in range(extras.shape[-1])], axis=2) \
+        if extras.shape[-1] else jnp.zeros((v.shape[0], u1.shape[1], 0))
+    h_i = _hessian_blocks(_weighted_outer(h[..., 0, 0].T, u1), side, h[..., 1:, 1:].sum(axis=0))
+    return value.sum(), g_u, _weighted_outer(h[..., 0, 0], v), g_i, h_i
+
+
+def _observation_sums(u, v, w, extras, cell_fn, y, mask, with_hessian):
+    """An observation batch (``u``, ``v`` per observation): each one's own contributions."""
+    eta = jnp.sum(u * v, axis=-1) + w
+    value, g, h = jax.vmap(cell_fn)(jnp.concatenate([eta[:, None], extras], axis=1), y, mask)
+    r, u1 = g[:, :1], jnp.concatenate([u, jnp.ones_like(u[:, :1])], axis=1)
+    g_u, g_i = r * v, jnp.concatenate([r * u1, g[:, 1:]], axis=1)
+    if not with_hessian:
+        return value.sum(), g_u, None, g_i, None
+    outer = lambda x: x[:, :, None] * x[:, None, :]
+    weight = h[:, :1, :1]
+    h_i = _hessian_blocks(weight * outer(u1), u1[:, :, None] * h[:, None, 0, 1:], h[:, 1:, 1:])
+    return value.sum(), g_u, weight * outer(v), g_i, h_i
+
+
+def _make_terms(spec: ModelSpec, num_subjects: int, num_items: int, with_hessian: bool,
+                frozen: frozenset, sums: Callable) -> Callable:
     if not supports_linear(spec):
         raise ModelError(f"model {spec.name!r} declares no linear predictor over subject and "
                          "item blocks; use engine.infer.elbo.make_block_terms")
@@ -122,82 +156,71 @@ def make_linear_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
         v, w, extras = lin.item({**params, **c})
         return jnp.concatenate([v, jnp.reshape(w, (1,))] + [jnp.reshape(e, (1,)) for e in extras])
 
-    chains = {
-        "subject": _owner_chain(by_owner["subject"], free["subject"],
-                                lambda p, c: lin.subject({**p, **c}), with_hessian,
-                                [(a, b) for a, b in pairs if owner_of[a] == "subject"]),
-        "item": _owner_chain(by_owner["item"], free["item"], item_phi, with_hessian,
-                             [(a, b) for a, b in pairs if owner_of[a] == "item"]),
-    }
+    def subject_phi(params, c):
+        return lin.subject({**params, **c})
+
+    chains = {o: _owner_chain(by_owner[o], free[o], fn, with_hessian,
+                              [(a, b) for a, b in pairs if owner_of[a] == o])
+              for o, fn in (("subject", subject_phi), ("item", item_phi))}
 
     def cell(q, y, m):
         return m * lin.cell(q[0], tuple(q[1:]), y, m)
 
-    if with_hessian:
-        def cell_terms(q, y, m):
-            def grad_aux(qq):
-                v, g = jax.value_and_grad(cell)(qq, y, m)
-                return g, (v, g)
+    def cell_terms(q, y, m):
+        if not with_hessian:
+            return (*jax.value_and_grad(cell)(q, y, m), None)
 
-            h, (v, g) = jax.jacfwd(grad_aux, has_aux=True)(q)
-            return v, g, h
-    else:
-        def cell_terms(q, y, m):
-            v, g = jax.value_and_grad(cell)(q, y, m)
-            return v, g, None
-    over_cells = jax.vmap(jax.vmap(cell_terms))
+        def grad_aux(qq):
+            v, g = jax.value_and_grad(cell)(qq, y, m)
+            return g, (v, g)
+
+        h, (v, g) = jax.jacfwd(grad_aux, has_aux=True)(q)
+        return v, g, h
 
     def terms(z, subject_idx, item_idx, y):
-        xs = {p.name: z[p.name][subject_idx] for p in by_owner["subject"]}
-        xi = {p.name: z[p.name][item_idx] for p in by_owner["item"]}
-        cs = {k: v[subject_idx] for k, v in consts.items() if const_owner[k] == "subject"}
-        ci = {k: v[item_idx] for k, v in consts.items() if const_owner[k] == "item"}
-        cons = lambda ps, x: {p.name: p.constrain(x[p.name]) for p in ps}
-        u = jax.vmap(lambda p, c: lin.subject({**p, **c}))(cons(by_owner["subject"], xs), cs)
-        phi_i = jax.vmap(item_phi)(cons(by_owner["item"], xi), ci)  # (n, D + 1 + K)
+        idx = {"subject": subject_idx, "item": item_idx}
+        x = {o: {p.name: z[p.name][idx[o]] for p in by_owner[o]} for o in idx}
+        c = {o: {k: v[idx[o]] for k, v in consts.items() if const_owner[k] == o} for o in idx}
+        params = {o: {p.name: p.constrain(x[o][p.name]) for p in by_owner[o]} for o in idx}
+        u = jax.vmap(subject_phi)(params["subject"], c["subject"])
+        phi_i = jax.vmap(item_phi)(params["item"], c["item"])  # (n, D + 1 + K)
         dims = u.shape[-1]
-        v, w, extras = phi_i[:, :dims], phi_i[:, dims], phi_i[:, dims + 1:]
         mask = (y >= 0).astype(jnp.float32)
         yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
-        eta = u @ v.T + w[None, :]
-        q = jnp.concatenate([eta[..., None],
-                             jnp.broadcast_to(extras[None], eta.shape + extras.shape[-1:])], -1)
-        value, g, h = over_cells(q, yf, mask)
-        r = g[..., 0]
-        u1 = jnp.concatenate([u, jnp.ones_like(u[:, :1])], axis=1)  # (s, D + 1)
+        value, *phi_sums = sums(u, phi_i[:, :dims], phi_i[:, dims], phi_i[:, dims + 1:],
+                                cell_terms, yf, mask, with_hessian)
         grad, hess, cross = {}, {}, {}
-
-        def add(owner, idx, x, c, g_phi, h_phi):
+        for owner, (g_phi, h_phi) in zip(idx, (phi_sums[:2], phi_sums[2:])):
             if not free[owner]:
-                return
-            gr, hs, cr = jax.vmap(chains[owner])(x, c, g_phi, h_phi)
+                continue
+            gr, hs, cr = jax.vmap(chains[owner])(x[owner], c[owner], g_phi, h_phi)
             size = num_subjects if owner == "subject" else num_items
             for p in free[owner]:
                 full = jnp.zeros((size,) + p.shape, jnp.float32)
-                grad[p.name] = full.at[idx].add(gr[p.name])
-                if with_hessian:
-                    hess[p.name] = full.at[idx].add(hs[p.name])
+                grad[p.name] = full.at[idx[owner]].add(gr[p.name])
+                hess[p.name] = full.at[idx[owner]].add(hs[p.name]) if with_hessian \
+                    else jnp.zeros_like(full)
             for key, val in cr.items():
-                cross[key] = jnp.zeros((size,), jnp.float32).at[idx].add(val)
-
-        # subjects: phi_s = u_s
-        g_u = r @ v
-        h_u = _weighted_outer(h[..., 0, 0], v) if with_hessian else None
-        add("subject", subject_idx, xs, cs, g_u, h_u)
-        # items: phi_n = (v_n, w_n, e_n)
-        g_i = jnp.concatenate([r.T @ u1, g[..., 1:].sum(axis=0)], axis=1)
-        h_i = None
-        if with_hessian:
-            top = _weighted_outer(h[..., 0, 0].T, u1)
-            side = jnp.stack([h[..., 0, 1 + k].T @ u1 for k in range(h.shape[-1] - 1)]
-                             or [jnp.zeros((v.shape[0], dims + 1))], axis=2)[..., : h.shape[-1] - 1]
-            corner = h[..., 1:, 1:].sum(axis=0)
-            h_i = jnp.concatenate([jnp.concatenate([top, side], axis=2),
-                                   jnp.concatenate([jnp.swapaxes(side, 1, 2), corner], axis=2)],
-                                  axis=1)
-        add("item", item_idx, xi, ci, g_i, h_i)
-        if not with_hessian:
-            hess = {n: jnp.zeros_like(gv) for n, gv in grad.items()}
-        return Terms(value.sum(), grad, hess, cross)
+                cross[key] = jnp.zeros((size,), jnp.float32).at[idx[owner]].add(val)
+        return Terms(value, grad, hess, cross)
 
     return terms
+
+
+def make_linear_block_terms(spec: ModelSpec, num_subjects: int, num_items: int,
+                            with_hessian: bool = True, frozen: frozenset = frozenset()) -> Callable:
+    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded dense tile.
+
+    Raises ``ModelError`` when ``spec`` has no linear predictor (see :func:`supports_linear`).
+    """
+    return _make_terms(spec, num_subjects, num_items, with_hessian, frozenset(frozen), _tile_sums)
+
+
+def make_linear_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
+                                  with_hessian: bool = True,
+                                  frozen: frozenset = frozenset()) -> Callable:
+    """Return ``terms(z, subject_idx, item_idx, y) -> Terms`` for one padded batch of
+    observations (all ``(b,)``; ``y < 0`` or NaN is padding), as
+    :func:`engine.infer.elbo.make_observation_terms` computes them."""
+    return _make_terms(spec, num_subjects, num_items, with_hessian, frozenset(frozen),
+                       _observation_sums)

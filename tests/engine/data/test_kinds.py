@@ -238,7 +238,7 @@ def test_streamed_float_store_equals_in_memory(float_case):
 
 
 def test_sparse_equals_dense_on_the_same_float_observations(float_case):
-    y, _, _, store, dense = float_case
+    y, _, dense_store, store, dense = float_case
     source = make_source(store, SETTINGS.replace(memory_budget=1 << 10))
     assert isinstance(source, SparseSource) and not source.resident
     assert source.empty_block().y.dtype == np.float32
@@ -246,9 +246,14 @@ def test_sparse_equals_dense_on_the_same_float_observations(float_case):
     res = fit(store, "beta", SETTINGS.replace(memory_budget=1 << 10))  # streamed batches
     assert res.num_observed == dense.num_observed == int((~np.isnan(y)).sum())
     assert res.extra["model_options"]["inflation"] == "zero-one"  # from the store's record
-    # summation order differs (per tile vs per batch): the locations agree to float rounding
-    # (measured max |gap| 1.3e-5 after 8 passes; relative to posterior sds it is larger only
-    # where an sd is still tiny this early in the fit)
+    # Summation order differs (matrix products per tile, sums per observation batch). This
+    # small fit's first passes take steps of up to 1e6 posterior sds, which amplify float
+    # rounding about 20x a pass (measured: 3e-7 after 2 passes, 2e-5 after 4, 5e-3 after 8,
+    # between two exact implementations of the same terms), so the fits are compared after
+    # 4 passes; tests/engine/infer/test_linear.py checks the terms themselves agree.
+    early = SETTINGS.replace(max_passes=4, min_passes=4)
+    dense = fit(dense_store, "beta", early)
+    res = fit(store, "beta", early.replace(memory_budget=1 << 10))
     gaps = _max_gap(dense, res)
     print("sparse vs dense max |loc gap|", gaps)
     assert max(gaps.values()) < 1e-3, gaps

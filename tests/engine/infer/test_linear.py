@@ -7,7 +7,7 @@ import pytest
 
 from engine.data.blocks import MISSING
 from engine.errors import ModelError
-from engine.infer.elbo import make_block_terms
+from engine.infer.elbo import make_block_terms, make_observation_terms
 from engine.infer.linear import make_linear_block_terms, supports_linear
 from engine.models import MODELS, get_model
 
@@ -102,3 +102,18 @@ def test_inflated_beta_with_exact_zeros_and_ones():
     tile = jnp.asarray(y)
     _assert_same(jax.jit(make_block_terms(spec, S, N))(z, sub, item, tile),
                  jax.jit(make_block_terms(spec, S, N, per_cell=True))(z, sub, item, tile))
+
+
+@pytest.mark.parametrize("name", ["2pl", "4pl", "mirt-comp", "beta"])
+def test_observation_batches_equal_per_cell_terms(name):
+    """The sparse layout: one observation per entry, padding marked missing."""
+    spec = get_model(name, **_options(name))
+    z, (sub, item, tile) = _case(spec, seed=11)
+    rows, cols = np.meshgrid(np.arange(S + 1), np.arange(N + 1), indexing="ij")
+    batch = (jnp.asarray(np.asarray(sub)[rows.ravel()]), jnp.asarray(np.asarray(item)[cols.ravel()]),
+             jnp.asarray(np.asarray(tile).ravel()))
+    for with_hessian in (True, False):
+        fast = jax.jit(make_observation_terms(spec, S, N, with_hessian))(z, *batch)
+        slow = jax.jit(make_observation_terms(spec, S, N, with_hessian, per_cell=True))(z, *batch)
+        _assert_same(fast, slow)
+        _assert_same(fast, jax.jit(make_block_terms(spec, S, N, with_hessian))(z, sub, item, tile))
