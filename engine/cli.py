@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -657,8 +658,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _use_compilation_cache() -> None:
+    """Keep compiled programs between runs, so a repeated command skips most of its JAX
+    compilation: ``JAX_COMPILATION_CACHE_DIR`` (default ``~/.cache/irt-engine/jax``, the
+    cache the Ray runner's workers share); ``IRT_ENGINE_COMPILATION_CACHE=0`` turns it off."""
+    if os.environ.get("IRT_ENGINE_COMPILATION_CACHE", "1") == "0":
+        return
+    import jax
+
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
+        Path.home() / ".cache" / "irt-engine" / "jax")
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _use_compilation_cache()
     try:
         if getattr(args, "max_passes", 1) < 1 or getattr(args, "draws", 1) < 1:
             raise SettingsError("--max-passes and --draws must be >= 1")

@@ -1,6 +1,9 @@
 """End to end through the command line, on real matrices from ../shared/data."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +104,26 @@ def test_run_dir_not_overwritten_without_flag(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
     assert main(args + ["--overwrite"]) == 0
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".r.tmp")]
+
+
+def test_the_cli_keeps_compiled_programs_between_runs(tmp_path):
+    """A second identical command loads its programs from the compilation cache."""
+    rng = np.random.default_rng(0)
+    y = (rng.random((30, 40)) < 0.6).astype(int)
+    pd.DataFrame(y, index=[f"s{i}" for i in range(30)],
+                 columns=[f"i{j}" for j in range(40)]).rename_axis("subject").to_csv(tmp_path / "w.csv")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "IRT_ENGINE_COMPILATION_CACHE": "1",
+           "JAX_COMPILATION_CACHE_DIR": str(cache)}
+    cli = [sys.executable, "-m", "engine.cli"]
+    subprocess.run(cli + ["ingest", str(tmp_path / "w.csv"), "--out", str(tmp_path / "s.zarr")],
+                   env=env, check=True, capture_output=True)
+    traces = []
+    for k in range(2):
+        subprocess.run(cli + ["fit", str(tmp_path / "s.zarr"), "--model", "1pl", "--out",
+                              str(tmp_path / f"run{k}"), "--quiet"], env=env, check=True,
+                       capture_output=True)
+        trace = json.loads((tmp_path / f"run{k}" / "fit.json").read_text())["elbo_trace"]
+        traces.append([r["elbo"] for r in trace])
+        assert any(p.is_file() for p in cache.rglob("*"))  # programs were written
+    assert traces[0] == traces[1]  # same seed, same fit, whether compiled or loaded
