@@ -54,9 +54,7 @@ def _small_matmul(a, b):
     The chain rule runs vmapped over thousands of owners; XLA on CPU turns a batched dot of
     tiny matrices into a loop of library calls that costs far more than the arithmetic.
     """
-    rows = [[sum(a[i, k] * b[k, j] for k in range(a.shape[1])) for j in range(b.shape[1])]
-            for i in range(a.shape[0])]
-    return jnp.stack([jnp.stack(r) for r in rows])
+    return sum(a[:, k, None] * b[None, k, :] for k in range(a.shape[1]))
 
 
 def _owner_chain(params: list[ParamSpec], free: list[ParamSpec], phi_fn: Callable,
