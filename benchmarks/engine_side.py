@@ -108,11 +108,19 @@ def _worker_main(argv: list[str]) -> None:
 
 
 def run_engine(model: str, responses: np.ndarray, *, timeout: float = 600.0,
-               python: str = ENGINE_PYTHON) -> dict:
-    """Fit irt-engine's ``model`` ("1pl" or "2pl") in a child process; never raises."""
+               python: str = ENGINE_PYTHON, compilation_cache: str | Path | None = None) -> dict:
+    """Fit irt-engine's ``model`` ("1pl" or "2pl") in a child process; never raises.
+
+    ``compilation_cache``: a JAX persistent compilation cache folder for the child (what the
+    CLI keeps in ``~/.cache/irt-engine/jax``); an empty one fills, a filled one is read.
+    """
     from subproc import run_worker
 
-    return run_worker(python, _HERE, f"engine_{model}", responses, timeout=timeout)
+    env = None
+    if compilation_cache is not None:
+        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(compilation_cache),
+               "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    return run_worker(python, _HERE, f"engine_{model}", responses, timeout=timeout, env=env)
 
 
 def run_engine_model(model: str, responses: np.ndarray, *, model_options: dict | None = None,

@@ -76,23 +76,20 @@ def _move(guide: GuideState, moves, t) -> GuideState:
     return GuideState(loc, log_scale)
 
 
-def _follow_symmetries(spec: ModelSpec, guide: GuideState, rng_key, num_draws: int = 1,
-                       newton_iters: int = 1, max_t: float = 0.5) -> GuideState:
+def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_iters: int = 1,
+                       max_t: float = 0.5) -> GuideState:
     """Maximise the ELBO along each likelihood symmetry of ``spec``.
 
     The expected log-likelihood is constant along a symmetry, so only the prior term
-    (estimated with ``num_draws`` fixed reparameterised draws) and the entropy move.
+    (estimated with the step's standard-normal draw ``eps``, reparameterised through the
+    moved guide) and the entropy move.
     """
-    for index, sym in enumerate(spec.symmetries):
-        keys = jax.random.split(jax.random.fold_in(rng_key, index), num_draws)
+    for sym in spec.symmetries:
 
         def objective(t, base):
             g = _move(base, sym.moves, t)
-            lp = 0.0
-            for k in keys:
-                z, _ = sample(g, rng_key=k)
-                lp = lp + log_prior(spec, z)
-            return lp / num_draws + entropy(g.log_scale)
+            z = {n: g.loc[n] + jnp.exp(g.log_scale[n]) * eps[n] for n in g.loc}
+            return log_prior(spec, z) + entropy(g.log_scale)
 
         for _ in range(newton_iters):
             # One forward-over-reverse pass gives the slope and the curvature together.
@@ -138,7 +135,7 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         info = _info(guide, tot, delta, moved)
         new = GuideState(loc, log_scale)
         if symmetries:
-            new = _follow_symmetries(symmetries, new, state.rng_key)
+            new = _follow_symmetries(symmetries, new, eps)
         return state._replace(guide=new, step=state.step + 1), info
 
     def adam(state: FitState, z, eps, lik: Terms, scale):

@@ -115,37 +115,22 @@ def tetragamma(x):
     return series - jnp.where(small, 2.0 * cubes, 0.0)
 
 
-@jax.custom_jvp
-def _trigamma(x):
-    return _trigamma_impl(x)
+def _with_derivative(impl, derivative):
+    """``impl`` as a ``custom_jvp`` whose derivative is ``derivative`` (itself differentiable),
+    so each order of a forward-over-reverse Hessian takes the next function of the chain."""
+    fn = jax.custom_jvp(impl)
+
+    @fn.defjvp
+    def _jvp(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return impl(x), derivative(x) * t
+
+    return fn
 
 
-@_trigamma.defjvp
-def _trigamma_jvp(primals, tangents):
-    (x,), (t,) = primals, tangents
-    return _trigamma_impl(x), tetragamma(x) * t
-
-
-@jax.custom_jvp
-def _digamma(x):
-    return _digamma_impl(x)
-
-
-@_digamma.defjvp
-def _digamma_jvp(primals, tangents):
-    (x,), (t,) = primals, tangents
-    return _digamma_impl(x), _trigamma(x) * t
-
-
-@jax.custom_jvp
-def _lgamma(x):
-    return _lgamma_impl(x)
-
-
-@_lgamma.defjvp
-def _lgamma_jvp(primals, tangents):
-    (x,), (t,) = primals, tangents
-    return _lgamma_impl(x), _digamma(x) * t
+_trigamma = _with_derivative(_trigamma_impl, tetragamma)
+_digamma = _with_derivative(_digamma_impl, _trigamma)
+_lgamma = _with_derivative(_lgamma_impl, _digamma)
 
 
 def lgamma(x):

@@ -181,6 +181,7 @@ def test_float_checksums(tmp_path):
 # --- fits from float stores -----------------------------------------------------------
 
 SETTINGS = FitSettings(seed=0, max_passes=8, min_passes=8, max_block_cells=2048, progress=False)
+EARLY = SETTINGS.replace(max_passes=4, min_passes=4)
 
 
 def _simulate_scores(num_subjects=48, num_items=96, seed=3):
@@ -216,8 +217,10 @@ def float_case(tmp_path_factory):
 
 
 def test_streamed_float_store_equals_in_memory(float_case):
-    y, theta, store, _, memory = float_case
-    streamed = fit(store, "beta", SETTINGS.replace(memory_budget=8 << 10))
+    y, theta, store, _, _ = float_case
+    # compared after 4 passes: see test_sparse_equals_dense_on_the_same_float_observations
+    memory = fit(store, "beta", EARLY)
+    streamed = fit(store, "beta", EARLY.replace(memory_budget=8 << 10))
     assert memory.extra["source"] == "FloatInMemorySource"
     assert streamed.extra["source"] == "StreamingSource"
     block = make_source(store, SETTINGS.replace(memory_budget=8 << 10)).block((0, 0))
@@ -251,9 +254,8 @@ def test_sparse_equals_dense_on_the_same_float_observations(float_case):
     # rounding about 20x a pass (measured: 3e-7 after 2 passes, 2e-5 after 4, 5e-3 after 8,
     # between two exact implementations of the same terms), so the fits are compared after
     # 4 passes; tests/engine/infer/test_linear.py checks the terms themselves agree.
-    early = SETTINGS.replace(max_passes=4, min_passes=4)
-    dense = fit(dense_store, "beta", early)
-    res = fit(store, "beta", early.replace(memory_budget=1 << 10))
+    dense = fit(dense_store, "beta", EARLY)
+    res = fit(store, "beta", EARLY.replace(memory_budget=1 << 10))
     gaps = _max_gap(dense, res)
     print("sparse vs dense max |loc gap|", gaps)
     assert max(gaps.values()) < 1e-3, gaps
