@@ -221,3 +221,17 @@ def test_model_error_is_irt_error_and_value_error():
         get_model("nope")
     with pytest.raises(ValueError):
         get_model("nope")
+
+
+def test_1pl_starts_from_the_logits_of_mean_responses():
+    """PROX start: near the truth before any pass, missing cells ignored; 2PL keeps zeros."""
+    rng = np.random.default_rng(4)
+    theta, b = rng.normal(size=300), rng.normal(size=200)
+    y = (rng.random((300, 200)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
+    y[rng.random(y.shape) < 0.2] = -1
+    start = get_model("1pl").initial(y)
+    assert start["ability"].shape == (300,) and start["difficulty"].shape == (200,)
+    assert np.corrcoef(start["ability"], theta)[0, 1] > 0.9
+    assert np.corrcoef(start["difficulty"], b)[0, 1] > 0.9
+    assert abs(float(start["ability"].mean())) < 1e-5  # centred, as the N(0, 1) prior is
+    assert get_model("2pl").initial is None
