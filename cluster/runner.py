@@ -168,9 +168,10 @@ def _loopback_only() -> None:
 def worker_runtime_env() -> dict:
     """Runtime environment for Ray workers: a shared JAX compilation cache, so each compiled
     batch program is built once per machine rather than once per worker process."""
-    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR",
-                           str(Path.home() / ".cache" / "irt-engine" / "jax"))
-    env = {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    from engine.cli import compilation_cache_dir
+
+    env = {"JAX_COMPILATION_CACHE_DIR": compilation_cache_dir(),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
     if "XLA_FLAGS" in os.environ:
         env["XLA_FLAGS"] = os.environ["XLA_FLAGS"]
     return {"env_vars": env}

@@ -658,17 +658,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def compilation_cache_dir() -> str:
+    """The JAX compilation cache that commands and Ray workers share:
+    ``JAX_COMPILATION_CACHE_DIR``, by default ``~/.cache/irt-engine/jax``."""
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
+        Path.home() / ".cache" / "irt-engine" / "jax")
+
+
 def _use_compilation_cache() -> None:
     """Keep compiled programs between runs, so a repeated command skips most of its JAX
-    compilation: ``JAX_COMPILATION_CACHE_DIR`` (default ``~/.cache/irt-engine/jax``, the
-    cache the Ray runner's workers share); ``IRT_ENGINE_COMPILATION_CACHE=0`` turns it off."""
+    compilation (:func:`compilation_cache_dir`); ``IRT_ENGINE_COMPILATION_CACHE=0`` turns
+    it off."""
     if os.environ.get("IRT_ENGINE_COMPILATION_CACHE", "1") == "0":
         return
     import jax
 
-    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
-        Path.home() / ".cache" / "irt-engine" / "jax")
-    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_compilation_cache_dir", compilation_cache_dir())
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 

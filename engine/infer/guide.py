@@ -9,7 +9,8 @@ import jax.numpy as jnp
 
 from engine.models.spec import ModelSpec
 
-__all__ = ["GuideState", "FitState", "StepInfo", "init_guide", "sample", "constrained_means"]
+__all__ = ["GuideState", "FitState", "StepInfo", "init_guide", "reparameterise", "sample",
+           "constrained_means"]
 
 
 class GuideState(NamedTuple):
@@ -47,13 +48,17 @@ def init_guide(spec: ModelSpec, num_subjects: int, num_items: int, init_scale: f
     return GuideState(loc, log_scale)
 
 
+def reparameterise(guide: GuideState, eps: dict) -> dict:
+    """``z = loc + scale * eps`` for standard-normal ``eps`` keyed like the guide."""
+    return {n: guide.loc[n] + jnp.exp(guide.log_scale[n]) * eps[n] for n in guide.loc}
+
+
 def sample(guide: GuideState, *, rng_key: jax.Array) -> tuple[dict, dict]:
     """One reparameterised draw ``z = loc + scale * eps``; returns ``(z, eps)``."""
     names = sorted(guide.loc)
     keys = dict(zip(names, jax.random.split(rng_key, len(names))))
     eps = {n: jax.random.normal(keys[n], guide.loc[n].shape, jnp.float32) for n in names}
-    z = {n: guide.loc[n] + jnp.exp(guide.log_scale[n]) * eps[n] for n in names}
-    return z, eps
+    return reparameterise(guide, eps), eps
 
 
 def constrained_means(spec: ModelSpec, guide: GuideState) -> dict:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from engine.infer.elbo import Terms, entropy, log_prior, prior_terms
-from engine.infer.guide import FitState, GuideState, StepInfo, sample
+from engine.infer.guide import FitState, GuideState, StepInfo, reparameterise, sample
 from engine.infer.settings import FitSettings
 from engine.models.spec import ModelSpec
 
@@ -88,8 +88,7 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_ite
 
         def objective(t, base):
             g = _move(base, sym.moves, t)
-            z = {n: g.loc[n] + jnp.exp(g.log_scale[n]) * eps[n] for n in g.loc}
-            return log_prior(spec, z) + entropy(g.log_scale)
+            return log_prior(spec, reparameterise(g, eps)) + entropy(g.log_scale)
 
         for _ in range(newton_iters):
             # One forward-over-reverse pass gives the slope and the curvature together.

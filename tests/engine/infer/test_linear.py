@@ -12,12 +12,11 @@ from engine.infer.linear import make_linear_block_terms, supports_linear
 from engine.models import MODELS, get_model
 
 S, N = 6, 11
-LINEAR = [name for name in MODELS if supports_linear(get_model(name, **(
-    {"dims": 2} if name.startswith(("mirt", "irt-vec")) else {})))]
-
-
 def _options(name):
     return {"dims": 3} if name.startswith(("mirt", "irt-vec")) else {}
+
+
+LINEAR = [name for name in MODELS if supports_linear(get_model(name, **_options(name)))]
 
 
 def _case(spec, seed=0):
