@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -13,6 +14,7 @@ from engine.data.blocks import Block, BlockSource
 from engine.data.streaming import prefetch
 from engine.infer.checkpoint import Checkpointer, FitProgress
 from engine.infer.elbo import add_terms, make_block_terms, make_observation_terms
+from engine.infer.terms import Terms, terms_shapes
 from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
 from engine.infer.parallel import make_parallel_terms, num_local_devices, stack_blocks
 from engine.infer.settings import FitSettings
@@ -97,6 +99,33 @@ def _group_loader(source: BlockSource, num_devices: int):
     return load
 
 
+_add_terms = jax.jit(add_terms)  # one compiled sum, not an eager op per leaf and shape
+
+
+def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool) -> threading.Thread:
+    """Compile ``update`` (and the sum of two groups' terms when a pass has several) on a
+    background thread while the first pass compiles the draw and the terms: XLA releases
+    the interpreter lock while it compiles, so with two or more cores they overlap. The
+    thread calls each function once on zero terms of the right shapes (results dropped),
+    which leaves the executables in their caches for the real calls. Join it first.
+    """
+    def run():
+        try:
+            device = jax.local_devices()[0]
+            lik = jax.device_put(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), lik_shapes),
+                                 device)
+            z = state.guide.loc
+            jax.block_until_ready(update(state, z, z, lik, jnp.float32(1.0)))
+            if sum_groups:
+                jax.block_until_ready(_add_terms(lik, lik))
+        except Exception:  # the real call compiles again and reports any error itself
+            pass
+
+    thread = threading.Thread(target=run, name="irt-engine-compile", daemon=True)
+    thread.start()
+    return thread
+
+
 def _terms_factory(source: BlockSource):
     return make_observation_terms if source.layout == "sparse" else make_block_terms
 
@@ -128,7 +157,7 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     optimizer = make_optimizer(settings)
     opt_state = optimizer.init(guide) if optimizer is not None else ()
     state = jax.device_put(
-        FitState(guide, opt_state, jnp.zeros((), jnp.int32), jax.random.PRNGKey(settings.seed)), device)
+        FitState(guide, opt_state, np.zeros((), np.int32), jax.random.PRNGKey(settings.seed)), device)
     with_hessian = settings.optimizer == "newton"
     terms_fn = make_parallel_terms(
         _terms_factory(source)(spec, S, N, with_hessian, frozenset(frozen)), K)
@@ -150,6 +179,10 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
                                              settings.min_passes)
     failed = any("error" in r for r in trace)
     t_start = time.perf_counter()
+    ahead = None
+    if not (converged or failed) and len(trace) < settings.max_passes:
+        shapes = terms_shapes(spec, S, N, with_hessian, frozenset(frozen))
+        ahead = _compile_ahead(update, state, shapes, sum_groups=len(group_keys) > 1)
     for pass_idx in range(len(trace), 0 if converged or failed else settings.max_passes):
         t0 = time.perf_counter()
         order = np.arange(len(group_keys))
@@ -167,7 +200,10 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
             for _ in chunk:
                 group, count = next(feed)
                 t = terms_fn(z, group)
-                lik = t if lik is None else add_terms(lik, t)
+                if ahead is not None:  # the terms compiled here; the rest on the thread
+                    ahead.join()
+                    ahead = None
+                lik = t if lik is None else _add_terms(lik, t)
                 observed += count
             scale = source.num_observed / max(observed, 1)
             state, info = update(state, z, eps, lik, jnp.float32(scale))

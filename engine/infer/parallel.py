@@ -31,15 +31,15 @@ def make_parallel_terms(block_terms: Callable, num_devices: int) -> Callable:
     def per_device(z, subject_idx, item_idx, y):
         return jax.lax.psum(block_terms(z, subject_idx, item_idx, y), axis_name="devices")
 
-    pmapped = jax.pmap(per_device, axis_name="devices", in_axes=(None, 0, 0, 0),
+    # psum leaves every device with the same sum: out_axes=None returns it once, unstacked.
+    pmapped = jax.pmap(per_device, axis_name="devices", in_axes=(None, 0, 0, 0), out_axes=None,
                        devices=jax.local_devices()[:num_devices])
 
     first = jax.local_devices()[0]
 
     def terms(z, group: Block):
         out = pmapped(z, group.subject_idx, group.item_idx, group.y)
-        # psum left every device with the same sum: keep one copy, on the first device.
-        return jax.device_put(jax.tree.map(lambda x: x[0], out), first)
+        return jax.device_put(out, first)  # the first device's copy, for the update
 
     return terms
 

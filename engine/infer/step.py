@@ -81,18 +81,25 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_ite
     """Maximise the ELBO along each likelihood symmetry of ``spec``.
 
     The expected log-likelihood is constant along a symmetry, so only the prior term
-    (estimated with the step's standard-normal draw ``eps``, reparameterised through the
-    moved guide) and the entropy move.
+    (estimated with the step's standard-normal draw ``eps``) and the entropy move. A move
+    of the guide moves its draw the same way, ``z(t) = z * exp(t m) + t v``, and the
+    entropy by ``t * sum(m)``: the line search differentiates the prior along that path,
+    forward over forward, never back through the guide.
     """
     for sym in spec.symmetries:
-
-        def objective(t, base):
-            g = _move(base, sym.moves, t)
-            return log_prior(spec, reparameterise(g, eps)) + entropy(g.log_scale)
-
         for _ in range(newton_iters):
-            # One forward-over-reverse pass gives the slope and the curvature together.
-            slope = lambda t: jax.grad(objective)(t, guide)
+            z0 = reparameterise(guide, eps)
+            rate = sum(jnp.sum(jnp.broadcast_to(jnp.asarray(m, jnp.float32), z0[name].shape))
+                       for name, m, _ in sym.moves)
+
+            def objective(t):
+                z = dict(z0)
+                for name, m, v in sym.moves:
+                    m, v = jnp.asarray(m, jnp.float32), jnp.asarray(v, jnp.float32)
+                    z[name] = z0[name] * jnp.exp(t * m) + t * v
+                return log_prior(spec, z) + t * rate
+
+            slope = lambda t: jax.jvp(objective, (t,), (jnp.float32(1.0),))[1]
             d1, d2 = jax.jvp(slope, (jnp.float32(0.0),), (jnp.float32(1.0),))
             t = jnp.clip(-d1 / jnp.minimum(d2, -1e-6), -max_t, max_t)
             t = jnp.where(jnp.isfinite(t), t, 0.0)

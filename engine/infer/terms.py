@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from engine.models.spec import ModelSpec
 
-__all__ = ["Terms", "add_terms", "scale_terms", "cross_pairs"]
+__all__ = ["Terms", "add_terms", "scale_terms", "cross_pairs", "terms_shapes"]
 
 
 class Terms(NamedTuple):
@@ -41,3 +41,16 @@ def cross_pairs(spec: ModelSpec) -> list[tuple[str, str]]:
     """Pairs of scalar likelihood blocks with the same owner (whose mixed terms we keep)."""
     lik = [p for p in spec.likelihood_params if p.shape == () and p.owner != "global"]
     return [(a.name, b.name) for i, a in enumerate(lik) for b in lik[i + 1:] if a.owner == b.owner]
+
+
+def terms_shapes(spec: ModelSpec, num_subjects: int, num_items: int, with_hessian: bool = True,
+                 frozen: frozenset = frozenset()) -> Terms:
+    """The shapes of a block's terms (``jax.ShapeDtypeStruct`` leaves), read from ``spec``
+    without tracing it: what both term builders return for these arguments."""
+    f32 = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    free = [p for p in spec.likelihood_params if p.name not in frozen]
+    grad = {p.name: f32(p.full_shape(num_subjects, num_items)) for p in free}
+    owner = {p.name: p for p in free}
+    cross = {f"{a}|{b}": f32(owner[a].full_shape(num_subjects, num_items))
+             for a, b in cross_pairs(spec) if with_hessian and a in owner and b in owner}
+    return Terms(f32(()), grad, dict(grad), cross)

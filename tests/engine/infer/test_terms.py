@@ -7,8 +7,10 @@ import pytest
 from scipy import stats
 
 from engine.data.blocks import MISSING, InMemorySource
-from engine.infer.elbo import add_terms, cross_pairs, log_prior, make_block_terms
-from engine.models import get_model
+from engine.infer.elbo import (add_terms, cross_pairs, log_prior, make_block_terms,
+                               make_observation_terms)
+from engine.infer.terms import terms_shapes
+from engine.models import MODELS, get_model
 
 S, N = 7, 9
 TILE = (3, 4)  # tiles of 3 x 4 over 7 x 9: the last row and column of tiles are padded
@@ -178,3 +180,23 @@ def test_frozen_blocks_get_no_derivatives_and_free_ones_are_unchanged(name):
     assert set(part.grad) == set(part.hess) == {"ability"} and part.cross == {}
     np.testing.assert_allclose(part.grad["ability"], full.grad["ability"], rtol=1e-6)
     np.testing.assert_allclose(part.hess["ability"], full.hess["ability"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_terms_shapes_are_what_the_builders_return(name):
+    """The fit compiles its update ahead of the first terms from ``terms_shapes``: every
+    builder, path and frozen set must return exactly those shapes."""
+    spec = get_model(name, **({"dims": 2} if name.startswith(("mirt", "irt-vec")) else {}))
+    z = _z(spec)
+    items = frozenset(p.name for p in spec.likelihood_params if p.owner == "item")
+    tile = _tiles(_data())[0]
+    obs = (jnp.arange(5, dtype=jnp.int32), jnp.arange(5, dtype=jnp.int32), jnp.zeros(5, jnp.int8))
+    for frozen in (frozenset(), items):
+        for with_hessian in (True, False):
+            want = terms_shapes(spec, S, N, with_hessian, frozen)
+            for build, args in ((make_block_terms, tile), (make_observation_terms, obs)):
+                for per_cell in (True, False):
+                    got = jax.eval_shape(build(spec, S, N, with_hessian, frozen, per_cell=per_cell),
+                                         z, *args)
+                    assert jax.tree.structure(got) == jax.tree.structure(want), (build, per_cell)
+                    assert jax.tree.leaves(got) == jax.tree.leaves(want), (build, per_cell)

@@ -240,9 +240,10 @@ def test_confirmatory_noncompensatory_recovers_planted_skills():
     rb = [np.corrcoef(m["difficulty"][q[:, d] > 0, d], truth["difficulty"][q[:, d] > 0, d])[0, 1]
           for d in range(2)]
     print("mirt-noncomp confirmatory", res.num_passes, res.converged, C.round(3), np.round(rb, 3))
-    # measured: .963/.957 on the diagonal, -.17/-.11 off it; difficulties .84/.79
+    # measured: .963/.957 on the diagonal, -.17/-.11 off it. Difficulties over fit seeds 0-9
+    # (two random streams, 20 fits): .79-.85 for the first skill, .74-.82 for the second.
     assert C[0, 0] > 0.93 and C[1, 1] > 0.93 and abs(C[0, 1]) < 0.25 and abs(C[1, 0]) < 0.25
-    assert min(rb) > 0.75
+    assert min(rb) > 0.7
     assert res.spec.skills == ("lexical", "logic")
     assert res.extra["model_options"]["q_matrix"] == q.tolist()
 
