@@ -7,13 +7,13 @@ lower (guessing) and upper (feasibility) asymptotes:
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from engine.errors import ModelError
 from engine.models.priors import hyper_params, logit_uniform, normal
 from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
+from engine.models.special import softplus
 
 __all__ = ["logistic_model", "bernoulli_loglik", "LOGISTIC_MODELS"]
 
@@ -43,8 +43,8 @@ def bernoulli_loglik(z, y, lower=None, upper=None):
         # y log sigmoid(z) + (1 - y) log sigmoid(-z) = y z - softplus(z), written around the
         # nearest label k so that one softplus serves value and derivatives, exact when saturated
         k = jnp.round(y)
-        return (y - k) * z - jax.nn.softplus((1.0 - 2.0 * k) * z)
-    ls_pos, ls_neg = jax.nn.log_sigmoid(z), jax.nn.log_sigmoid(-z)
+        return (y - k) * z - softplus((1.0 - 2.0 * k) * z)
+    ls_pos, ls_neg = -softplus(-z), -softplus(z)  # log sigmoid(z), log sigmoid(-z)
     log_c, log1m_c = _log_pair(lower) if lower is not None else (None, 0.0)
     log_d, log1m_d = _log_pair(upper) if upper is not None else (0.0, None)
     if log_c is None:

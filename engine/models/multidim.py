@@ -28,6 +28,7 @@ from engine.errors import ModelError
 from engine.models.logistic import _block as prior_block, bernoulli_loglik
 from engine.models.priors import normal
 from engine.models.spec import Constant, Linear, ModelSpec, ParamSpec, Symmetry
+from engine.models.special import softplus
 
 __all__ = ["mirt_model", "pinned_mask", "rotate", "read_q_matrix", "MIRT_KINDS"]
 
@@ -72,9 +73,9 @@ def _noncomp_log_pq(params):
     """
     q = params["skill_mask"]
     z = params["discrimination"] * (params["ability"] - params["difficulty"])
-    log_s = q * jax.nn.log_sigmoid(z)  # skills an item does not need: factor 1
+    log_s = -q * softplus(-z)  # log sigmoid(z); skills an item does not need: factor 1
     before = jnp.cumsum(log_s, axis=-1) - log_s
-    fail = jnp.where(q > 0, jax.nn.log_sigmoid(-z) + before, -jnp.inf)
+    fail = jnp.where(q > 0, before - softplus(z), -jnp.inf)  # log sigmoid(-z) + before
     return jnp.sum(log_s, axis=-1), jax.scipy.special.logsumexp(fail, axis=-1)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["lgamma", "digamma", "trigamma", "tetragamma", "lbeta"]
+__all__ = ["lgamma", "digamma", "trigamma", "tetragamma", "lbeta", "softplus", "sigmoid"]
 
 _SHIFT = 6.0
 _HALF_LOG_2PI = 0.91893853320467274178
@@ -131,6 +131,51 @@ def _with_derivative(impl, derivative):
 _trigamma = _with_derivative(_trigamma_impl, tetragamma)
 _digamma = _with_derivative(_digamma_impl, _trigamma)
 _lgamma = _with_derivative(_lgamma_impl, _digamma)
+
+
+def _exp_neg_abs(x):
+    return jnp.exp(-jnp.abs(x))  # in (0, 1]: never overflows
+
+
+def _sigmoid_slope(x):
+    """``sigmoid'(x) = e / (1 + e)^2`` with ``e = exp(-|x|)``: exact in the tails, where
+    ``s (1 - s)`` rounds to zero once ``s`` rounds to 1."""
+    e = _exp_neg_abs(x)
+    return e / ((1.0 + e) * (1.0 + e))
+
+
+def _sigmoid_impl(x):
+    e = _exp_neg_abs(x)
+    return jnp.where(x >= 0, 1.0, e) / (1.0 + e)
+
+
+def _softplus_impl(x):
+    return jnp.maximum(x, 0.0) + jnp.log1p(_exp_neg_abs(x))
+
+
+_sigmoid = _with_derivative(_sigmoid_impl, _sigmoid_slope)
+_softplus = _with_derivative(_softplus_impl, _sigmoid)
+
+
+def softplus(x):
+    """``log(1 + exp(x))``; its derivative is :func:`sigmoid`, whose derivative is
+    ``e / (1 + e)^2``. Value, gradient and Hessian of a Bernoulli cell then share one
+    ``exp(-|x|)``, where ``jax.nn.softplus`` differentiates through ``logaddexp`` to several
+    exponentials per order (a forward-over-reverse Hessian of a 2PL tile about 2x slower).
+
+    Examples
+    --------
+    >>> round(float(softplus(0.0)), 6)  # log 2
+    0.693147
+    >>> round(float(jax.jacfwd(jax.grad(softplus))(0.0)), 6)  # sigmoid'(0)
+    0.25
+    """
+    return _softplus(_as_float(x))
+
+
+def sigmoid(x):
+    """``1 / (1 + exp(-x))``; its derivative is ``e / (1 + e)^2`` with ``e = exp(-|x|)``."""
+    return _sigmoid(_as_float(x))
 
 
 def lgamma(x):

@@ -9,7 +9,8 @@ import pytest
 from scipy import special
 
 from engine.models.continuous import beta_logpdf, gamma_logpdf
-from engine.models.special import digamma, lbeta, lgamma, tetragamma, trigamma
+from engine.models.special import (digamma, lbeta, lgamma, sigmoid, softplus, tetragamma,
+                                   trigamma)
 
 # Log grid over the shape range, plus a dense linear grid over the shifted region (x < 6)
 # and its edge, where the zeros of lgamma (1, 2) and digamma (1.4616) lie.
@@ -156,3 +157,23 @@ def test_gamma_logpdf_matches_scipy():
     want = stats.gamma.logpdf(np.float64(y), k, scale=1.0 / r)
     got = np.asarray(gamma_logpdf(jnp.float32(y), log_k, log_r), np.float64)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+LOGITS = np.concatenate([np.linspace(-40.0, 40.0, 8001), [-100.0, -88.0, 0.0, 88.0, 100.0]])
+
+
+def test_softplus_and_sigmoid_chain_match_scipy():
+    """softplus -> sigmoid -> sigmoid' against numpy's logaddexp and scipy's expit (float64),
+    the tails included: the slope stays exact where s (1 - s) would round to zero."""
+    x = jnp.asarray(LOGITS, jnp.float32)
+    x64 = np.asarray(x, np.float64)
+    s = special.expit(x64)
+    slope = np.exp(-np.abs(x64)) / (1 + np.exp(-np.abs(x64))) ** 2
+    _close(jax.jit(softplus)(x), np.logaddexp(0.0, x64), rtol=2e-7, atol=1e-30)
+    _close(jax.jit(sigmoid)(x), s, rtol=2e-7, atol=1e-30)
+    _close(_derivative(softplus, 1)(x), s, rtol=2e-7, atol=1e-30)
+    _close(_derivative(softplus, 2)(x), slope, rtol=1e-6, atol=1e-30)
+    _close(_derivative(sigmoid, 1)(x), slope, rtol=1e-6, atol=1e-30)
+    assert float(_derivative(softplus, 2)(jnp.asarray([30.0]))[0]) > 0  # s (1 - s) gives 0
+    hess = jax.jacfwd(jax.grad(lambda v: jnp.sum(softplus(v))))(x[::400])
+    _close(np.diagonal(hess), slope[::400], rtol=1e-6, atol=1e-30)
