@@ -41,29 +41,22 @@ def simulate_2pl(
     dict with ``responses`` (int8, S x N), ``ability`` (S,), ``difficulty`` (N,),
     ``discrimination`` (N,).
     """
-    rng = np.random.default_rng(seed)
-    ability = rng.standard_normal(num_subjects)
-    difficulty = rng.standard_normal(num_items)
-    discrimination = np.exp(log_disc_sd * rng.standard_normal(num_items))
-    responses = _draw_responses(rng, ability, difficulty, discrimination)
-    return dict(
-        responses=responses,
-        ability=ability,
-        difficulty=difficulty,
-        discrimination=discrimination,
-    )
+    return _simulate(num_subjects, num_items, seed,
+                     lambda rng: np.exp(log_disc_sd * rng.standard_normal(num_items)))
 
 
 def simulate_1pl(num_subjects: int, num_items: int, *, seed: int) -> dict[str, np.ndarray]:
     """Simulate a 1PL (Rasch, a = 1) data set; same keys as :func:`simulate_2pl`."""
+    return _simulate(num_subjects, num_items, seed, lambda rng: np.ones(num_items))
+
+
+def _simulate(num_subjects: int, num_items: int, seed: int, draw_discrimination) -> dict:
+    """Abilities, difficulties, then ``draw_discrimination(rng)``, then responses, from one
+    generator seeded with ``seed``."""
     rng = np.random.default_rng(seed)
     ability = rng.standard_normal(num_subjects)
     difficulty = rng.standard_normal(num_items)
-    discrimination = np.ones(num_items)
+    discrimination = draw_discrimination(rng)
     responses = _draw_responses(rng, ability, difficulty, discrimination)
-    return dict(
-        responses=responses,
-        ability=ability,
-        difficulty=difficulty,
-        discrimination=discrimination,
-    )
+    return dict(responses=responses, ability=ability, difficulty=difficulty,
+                discrimination=discrimination)
