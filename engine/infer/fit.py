@@ -14,11 +14,11 @@ from engine.data.blocks import Block, BlockSource
 from engine.data.streaming import prefetch
 from engine.infer.checkpoint import Checkpointer, FitProgress
 from engine.infer.elbo import add_terms, make_block_terms, make_observation_terms
-from engine.infer.terms import Terms, terms_shapes
 from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
 from engine.infer.parallel import make_parallel_terms, num_local_devices, stack_blocks
 from engine.infer.settings import FitSettings
 from engine.infer.step import draw, make_optimizer, make_update
+from engine.infer.terms import Terms, terms_shapes
 from engine.models.spec import ModelSpec
 
 __all__ = ["fit_source", "FitResult", "converged_at"]

@@ -67,13 +67,20 @@ def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict) -> StepInfo:
     return StepInfo(elbo, elbo + taylor, max_step, finite)
 
 
-def _move(guide: GuideState, moves, t) -> GuideState:
-    loc, log_scale = dict(guide.loc), dict(guide.log_scale)
+def _along(values: dict, moves, t) -> tuple[dict, dict]:
+    """``values`` moved ``t`` along a symmetry, ``x exp(t m) + t v`` per named block, and
+    the ``t m`` each block's log-scale moves by (``m``, ``v`` may be per-component)."""
+    out, shift = dict(values), {}
     for name, m, v in moves:
-        m, v = jnp.asarray(m, jnp.float32), jnp.asarray(v, jnp.float32)  # per-component allowed
-        loc[name] = loc[name] * jnp.exp(t * m) + t * v
-        log_scale[name] = log_scale[name] + t * m
-    return GuideState(loc, log_scale)
+        m, v = jnp.asarray(m, jnp.float32), jnp.asarray(v, jnp.float32)
+        out[name] = values[name] * jnp.exp(t * m) + t * v
+        shift[name] = jnp.broadcast_to(t * m, values[name].shape)
+    return out, shift
+
+
+def _move(guide: GuideState, moves, t) -> GuideState:
+    loc, shift = _along(guide.loc, moves, t)
+    return GuideState(loc, {n: v + shift.get(n, 0.0) for n, v in guide.log_scale.items()})
 
 
 def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_iters: int = 1,
@@ -89,15 +96,10 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_ite
     for sym in spec.symmetries:
         for _ in range(newton_iters):
             z0 = reparameterise(guide, eps)
-            rate = sum(jnp.sum(jnp.broadcast_to(jnp.asarray(m, jnp.float32), z0[name].shape))
-                       for name, m, _ in sym.moves)
 
             def objective(t):
-                z = dict(z0)
-                for name, m, v in sym.moves:
-                    m, v = jnp.asarray(m, jnp.float32), jnp.asarray(v, jnp.float32)
-                    z[name] = z0[name] * jnp.exp(t * m) + t * v
-                return log_prior(spec, z) + t * rate
+                z, shift = _along(z0, sym.moves, t)
+                return log_prior(spec, z) + sum(jnp.sum(d) for d in shift.values())
 
             slope = lambda t: jax.jvp(objective, (t,), (jnp.float32(1.0),))[1]
             d1, d2 = jax.jvp(slope, (jnp.float32(0.0),), (jnp.float32(1.0),))
