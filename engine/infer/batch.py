@@ -21,7 +21,8 @@ from engine.infer.elbo import make_block_terms
 from engine.infer.fit import converged_at
 from engine.infer.guide import FitState, GuideState
 from engine.infer.settings import FitSettings
-from engine.infer.step import draw, make_update
+from engine.infer.step import draw, init_opt_state, make_update
+from engine.infer.terms import terms_shapes
 from engine.models.spec import ModelSpec
 
 __all__ = ["BatchResult", "fit_batch", "slice_guide"]
@@ -54,8 +55,11 @@ def _batched(spec: ModelSpec, settings: FitSettings, num_subjects: int, num_item
     subject_idx = jnp.arange(num_subjects, dtype=jnp.int32)
     item_idx = jnp.arange(num_items, dtype=jnp.int32)
 
+    shapes = terms_shapes(spec, num_subjects, num_items, with_hessian=True)
+
     def one(guide: GuideState, y, key):
-        state = FitState(guide, (), jnp.zeros((), jnp.int32), key)
+        state = FitState(guide, init_opt_state(settings, guide, shapes), jnp.zeros((), jnp.int32),
+                         key)
         zeros = jax.tree.map(jnp.zeros_like, guide)
 
         def body(carry, i):

@@ -26,7 +26,7 @@ from engine.infer.guide import FitState, GuideState
 __all__ = ["FitProgress", "Checkpointer", "CHECKPOINT_FILE", "has_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the Newton state carries running cross curvatures
 
 
 class FitProgress(NamedTuple):
@@ -117,6 +117,10 @@ class Checkpointer:
         if not path.is_file():
             return None
         info = json.loads(path.read_text())
+        if info.get("format_version") != FORMAT_VERSION:
+            raise SettingsError(f"{path}: the checkpoint is in format {info.get('format_version')}"
+                                f", this version of irt-engine resumes format {FORMAT_VERSION}; "
+                                f"pass --overwrite to start the fit over")
         if info.get("fingerprint") != self.fingerprint:
             saved, now = info.get("fingerprint", {}), self.fingerprint
             diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))

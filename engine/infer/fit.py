@@ -17,7 +17,7 @@ from engine.infer.elbo import add_terms, make_block_terms, make_observation_term
 from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
 from engine.infer.parallel import make_parallel_terms, num_local_devices, stack_blocks
 from engine.infer.settings import FitSettings
-from engine.infer.step import draw, make_optimizer, make_update
+from engine.infer.step import draw, init_opt_state, make_update
 from engine.infer.terms import Terms, terms_shapes
 from engine.models.spec import ModelSpec
 
@@ -154,11 +154,11 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     guide = init if init is not None else init_guide(spec, S, N)
     device = jax.local_devices()[0]
     guide = jax.device_put(jax.tree.map(jnp.asarray, guide), device)
-    optimizer = make_optimizer(settings)
-    opt_state = optimizer.init(guide) if optimizer is not None else ()
-    state = jax.device_put(
-        FitState(guide, opt_state, np.zeros((), np.int32), jax.random.PRNGKey(settings.seed)), device)
     with_hessian = settings.optimizer == "newton"
+    shapes = terms_shapes(spec, S, N, with_hessian, frozenset(frozen))
+    state = jax.device_put(FitState(guide, init_opt_state(settings, guide, shapes),
+                                    np.zeros((), np.int32), jax.random.PRNGKey(settings.seed)),
+                           device)
     terms_fn = make_parallel_terms(
         _terms_factory(source)(spec, S, N, with_hessian, frozenset(frozen)), K)
     update = make_update(spec, settings, frozenset(frozen))
@@ -181,7 +181,6 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     t_start = time.perf_counter()
     ahead = None
     if not (converged or failed) and len(trace) < settings.max_passes:
-        shapes = terms_shapes(spec, S, N, with_hessian, frozenset(frozen))
         ahead = _compile_ahead(update, state, shapes, sum_groups=len(group_keys) > 1)
     for pass_idx in range(len(trace), 0 if converged or failed else settings.max_passes):
         t0 = time.perf_counter()

@@ -25,7 +25,7 @@ class FitState(NamedTuple):
     """Everything a fit carries between steps; checkpoints as arrays."""
 
     guide: GuideState
-    opt_state: tuple
+    opt_state: tuple | dict  # Adam's moments, or Newton's running cross curvatures
     step: jax.Array
     rng_key: jax.Array
 

@@ -49,6 +49,9 @@ class FitSettings:
         from the mean over the ``patience`` before by less than ``tol`` (relative); the
         posterior returned is the average over the last ``patience`` passes.
     damping : Newton step fraction for locations (``precision_damping`` for precisions).
+    unbiased_after : Newton steps that use the draw's own curvature in the gradient's
+        control variate (fast while far from the optimum, but biased); later steps use
+        curvatures fixed before the draw, so the fit converges to the ELBO's optimum.
     learning_rate : Adam's peak rate (exponentially decayed over ``max_passes``).
     steps_per_pass : 1 = one step per full pass; k > 1 = k stochastic steps per pass,
         each on a random share of blocks with the likelihood scaled up to the whole matrix.
@@ -68,6 +71,7 @@ class FitSettings:
     patience: int = 5
     damping: float = 0.6
     precision_damping: float = 0.5
+    unbiased_after: int = 6
     max_step: float = 1.0
     min_precision: float = 1e-4
     learning_rate: float = 0.05
@@ -92,8 +96,8 @@ class FitSettings:
             raise SettingsError("tol, learning_rate and max_step must be positive")
         if self.patience < 1 or self.steps_per_pass < 1 or self.max_block_cells < 1:
             raise SettingsError("patience, steps_per_pass and max_block_cells must be >= 1")
-        if self.checkpoint_every < 0 or self.prefetch < 0:
-            raise SettingsError("checkpoint_every and prefetch must be >= 0")
+        if self.checkpoint_every < 0 or self.prefetch < 0 or self.unbiased_after < 0:
+            raise SettingsError("checkpoint_every, prefetch and unbiased_after must be >= 0")
         if self.memory_budget is not None and self.memory_budget < 1:
             raise SettingsError(f"memory_budget must be a positive number of bytes, got "
                                 f"{self.memory_budget}")

@@ -1,7 +1,8 @@
 """Pure update steps: natural-gradient variational Newton and optax Adam.
 
 ``make_update(spec, settings, frozen) -> update(state, z, eps, lik_terms, scale)``
-returns ``(state, StepInfo)``; it never logs or reads the clock.
+returns ``(state, StepInfo)``; it never logs or reads the clock. ``init_opt_state`` gives
+the state either update carries between steps.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from engine.infer.guide import FitState, GuideState, StepInfo, reparameterise, s
 from engine.infer.settings import FitSettings
 from engine.models.spec import ModelSpec
 
-__all__ = ["make_update", "make_optimizer", "draw"]
+__all__ = ["make_update", "make_optimizer", "init_opt_state", "draw"]
 
 
 @jax.jit
@@ -34,6 +35,15 @@ def make_optimizer(settings: FitSettings) -> optax.GradientTransformation | None
     steps = settings.max_passes * settings.steps_per_pass
     schedule = optax.exponential_decay(settings.learning_rate, steps, 0.05)
     return optax.adam(schedule)
+
+
+def init_opt_state(settings: FitSettings, guide: GuideState, lik_shapes: Terms):
+    """What the update carries between steps: Adam's moments, or for Newton a running
+    mean of the likelihood's cross curvatures (zeros until the first step sets it)."""
+    optimizer = make_optimizer(settings)
+    if optimizer is not None:
+        return optimizer.init(guide)
+    return {k: jnp.zeros(s.shape, s.dtype) for k, s in lik_shapes.cross.items()}
 
 
 def _total(spec: ModelSpec, z: dict, lik: Terms, scale) -> tuple[Terms, dict]:
@@ -119,19 +129,39 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
     symmetries = spec.replace(symmetries=free_syms) if free_syms else None
 
     def newton(state: FitState, z, eps, lik: Terms, scale):
+        """One damped Newton step of every location, and the precisions moved towards the
+        draw's curvature.
+
+        The location step uses the gradient minus a control variate, ``g(z) - H (z - loc)``
+        (and the same for the within-owner cross curvatures), which removes most of the
+        draw's noise. With the draw's own ``H(z)`` the variate is not mean-zero (its mean
+        is ``var * dH/dx``) and the fixed point is not the ELBO's ``E[g] = 0``: abilities
+        shrank by 3-4%. So the draw's own curvature is used only for the first
+        ``settings.unbiased_after`` steps, while locations move far; after that the
+        variate uses curvatures fixed before the draw (the current precision, and a running
+        mean of the cross terms), which are mean-zero and as good once they settle.
+        """
         guide = state.guide
         tot, curv = _total(spec, z, lik, scale)
         delta = {n: z[n] - guide.loc[n] for n in z}
+        settled = state.step >= settings.unbiased_after
+        first = state.step == 0
+        cross, cross_mean = {}, {}
+        for key, h in lik.cross.items():
+            h = scale * h
+            before = state.opt_state[key]
+            cross[key] = jnp.where(settled, before, h)
+            cross_mean[key] = jnp.where(first, h, (1 - rho_p) * before + rho_p * h)
         loc, log_scale, moved = {}, {}, {}
         for n in guide.loc:
             prec_old = jnp.exp(-2.0 * guide.log_scale[n])
             target = jnp.maximum(curv[n], settings.min_precision)
-            prec = jnp.where(state.step == 0, target, (1 - rho_p) * prec_old + rho_p * target)
-            g_cv = tot.grad[n] - tot.hess[n] * delta[n]
-            for key, h in lik.cross.items():  # within-owner coupling, e.g. difficulty x discrimination
+            prec = jnp.where(first, target, (1 - rho_p) * prec_old + rho_p * target)
+            g_cv = tot.grad[n] + jnp.where(settled, prec_old, -tot.hess[n]) * delta[n]
+            for key, h in cross.items():  # within-owner coupling, e.g. difficulty x discrimination
                 a, b = key.split("|")
                 if n in (a, b):
-                    g_cv = g_cv - scale * h * delta[b if n == a else a]
+                    g_cv = g_cv - h * delta[b if n == a else a]
             limit = min(settings.max_step, limits.get(n) or settings.max_step)
             step = jnp.clip(rho * g_cv / prec, -limit, limit)
             if n in frozen:
@@ -144,7 +174,7 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         new = GuideState(loc, log_scale)
         if symmetries:
             new = _follow_symmetries(symmetries, new, eps)
-        return state._replace(guide=new, step=state.step + 1), info
+        return FitState(new, cross_mean, state.step + 1, state.rng_key), info
 
     def adam(state: FitState, z, eps, lik: Terms, scale):
         guide = state.guide

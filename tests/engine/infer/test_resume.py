@@ -66,6 +66,34 @@ def test_adam_resume_restores_optimizer_state(tmp_path):
                    checkpointer=Checkpointer(tmp_path, 3, {"case": "other"}))
 
 
+def test_newton_resume_restores_the_running_cross_curvatures(tmp_path):
+    """The Newton state (running cross curvatures, used after ``unbiased_after`` steps)
+    is checkpointed: a fit resumed after that point equals an uninterrupted one. A
+    checkpoint in another format is refused with a clear error."""
+    y = _matrix(60, 90, seed=2)
+    spec, source = get_model("2pl"), InMemorySource(y)
+    settings = FitSettings(max_passes=12, min_passes=12, seed=4, checkpoint_every=8,
+                           unbiased_after=4)
+    ckpt = Checkpointer(tmp_path, settings.checkpoint_every, {"case": "newton"})
+
+    def stop_at_10(i, record):
+        if i + 1 == 10:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        fit_source(spec, source, settings, checkpointer=ckpt, progress_fn=stop_at_10)
+    resumed = fit_source(spec, source, settings, checkpointer=ckpt, resume=True)
+    whole = fit_source(spec, source, settings)
+    assert [r["elbo"] for r in resumed.trace] == pytest.approx([r["elbo"] for r in whole.trace])
+    for k in whole.guide.loc:
+        np.testing.assert_allclose(resumed.guide.loc[k], whole.guide.loc[k], atol=1e-6, err_msg=k)
+    info = json.loads((tmp_path / CHECKPOINT_FILE).read_text())
+    info["format_version"] = 1
+    (tmp_path / CHECKPOINT_FILE).write_text(json.dumps(info))
+    with pytest.raises(SettingsError, match="format 1.*--overwrite"):
+        fit_source(spec, source, settings, checkpointer=ckpt, resume=True)
+
+
 def _cli_env():
     return dict(os.environ, JAX_PLATFORMS="cpu",
                 PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
