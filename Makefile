@@ -15,7 +15,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/irt-engine demo
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_core.py
