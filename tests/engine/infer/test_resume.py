@@ -39,28 +39,39 @@ class _Interrupt(Exception):
     pass
 
 
+def _interrupt_resume_and_compare(spec, source, settings, ckpt, stop_after, check_saved=None):
+    """Interrupt a checkpointed fit after ``stop_after`` passes (then call ``check_saved``),
+    resume it, and check it equals one uninterrupted fit; returns ``(resumed, whole)``."""
+    def stop(i, record):
+        if i + 1 == stop_after:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        fit_source(spec, source, settings, checkpointer=ckpt, progress_fn=stop)
+    if check_saved is not None:
+        check_saved()
+    resumed = fit_source(spec, source, settings, checkpointer=ckpt, resume=True)
+    whole = fit_source(spec, source, settings)
+    assert [r["elbo"] for r in resumed.trace] == pytest.approx([r["elbo"] for r in whole.trace])
+    for k in whole.guide.loc:
+        np.testing.assert_allclose(resumed.guide.loc[k], whole.guide.loc[k], atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(resumed.guide.log_scale[k], whole.guide.log_scale[k], atol=1e-6)
+    return resumed, whole
+
+
 def test_adam_resume_restores_optimizer_state(tmp_path):
     """Interrupted after a checkpoint, resumed: the same guide as one uninterrupted fit."""
     y = _matrix(60, 90, seed=1)
     spec, source = get_model("2pl"), InMemorySource(y)
     settings = FitSettings(optimizer="adam", max_passes=9, min_passes=9, seed=3, checkpoint_every=3)
     ckpt = Checkpointer(tmp_path, settings.checkpoint_every, {"case": "adam"})
+    def saved_at_pass_3():
+        saved = json.loads((tmp_path / CHECKPOINT_FILE).read_text())
+        assert saved["passes"] == 3 and len(list(tmp_path.glob("checkpoint-*.npz"))) == 1
 
-    def stop_at_5(i, record):
-        if i + 1 == 5:
-            raise _Interrupt
-
-    with pytest.raises(_Interrupt):
-        fit_source(spec, source, settings, checkpointer=ckpt, progress_fn=stop_at_5)
-    saved = json.loads((tmp_path / CHECKPOINT_FILE).read_text())
-    assert saved["passes"] == 3 and len(list(tmp_path.glob("checkpoint-*.npz"))) == 1
-    resumed = fit_source(spec, source, settings, checkpointer=ckpt, resume=True)
-    whole = fit_source(spec, source, settings)
+    resumed, whole = _interrupt_resume_and_compare(spec, source, settings, ckpt, stop_after=5,
+                                                   check_saved=saved_at_pass_3)
     assert resumed.num_passes == whole.num_passes == 9
-    assert [r["elbo"] for r in resumed.trace] == pytest.approx([r["elbo"] for r in whole.trace])
-    for k in whole.guide.loc:
-        np.testing.assert_allclose(resumed.guide.loc[k], whole.guide.loc[k], atol=1e-6, err_msg=k)
-        np.testing.assert_allclose(resumed.guide.log_scale[k], whole.guide.log_scale[k], atol=1e-6)
     with pytest.raises(SettingsError, match="different fit"):
         fit_source(spec, source, settings, resume=True,
                    checkpointer=Checkpointer(tmp_path, 3, {"case": "other"}))
@@ -75,18 +86,7 @@ def test_newton_resume_restores_the_running_cross_curvatures(tmp_path):
     settings = FitSettings(max_passes=12, min_passes=12, seed=4, checkpoint_every=8,
                            unbiased_after=4)
     ckpt = Checkpointer(tmp_path, settings.checkpoint_every, {"case": "newton"})
-
-    def stop_at_10(i, record):
-        if i + 1 == 10:
-            raise _Interrupt
-
-    with pytest.raises(_Interrupt):
-        fit_source(spec, source, settings, checkpointer=ckpt, progress_fn=stop_at_10)
-    resumed = fit_source(spec, source, settings, checkpointer=ckpt, resume=True)
-    whole = fit_source(spec, source, settings)
-    assert [r["elbo"] for r in resumed.trace] == pytest.approx([r["elbo"] for r in whole.trace])
-    for k in whole.guide.loc:
-        np.testing.assert_allclose(resumed.guide.loc[k], whole.guide.loc[k], atol=1e-6, err_msg=k)
+    _interrupt_resume_and_compare(spec, source, settings, ckpt, stop_after=10)
     info = json.loads((tmp_path / CHECKPOINT_FILE).read_text())
     info["format_version"] = 1
     (tmp_path / CHECKPOINT_FILE).write_text(json.dumps(info))
