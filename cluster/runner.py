@@ -168,7 +168,7 @@ def _loopback_only() -> None:
 def worker_runtime_env() -> dict:
     """Runtime environment for Ray workers: a shared JAX compilation cache, so each compiled
     batch program is built once per machine rather than once per worker process."""
-    from engine.cli import compilation_cache_dir
+    from engine.compile_cache import compilation_cache_dir
 
     env = {"JAX_COMPILATION_CACHE_DIR": compilation_cache_dir(),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}

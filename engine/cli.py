@@ -10,6 +10,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from engine.compile_cache import use_compilation_cache
 from engine.errors import IRTError, SettingsError
 
 __all__ = ["main", "build_parser"]
@@ -658,28 +659,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def compilation_cache_dir() -> str:
-    """The JAX compilation cache that commands and Ray workers share:
-    ``JAX_COMPILATION_CACHE_DIR``, by default ``~/.cache/irt-engine/jax``."""
-    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(
-        Path.home() / ".cache" / "irt-engine" / "jax")
-
-
-def _use_compilation_cache() -> None:
-    """Keep compiled programs between runs, so a repeated command skips most of its JAX
-    compilation (:func:`compilation_cache_dir`); ``IRT_ENGINE_COMPILATION_CACHE=0`` turns
-    it off."""
-    if os.environ.get("IRT_ENGINE_COMPILATION_CACHE", "1") == "0":
-        return
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", compilation_cache_dir())
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _use_compilation_cache()
+    use_compilation_cache()
     try:
         if getattr(args, "max_passes", 1) < 1 or getattr(args, "draws", 1) < 1:
             raise SettingsError("--max-passes and --draws must be >= 1")
