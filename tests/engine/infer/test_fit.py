@@ -289,3 +289,17 @@ def test_constant_items_are_fitted_as_unobserved_and_flagged(tmp_path):
     assert gap.max() < 1.0  # Monte Carlo noise of two fits: measured 0.5 sd
     run = save_run(res, tmp_path / "run", num_draws=50)
     assert run.items["constant_response"].tolist() == constant.tolist()
+
+
+@pytest.mark.parametrize("bad,match", [
+    ({"unbiased_after": -1}, "unbiased_after must be >= 0"),
+    ({"damping": 0.0}, "damping"),
+    ({"min_passes": 5, "max_passes": 4}, "min_passes <= max_passes"),
+    ({"optimizer": "sgd"}, "newton, adam"),
+])
+def test_bad_fit_settings_are_clear_errors(bad, match):
+    from engine.errors import SettingsError
+
+    with pytest.raises(SettingsError, match=match):
+        FitSettings(**bad)
+    assert FitSettings.from_dict(FitSettings(unbiased_after=3).to_dict()).unbiased_after == 3
