@@ -98,6 +98,25 @@ def _logit_start(y) -> dict:
     return {"ability": theta.astype(np.float32), "difficulty": b.astype(np.float32)}
 
 
+def _sign_start(y) -> dict:
+    """Signed discrimination: start each item's discrimination at +1 or -1 by the sign of its
+    correlation with the subjects' mean response on the other items.
+
+    The logit ``a (theta - b)`` cannot carry ``a`` across zero without ``b`` passing through
+    infinity, so an item started on the wrong side tends to stay there, flat.
+    """
+    y = np.asarray(y)
+    observed = y >= 0
+    ones = np.where(observed, y, 0).astype(np.float64)
+    seen = observed.astype(np.float64)
+    # rest score: mean response of the subject over the items other than this one
+    rest = (ones.sum(axis=1, keepdims=True) - ones) / np.maximum(seen.sum(axis=1, keepdims=True) - seen, 1)
+    n = np.maximum(seen.sum(axis=0), 1)
+    mean_y, mean_r = ones.sum(axis=0) / n, (rest * seen).sum(axis=0) / n
+    cov = ((ones - mean_y) * (rest - mean_r) * seen).sum(axis=0)
+    return {"discrimination": np.where(cov < 0, -1.0, 1.0).astype(np.float32)}
+
+
 def _block(name, owner, family, vague_prior, transform="identity", init=0.0):
     """A parameter block plus its hyper-parameters under the chosen prior family."""
     if family == "vague":
@@ -154,7 +173,8 @@ def logistic_model(name: str, *, prior: str = "vague", signed_discrimination: bo
         linear=linear,
         # 1PL only: with a discrimination the start also sets where the fit lands on the
         # weakly identified scale ridge of the vague prior (seen moving posterior sds ~10%)
-        initial=None if disc else _logit_start,
+        # Signed: the start puts each item on the side of zero its data point to.
+        initial=_logit_start if not disc else (_sign_start if signed_discrimination else None),
         description=f"{description}; {prior} priors",
         symmetries=tuple(symmetries),
     )

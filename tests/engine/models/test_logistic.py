@@ -235,3 +235,18 @@ def test_1pl_starts_from_the_logits_of_mean_responses():
     assert np.corrcoef(start["difficulty"], b)[0, 1] > 0.9
     assert abs(float(start["ability"].mean())) < 1e-5  # centred, as the N(0, 1) prior is
     assert get_model("2pl").initial is None
+
+
+def test_signed_models_start_discrimination_on_the_side_of_the_data():
+    """The signed start: +1 or -1 by the sign of each item's correlation with the rest
+    score, missing cells ignored; for every signed model, and only for signed ones."""
+    rng = np.random.default_rng(5)
+    theta, b = rng.normal(size=300), rng.normal(size=200)
+    a = np.where(rng.random(200) < 0.2, -1.0, 1.0) * np.exp(0.3 * rng.normal(size=200))
+    y = (rng.random((300, 200)) < 1 / (1 + np.exp(-a * (theta[:, None] - b)))).astype(np.int8)
+    y[rng.random(y.shape) < 0.2] = -1
+    for name in ("2pl", "3pl", "4pl", "feas"):
+        start = get_model(name, signed_discrimination=True).initial(y)
+        assert set(start) == {"discrimination"} and start["discrimination"].dtype == np.float32
+        assert np.mean(np.sign(start["discrimination"]) == np.sign(a)) > 0.97
+        assert get_model(name).initial is None
