@@ -1,0 +1,111 @@
+"""Coverage of the variational 90% intervals against simulated truth (1PL and 2PL).
+
+Each data set is simulated with a seed (``simulate.py``: theta, b ~ N(0, 1), log a ~ N(0, 0.3^2)),
+fitted with ``engine.fit`` at default settings, and every block's interval ``loc +- 1.645 sd``
+on the unconstrained scale (log-discrimination for the 2PL) is checked against the truth.
+Reports per block: the share covered, and the ratio of the actual root-mean-square error to the
+mean posterior sd (1 = calibrated, above 1 = intervals too narrow), both against the raw truth
+and against the truth *linked* to the fit's scale (mean/sigma linking, as IRT simulation
+studies do: the 2PL likelihood is unchanged by theta, b -> k theta + c, k b + c and a -> a / k,
+so only the priors set k and c, and the vague priors do not put them where the simulation did).
+The 1PL is linked by the shift only. Writes ``benchmarks/results/coverage.json`` and prints a
+Markdown table.
+
+    python benchmarks/bench_coverage.py [--seeds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from simulate import simulate_1pl, simulate_2pl  # noqa: E402
+
+SHAPES = [(200, 400), (50, 1000), (1000, 50)]
+Z90 = 1.6448536
+
+
+def _truth_unconstrained(sim: dict, model: str, k: float = 1.0, c: float = 0.0) -> dict:
+    """The truth on the unconstrained scale, moved along the likelihood's symmetries."""
+    truth = {"ability": k * sim["ability"] + c, "difficulty": k * sim["difficulty"] + c}
+    if model == "2pl":
+        truth["discrimination"] = np.log(sim["discrimination"]) - np.log(k)
+    return truth
+
+
+def _linking(sim: dict, model: str, fitted_ability: np.ndarray) -> tuple[float, float]:
+    """Mean/sigma linking constants (``k = 1`` for the 1PL) from the abilities."""
+    k = float(np.std(fitted_ability) / np.std(sim["ability"])) if model == "2pl" else 1.0
+    return k, float(np.mean(fitted_ability) - k * np.mean(sim["ability"]))
+
+
+def measure(model: str, shape: tuple[int, int], seed: int) -> dict:
+    import engine
+
+    simulate = simulate_2pl if model == "2pl" else simulate_1pl
+    sim = simulate(*shape, seed=seed)
+    start = time.perf_counter()
+    res = engine.fit(sim["responses"], model=model, settings=engine.FitSettings(seed=seed))
+    wall = time.perf_counter() - start
+    out = {"model": model, "shape": list(shape), "seed": seed, "passes": res.num_passes,
+           "converged": bool(res.converged), "wall_s": wall, "blocks": {}}
+    sds = res.sds()
+    k, c = _linking(sim, model, np.asarray(res.guide.loc["ability"]))
+    out["linking"] = {"k": k, "c": c}
+    for how, (kk, cc) in (("raw", (1.0, 0.0)), ("linked", (k, c))):
+        for block, truth in _truth_unconstrained(sim, model, kk, cc).items():
+            loc, sd = np.asarray(res.guide.loc[block]), np.asarray(sds[block])
+            err = loc - truth
+            out["blocks"].setdefault(block, {"n": int(truth.size)})[how] = {
+                "coverage90": float(np.mean(np.abs(err) <= Z90 * sd)),
+                "rmse_over_sd": float(np.sqrt(np.mean(err ** 2)) / np.mean(sd)),
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--out", default=str(HERE / "results" / "coverage.json"))
+    args = ap.parse_args(argv)
+    runs = [measure(m, s, seed) for m in ("1pl", "2pl") for s in SHAPES for seed in range(args.seeds)]
+    lines = ["| model | subjects x items | block | 90% coverage, raw truth (mean; range) | RMSE / sd | "
+             "90% coverage, linked truth (mean; range) | RMSE / sd | linking k |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in ("1pl", "2pl"):
+        for s in SHAPES:
+            group = [r for r in runs if r["model"] == m and r["shape"] == list(s)]
+            ks = [r["linking"]["k"] for r in group]
+            for block in group[0]["blocks"]:
+                cells = []
+                for how in ("raw", "linked"):
+                    cov = [r["blocks"][block][how]["coverage90"] for r in group]
+                    ratio = [r["blocks"][block][how]["rmse_over_sd"] for r in group]
+                    cells.append(f"{np.mean(cov):.3f} ({min(cov):.3f}-{max(cov):.3f}) | "
+                                 f"{np.mean(ratio):.2f}")
+                lines.append(f"| {m} | {s[0]} x {s[1]} | {block} | {' | '.join(cells)} | "
+                             f"{min(ks):.2f}-{max(ks):.2f} |")
+    table = "\n".join(lines)
+    result = {"machine": {"platform": platform.platform(), "processor": platform.processor()},
+              "seeds": args.seeds, "runs": runs, "table": table}
+    out = Path(args.out)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+    print(table)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
