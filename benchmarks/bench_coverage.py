@@ -8,7 +8,9 @@ mean posterior sd (1 = calibrated, above 1 = intervals too narrow), both against
 and against the truth *linked* to the fit's scale (mean/sigma linking, as IRT simulation
 studies do: the 2PL likelihood is unchanged by theta, b -> k theta + c, k b + c and a -> a / k,
 so only the priors set k and c, and the vague priors do not put them where the simulation did).
-The 1PL is linked by the shift only. Writes ``benchmarks/results/coverage.json`` and prints a
+The 1PL is linked by the shift only. Item blocks coupled within an item (the 2PL's difficulty
+and discrimination) are also scored with the read-outs' within-item marginal sds
+(``engine.readout.posterior.within_owner_scales``, what ``items.parquet`` reports). Writes ``benchmarks/results/coverage.json`` and prints a
 Markdown table.
 
     python benchmarks/bench_coverage.py [--seeds 5]
@@ -51,6 +53,7 @@ def _linking(sim: dict, model: str, fitted_ability: np.ndarray) -> tuple[float, 
 
 def measure(model: str, shape: tuple[int, int], seed: int) -> dict:
     import engine
+    from engine.readout.posterior import within_owner_scales
 
     simulate = simulate_2pl if model == "2pl" else simulate_1pl
     sim = simulate(*shape, seed=seed)
@@ -62,9 +65,12 @@ def measure(model: str, shape: tuple[int, int], seed: int) -> dict:
     sds = res.sds()
     k, c = _linking(sim, model, np.asarray(res.guide.loc["ability"]))
     out["linking"] = {"k": k, "c": c}
-    for how, (kk, cc) in (("raw", (1.0, 0.0)), ("linked", (k, c))):
+    marginal = within_owner_scales(res.spec, res.guide, "item", res.cross)
+    for how, (kk, cc) in (("raw", (1.0, 0.0)), ("linked", (k, c)), ("linked_within_item", (k, c))):
         for block, truth in _truth_unconstrained(sim, model, kk, cc).items():
             loc, sd = np.asarray(res.guide.loc[block]), np.asarray(sds[block])
+            if how == "linked_within_item":
+                sd = marginal.get(block, sd)
             err = loc - truth
             out["blocks"].setdefault(block, {"n": int(truth.size)})[how] = {
                 "coverage90": float(np.mean(np.abs(err) <= Z90 * sd)),
@@ -80,15 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = [measure(m, s, seed) for m in ("1pl", "2pl") for s in SHAPES for seed in range(args.seeds)]
     lines = ["| model | subjects x items | block | 90% coverage, raw truth (mean; range) | RMSE / sd | "
-             "90% coverage, linked truth (mean; range) | RMSE / sd | linking k |",
-             "|---|---|---|---|---|---|---|---|"]
+             "linked truth, mean-field sd | RMSE / sd | linked truth, within-item sd "
+             "(items.parquet) | RMSE / sd | linking k |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m in ("1pl", "2pl"):
         for s in SHAPES:
             group = [r for r in runs if r["model"] == m and r["shape"] == list(s)]
             ks = [r["linking"]["k"] for r in group]
             for block in group[0]["blocks"]:
                 cells = []
-                for how in ("raw", "linked"):
+                for how in ("raw", "linked", "linked_within_item"):
                     cov = [r["blocks"][block][how]["coverage90"] for r in group]
                     ratio = [r["blocks"][block][how]["rmse_over_sd"] for r in group]
                     cells.append(f"{np.mean(cov):.3f} ({min(cov):.3f}-{max(cov):.3f}) | "

@@ -65,7 +65,7 @@ def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> pd.D
 
 def _item_table(res: FitResult) -> pd.DataFrame:
     ex = res.extra
-    df = summarize(res.spec, res.guide, "item")
+    df = summarize(res.spec, res.guide, "item", cross=res.cross)
     df.insert(0, "item", ex["items"])
     df["mean_response"] = ex["stats"]["item_mean"]
     # every observed response the same: fitted as unobserved (engine.api._constant_items)
@@ -111,7 +111,9 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "timings": {"wall_s": res.wall_time_s, "first_pass_with_compile_s": res.compile_time_s,
                         "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)},
             "elbo_trace": res.trace,
-            "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed},
+            "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
+                        "item_intervals": "within-item marginal (linear response)" if res.cross
+                        else "mean-field"},
             "versions": _versions(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

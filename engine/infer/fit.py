@@ -41,6 +41,9 @@ class FitResult:
     num_devices: int
     frozen: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
+    # Newton only: the running mean of the likelihood's within-owner cross curvatures
+    # ("a|b" -> per-owner array), for the read-outs' within-item marginal intervals
+    cross: dict = field(default_factory=dict)
 
     @property
     def num_passes(self) -> int:
@@ -251,4 +254,6 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
         num_devices=K,
         frozen=tuple(sorted(frozen)),
         extra={"source": type(source).__name__, "layout": source.layout},
+        cross={k: np.asarray(v) for k, v in jax.device_get(state.opt_state).items()}
+        if settings.optimizer == "newton" and trace else {},
     )

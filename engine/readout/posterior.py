@@ -10,7 +10,7 @@ import pandas as pd
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
 
-__all__ = ["draw_posterior", "summarize", "Z90"]
+__all__ = ["draw_posterior", "summarize", "within_owner_scales", "Z90"]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a central 90% interval
 
@@ -29,21 +29,54 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
     return out
 
 
-def summarize(spec: ModelSpec, guide: GuideState, owner: str) -> pd.DataFrame:
+def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,
+                        cross: dict) -> dict[str, np.ndarray]:
+    """Marginal posterior sds of ``owner``'s coupled scalar blocks (linear response).
+
+    The mean-field guide's precision of, say, an item's difficulty is its conditional
+    precision; the item's difficulty and discrimination are correlated in the posterior, so
+    their marginal sds are wider. Per owner, the ``k x k`` precision (guide precisions on the
+    diagonal, minus the likelihood's cross curvatures ``cross["a|b"]`` off it) is inverted;
+    owners where it is not positive definite keep the mean-field sds.
+    """
+    pairs = [(tuple(k.split("|")), np.asarray(v, np.float64)) for k, v in cross.items()]
+    coupled = {n for (a, b), _ in pairs for n in (a, b)}
+    names = [p.name for p in spec.by_owner(owner) if p.shape == () and p.name in coupled]
+    if not names:
+        return {}
+    at = {n: i for i, n in enumerate(names)}
+    prec = np.stack([np.exp(-2.0 * np.asarray(guide.log_scale[n], np.float64)) for n in names], -1)
+    eye = np.eye(len(names))
+    diag = prec[:, :, None] * eye
+    full = diag.copy()
+    for (a, b), h in pairs:
+        if a in at and b in at:
+            full[:, at[a], at[b]] = full[:, at[b], at[a]] = -h
+    ok = np.linalg.eigvalsh(full).min(axis=-1) > 0
+    cov = np.linalg.inv(np.where(ok[:, None, None], full, diag))
+    return {n: np.sqrt(cov[:, i, i]).astype(np.float32) for n, i in at.items()}
+
+
+def summarize(spec: ModelSpec, guide: GuideState, owner: str,
+              cross: dict | None = None) -> pd.DataFrame:
     """Per-owner table: ``{name}_mean``, ``_sd``, ``_q05``, ``_q95`` for each scalar block,
     and ``{name}_{skill}_mean`` ... for each component of a ``(D,)`` block.
 
     The point estimate is the constrained location (seed 003 4.2-4.4: ``exp(mu)`` for a
     log-normal discrimination); the sd of a transformed block is the delta method's;
-    quantiles map the Gaussian's exactly through the monotone transform.
+    quantiles map the Gaussian's exactly through the monotone transform. With ``cross``
+    (``FitResult.cross``) blocks coupled within an owner get their marginal sds
+    (:func:`within_owner_scales`) and keep the guide's in ``{name}_sd_meanfield``.
     """
     cols = {}
     masks = _read_out_masks(spec, guide, owner)
+    marginal = within_owner_scales(spec, guide, owner, cross) if cross else {}
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:
             continue
         loc = np.asarray(guide.loc[p.name], np.float32)
-        scale = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
+        meanfield = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
+        scale = marginal.get(p.name, meanfield)
         # elementwise transforms: the derivative is one forward-mode pass
         slope = np.asarray(jax.jvp(p.constrain, (jnp.asarray(loc),), (jnp.ones_like(loc),))[1])
         keep = masks.get(p.name, 1.0)  # effective value: zero where a declared mask is zero
@@ -57,6 +90,8 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str) -> pd.DataFrame:
             cols[f"{name}_sd"] = np.asarray(pick(keep * np.abs(slope) * scale))
             cols[f"{name}_q05"] = np.asarray(pick(keep * p.constrain(loc - Z90 * scale)))
             cols[f"{name}_q95"] = np.asarray(pick(keep * p.constrain(loc + Z90 * scale)))
+            if p.name in marginal:
+                cols[f"{name}_sd_meanfield"] = np.asarray(pick(keep * np.abs(slope) * meanfield))
     return pd.DataFrame(cols)
 
 
