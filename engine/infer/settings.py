@@ -51,7 +51,8 @@ class FitSettings:
     damping : Newton step fraction for locations (``precision_damping`` for precisions).
     unbiased_after : Newton steps that use the draw's own curvature in the gradient's
         control variate (fast while far from the optimum, but biased); later steps use
-        curvatures fixed before the draw, so the fit converges to the ELBO's optimum.
+        curvatures fixed before the draw, so the fit settles at the ELBO's optimum (to first
+        order). Not used with ``steps_per_pass > 1``.
     learning_rate : Adam's peak rate (exponentially decayed over ``max_passes``).
     steps_per_pass : 1 = one step per full pass; k > 1 = k stochastic steps per pass,
         each on a random share of blocks with the likelihood scaled up to the whole matrix.

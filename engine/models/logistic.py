@@ -100,20 +100,29 @@ def _logit_start(y) -> dict:
 
 def _sign_start(y) -> dict:
     """Signed discrimination: start each item's discrimination at +1 or -1 by the sign of its
-    correlation with the subjects' mean response on the other items.
+    covariance with the subjects' mean response on the other items (the rest score).
 
     The logit ``a (theta - b)`` cannot carry ``a`` across zero without ``b`` passing through
-    infinity, so an item started on the wrong side tends to stay there, flat.
+    infinity, so an item started on the wrong side tends to stay there, flat. Subjects with
+    fewer than two observed responses have no rest score and are left out. The sums are
+    vector-matrix products with per-subject vectors (float32 copies of the matrix only).
     """
     y = np.asarray(y)
-    observed = y >= 0
-    ones = np.where(observed, y, 0).astype(np.float64)
-    seen = observed.astype(np.float64)
-    # rest score: mean response of the subject over the items other than this one
-    rest = (ones.sum(axis=1, keepdims=True) - ones) / np.maximum(seen.sum(axis=1, keepdims=True) - seen, 1)
-    n = np.maximum(seen.sum(axis=0), 1)
-    mean_y, mean_r = ones.sum(axis=0) / n, (rest * seen).sum(axis=0) / n
-    cov = ((ones - mean_y) * (rest - mean_r) * seen).sum(axis=0)
+    observed = y >= 0  # False for -1 and NaN
+    ones = np.where(observed, y, 0).astype(np.float32)
+    count = observed.sum(axis=1).astype(np.float64)
+    weight = observed & (count >= 2)[:, None]  # a cell whose subject has a rest score
+    w = weight.astype(np.float32)
+    wy = ones * w
+    total = ones.sum(axis=1).astype(np.float64)
+    per = np.where(count >= 2, 1.0 / np.maximum(count - 1, 1), 0.0)  # 1 / (n_s - 1)
+    # rest_sn = (total_s - y_sn) / (n_s - 1); binary y, so y^2 = y
+    a, b = (total * per).astype(np.float32), per.astype(np.float32)
+    sum_w = w.sum(axis=0, dtype=np.float64)
+    sum_y = wy.sum(axis=0, dtype=np.float64)
+    sum_rest = (a @ w).astype(np.float64) - (b @ wy)
+    sum_y_rest = (a @ wy).astype(np.float64) - (b @ wy)
+    cov = sum_y_rest - sum_y * sum_rest / np.maximum(sum_w, 1)
     return {"discrimination": np.where(cov < 0, -1.0, 1.0).astype(np.float32)}
 
 

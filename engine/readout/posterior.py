@@ -37,7 +37,7 @@ def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,
     precision; the item's difficulty and discrimination are correlated in the posterior, so
     their marginal sds are wider. Per owner, the ``k x k`` precision (guide precisions on the
     diagonal, minus the likelihood's cross curvatures ``cross["a|b"]`` off it) is inverted;
-    owners where it is not positive definite keep the mean-field sds.
+    owners where it is not finite or not positive definite keep the mean-field sds.
     """
     pairs = [(tuple(k.split("|")), np.asarray(v, np.float64)) for k, v in cross.items()]
     coupled = {n for (a, b), _ in pairs for n in (a, b)}
@@ -52,7 +52,9 @@ def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,
     for (a, b), h in pairs:
         if a in at and b in at:
             full[:, at[a], at[b]] = full[:, at[b], at[a]] = -h
-    ok = np.linalg.eigvalsh(full).min(axis=-1) > 0
+    finite = np.isfinite(full).all(axis=(-2, -1))
+    full = np.where(finite[:, None, None], full, diag)
+    ok = finite & (np.linalg.eigvalsh(full).min(axis=-1) > 0)
     cov = np.linalg.inv(np.where(ok[:, None, None], full, diag))
     return {n: np.sqrt(cov[:, i, i]).astype(np.float32) for n, i in at.items()}
 

@@ -250,3 +250,22 @@ def test_signed_models_start_discrimination_on_the_side_of_the_data():
         assert set(start) == {"discrimination"} and start["discrimination"].dtype == np.float32
         assert np.mean(np.sign(start["discrimination"]) == np.sign(a)) > 0.97
         assert get_model(name).initial is None
+
+
+def test_signed_start_matches_a_direct_rest_score_covariance():
+    """The start's covariance, from vector-matrix products, against a per-item loop over
+    subjects with two or more responses (a subject with one response has no rest score)."""
+    from engine.models.logistic import _sign_start
+
+    rng = np.random.default_rng(6)
+    y = (rng.random((40, 30)) < 0.5).astype(np.int8)
+    y[rng.random(y.shape) < 0.3] = -1
+    y[0, :] = -1
+    y[0, 3] = 1  # one response only: left out
+    got = _sign_start(y)["discrimination"]
+    for j in range(y.shape[1]):
+        rows = [s for s in range(y.shape[0]) if y[s, j] >= 0 and (y[s] >= 0).sum() >= 2]
+        yj = np.array([y[s, j] for s in rows], float)
+        rest = np.array([(y[s][y[s] >= 0].sum() - y[s, j]) / ((y[s] >= 0).sum() - 1) for s in rows])
+        cov = np.sum((yj - yj.mean()) * (rest - rest.mean()))
+        assert got[j] == (-1.0 if cov < 0 else 1.0), (j, cov)

@@ -102,3 +102,32 @@ def test_within_item_intervals_cover_linked_truth_near_nominal():
     print("linked 90% coverage with the correction", rates, "difficulty mean-field", before)
     assert 0.85 <= rates["difficulty"] <= 0.97 and 0.85 <= rates["discrimination"] <= 0.97
     assert before < rates["difficulty"]
+
+
+def test_within_item_marginal_sds_for_three_coupled_blocks():
+    """3PL (difficulty, discrimination, guessing): the signs of the cross terms matter with
+    three blocks; the marginal sds equal the diagonal of the inverted 3 x 3 precision."""
+    from engine.readout.posterior import within_owner_scales
+
+    spec = get_model("3pl")
+    rng = np.random.default_rng(1)
+    n = 5
+    names = ("difficulty", "discrimination", "guessing")
+    log_scale = {"ability": np.zeros(2, np.float32)}
+    log_scale |= {k: rng.normal(-1, 0.2, n).astype(np.float32) for k in names}
+    guide = GuideState({k: np.zeros_like(v) for k, v in log_scale.items()}, log_scale)
+    prec = {k: np.exp(-2.0 * log_scale[k].astype(np.float64)) for k in names}
+    cross = {f"{a}|{b}": 0.4 * np.sqrt(prec[a] * prec[b]) * rng.choice([-1.0, 1.0], n)
+             for i, a in enumerate(names) for b in names[i + 1:]}
+    cross["difficulty|guessing"][0] = np.nan  # a non-finite item keeps the mean-field sds
+    out = within_owner_scales(spec, guide, "item", cross)
+    for j in range(1, n):
+        m = np.diag([prec[k][j] for k in names])
+        for key, h in cross.items():
+            a, b = (names.index(x) for x in key.split("|"))
+            m[a, b] = m[b, a] = -h[j]
+        cov = np.linalg.inv(m)
+        for i, k in enumerate(names):
+            np.testing.assert_allclose(out[k][j], np.sqrt(cov[i, i]), rtol=1e-5)
+    for k in names:
+        np.testing.assert_allclose(out[k][0], np.exp(log_scale[k][0]), rtol=1e-6)
