@@ -23,6 +23,7 @@ def _settings(args):
     return FitSettings(optimizer=args.optimizer, max_passes=args.max_passes, tol=args.tol,
                        seed=args.seed, num_devices=args.devices, progress=not args.quiet,
                        checkpoint_every=getattr(args, "checkpoint_every", 0),
+                       mc_draws=getattr(args, "mc_draws", 0),
                        memory_budget=parse_bytes(budget) if budget is not None else None)
 
 
@@ -479,6 +480,9 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--devices", type=int, default=None, help="local devices to use (default all)")
     p.add_argument("--draws", type=int, default=1000, help="joint posterior draws for ranks")
+    p.add_argument("--mc-draws", type=int, default=0, metavar="K",
+                   help="Monte Carlo draws of the posterior averaged per step (default 0: "
+                        "automatic, up to 16 for matrices under a million cells)")
     p.add_argument("--top-k", type=int, default=3, help="k of the P(top-k) column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dims", type=int, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
@@ -605,6 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="held-out cells, fits and draws")
     p.add_argument("--devices", type=int, default=None, help="local devices to use (default all)")
     p.add_argument("--draws", type=int, default=200, help="posterior draws of the predictive")
+    p.add_argument("--mc-draws", type=int, default=0, metavar="K",
+                   help="Monte Carlo draws averaged per fit step (default 0: automatic)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_compare)
 
@@ -665,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "max_passes", 1) < 1 or getattr(args, "draws", 1) < 1:
             raise SettingsError("--max-passes and --draws must be >= 1")
+        if getattr(args, "mc_draws", 0) < 0:
+            raise SettingsError(f"--mc-draws must be >= 0 (0 = automatic), got {args.mc_draws}")
         return args.func(args)
     except IRTError as err:
         print(f"irt-engine {args.command}: error: {err}", file=sys.stderr)

@@ -108,6 +108,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "converged": res.converged,
             "num_passes": res.num_passes,
             "num_devices": res.num_devices,
+            "mc_draws_per_step": res.extra.get("mc_draws"),
             "timings": {"wall_s": res.wall_time_s, "first_pass_with_compile_s": res.compile_time_s,
                         "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)},
             "elbo_trace": res.trace,

@@ -21,7 +21,7 @@ from engine.infer.elbo import make_block_terms
 from engine.infer.fit import converged_at
 from engine.infer.guide import FitState, GuideState
 from engine.infer.settings import FitSettings
-from engine.infer.step import draw, init_opt_state, make_update
+from engine.infer.step import draw, init_opt_state, make_update, stack_draws
 from engine.infer.terms import terms_shapes
 from engine.models.spec import ModelSpec
 
@@ -66,7 +66,7 @@ def _batched(spec: ModelSpec, settings: FitSettings, num_subjects: int, num_item
             state, acc = carry
             state, z, eps = draw(state)
             lik = terms(z, subject_idx, item_idx, y)
-            state, info = update(state, z, eps, lik, jnp.float32(1.0))
+            state, info = update(state, *map(stack_draws, (z, eps, lik)), jnp.float32(1.0))
             keep = (i >= num_passes - window).astype(jnp.float32)
             acc = jax.tree.map(lambda a, g: a + keep * g, acc, state.guide)
             return (state, acc), info.elbo_smooth

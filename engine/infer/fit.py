@@ -17,7 +17,7 @@ from engine.infer.elbo import add_terms, make_block_terms, make_observation_term
 from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
 from engine.infer.parallel import make_parallel_terms, num_local_devices, stack_blocks
 from engine.infer.settings import FitSettings
-from engine.infer.step import draw, init_opt_state, make_update
+from engine.infer.step import draw, init_opt_state, make_update, stack_draws
 from engine.infer.terms import Terms, terms_shapes
 from engine.models.spec import ModelSpec
 
@@ -103,13 +103,16 @@ def _group_loader(source: BlockSource, num_devices: int):
 
 
 _add_terms = jax.jit(add_terms)  # one compiled sum, not an eager op per leaf and shape
+_stack_draws = jax.jit(stack_draws)  # likewise for the draws axis of the update's inputs
 
 
-def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool) -> threading.Thread:
+def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool,
+                   draws: int) -> threading.Thread:
     """Compile ``update`` (and the sum of two groups' terms when a pass has several) on a
     background thread while the first pass compiles the draw and the terms: XLA releases
     the interpreter lock while it compiles, so with two or more cores they overlap. The
-    thread calls each function once on zero terms of the right shapes (results dropped),
+    thread calls each function once on zero terms of the right shapes (results dropped;
+    ``draws`` copies stacked, as the loop stacks its draws),
     which leaves the executables in their caches for the real calls. Join it first.
     """
     def run():
@@ -118,7 +121,8 @@ def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool) -> thread
             lik = jax.device_put(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), lik_shapes),
                                  device)
             z = state.guide.loc
-            jax.block_until_ready(update(state, z, z, lik, jnp.float32(1.0)))
+            stacked = [_stack_draws(*[x] * draws) for x in (z, z, lik)]
+            jax.block_until_ready(update(state, *stacked, jnp.float32(1.0)))
             if sum_groups:
                 jax.block_until_ready(_add_terms(lik, lik))
         except Exception:  # the real call compiles again and reports any error itself
@@ -169,6 +173,7 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     load = _group_loader(source, K)
     cached = [load(keys) for keys in group_keys] if source.resident else None
     order_key = jax.random.PRNGKey(settings.seed + 1)
+    draws = settings.draws_for(source.num_observed)
 
     trace, recent, elapsed, compile_time = [], [], 0.0, 0.0
     if resume and checkpointer is not None:
@@ -184,7 +189,8 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     t_start = time.perf_counter()
     ahead = None
     if not (converged or failed) and len(trace) < settings.max_passes:
-        ahead = _compile_ahead(update, state, shapes, sum_groups=len(group_keys) > 1)
+        ahead = _compile_ahead(update, state, shapes, sum_groups=len(group_keys) > 1,
+                               draws=draws)
     for pass_idx in range(len(trace), 0 if converged or failed else settings.max_passes):
         t0 = time.perf_counter()
         order = np.arange(len(group_keys))
@@ -197,18 +203,24 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
             feed = prefetch((load(group_keys[g]) for g in order), settings.prefetch)
         infos = []
         for chunk in np.array_split(order, min(settings.steps_per_pass, len(group_keys))):
-            state, z, eps = draw(state)
-            lik, observed = None, 0
+            zs, epss = [], []
+            for _ in range(draws):
+                state, z, eps = draw(state)
+                zs.append(z)
+                epss.append(eps)
+            liks, observed = [None] * draws, 0
             for _ in chunk:
                 group, count = next(feed)
-                t = terms_fn(z, group)
-                if ahead is not None:  # the terms compiled here; the rest on the thread
-                    ahead.join()
-                    ahead = None
-                lik = t if lik is None else _add_terms(lik, t)
+                for k, z in enumerate(zs):
+                    t = terms_fn(z, group)
+                    if ahead is not None:  # the terms compiled here; the rest on the thread
+                        ahead.join()
+                        ahead = None
+                    liks[k] = t if liks[k] is None else _add_terms(liks[k], t)
                 observed += count
             scale = source.num_observed / max(observed, 1)
-            state, info = update(state, z, eps, lik, jnp.float32(scale))
+            state, info = update(state, _stack_draws(*zs), _stack_draws(*epss),
+                                 _stack_draws(*liks), jnp.float32(scale))
             infos.append(info)
         infos = jax.device_get(infos)
         record = {
@@ -253,7 +265,7 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
         num_observed=source.num_observed,
         num_devices=K,
         frozen=tuple(sorted(frozen)),
-        extra={"source": type(source).__name__, "layout": source.layout},
+        extra={"source": type(source).__name__, "layout": source.layout, "mc_draws": draws},
         cross={k: np.asarray(v) for k, v in jax.device_get(state.opt_state).items()}
         if settings.optimizer == "newton" and trace else {},
     )

@@ -1,8 +1,10 @@
 """Pure update steps: natural-gradient variational Newton and optax Adam.
 
 ``make_update(spec, settings, frozen) -> update(state, z, eps, lik_terms, scale)``
-returns ``(state, StepInfo)``; it never logs or reads the clock. ``init_opt_state`` gives
-the state either update carries between steps.
+returns ``(state, StepInfo)``; it never logs or reads the clock. ``z``, ``eps`` and
+``lik_terms`` carry a leading axis of Monte Carlo draws (``stack_draws`` builds it; one
+draw is an axis of length 1): every term is averaged over the draws. ``init_opt_state``
+gives the state either update carries between steps.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from engine.infer.guide import FitState, GuideState, StepInfo, reparameterise, s
 from engine.infer.settings import FitSettings
 from engine.models.spec import ModelSpec
 
-__all__ = ["make_update", "make_optimizer", "init_opt_state", "draw"]
+__all__ = ["make_update", "make_optimizer", "init_opt_state", "draw", "stack_draws"]
 
 
 @jax.jit
@@ -27,6 +29,16 @@ def draw(state: FitState) -> tuple[FitState, dict, dict]:
     key, sub = jax.random.split(state.rng_key)
     z, eps = sample(state.guide, rng_key=sub)
     return state._replace(rng_key=key), z, eps
+
+
+def stack_draws(*trees):
+    """Stack pytrees of one draw each (``z``, ``eps`` or likelihood ``Terms``) along a new
+    leading draws axis, as ``update`` takes them."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _mean(x):
+    return jnp.mean(x, axis=0)
 
 
 def make_optimizer(settings: FitSettings) -> optax.GradientTransformation | None:
@@ -62,8 +74,9 @@ def _total(spec: ModelSpec, z: dict, lik: Terms, scale) -> tuple[Terms, dict]:
 
 
 def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict) -> StepInfo:
+    """Diagnostics from per-draw ``tot`` and ``delta`` (leading draws axis), averaged."""
     ent = entropy(guide.log_scale)
-    elbo = tot.value + ent
+    elbo = _mean(tot.value) + ent
     var = {n: jnp.exp(2 * v) for n, v in guide.log_scale.items()}
     taylor = sum(
         jnp.sum(-tot.grad[n] * delta[n] + 0.5 * tot.hess[n] * (delta[n] ** 2 + var[n]))
@@ -72,6 +85,7 @@ def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict) -> StepInfo:
     for key, h in tot.cross.items():
         a, b = key.split("|")
         taylor = taylor + jnp.sum(h * delta[a] * delta[b])
+    taylor = taylor / tot.value.shape[0]
     max_step = jnp.max(jnp.stack([jnp.max(jnp.abs(m)) for m in moved.values()]))
     finite = jnp.isfinite(elbo) & jnp.isfinite(max_step)
     return StepInfo(elbo, elbo + taylor, max_step, finite)
@@ -98,18 +112,21 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_ite
     """Maximise the ELBO along each likelihood symmetry of ``spec``.
 
     The expected log-likelihood is constant along a symmetry, so only the prior term
-    (estimated with the step's standard-normal draw ``eps``) and the entropy move. A move
-    of the guide moves its draw the same way, ``z(t) = z * exp(t m) + t v``, and the
-    entropy by ``t * sum(m)``: the line search differentiates the prior along that path,
-    forward over forward, never back through the guide.
+    (estimated with the step's standard-normal draws ``eps``, leading draws axis, averaged)
+    and the entropy move. A move of the guide moves its draws the same way,
+    ``z(t) = z * exp(t m) + t v``, and the entropy by ``t * sum(m)``: the line search
+    differentiates the prior along that path, forward over forward, never back through the
+    guide.
     """
     for sym in spec.symmetries:
         for _ in range(newton_iters):
-            z0 = reparameterise(guide, eps)
+            z0 = jax.vmap(lambda e: reparameterise(guide, e))(eps)
 
             def objective(t):
                 z, shift = _along(z0, sym.moves, t)
-                return log_prior(spec, z) + sum(jnp.sum(d) for d in shift.values())
+                prior = jnp.mean(jax.vmap(lambda zz: log_prior(spec, zz))(z))
+                # the log-scale shift is per entry, not per draw: drop the draws axis
+                return prior + sum(jnp.sum(d[0]) for d in shift.values())
 
             slope = lambda t: jax.jvp(objective, (t,), (jnp.float32(1.0),))[1]
             d1, d2 = jax.jvp(slope, (jnp.float32(0.0),), (jnp.float32(1.0),))
@@ -120,7 +137,8 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_ite
 
 
 def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = frozenset()) -> Callable:
-    """Build the jitted ``update(state, z, eps, lik_terms, scale) -> (state, info)``."""
+    """Build the jitted ``update(state, z, eps, lik_terms, scale) -> (state, info)``; ``z``,
+    ``eps`` and ``lik_terms`` carry a leading draws axis (see :func:`stack_draws`)."""
     optimizer = make_optimizer(settings)
     rho, rho_p = settings.damping, settings.precision_damping
     limits = {p.name: p.max_step for p in spec.params}  # per-block trust regions, if declared
@@ -146,7 +164,7 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         (``steps_per_pass > 1``) keep the draw's curvature throughout.
         """
         guide = state.guide
-        tot, curv = _total(spec, z, lik, scale)
+        tot, curv = jax.vmap(lambda zz, ll: _total(spec, zz, ll, scale))(z, lik)
         delta = {n: z[n] - guide.loc[n] for n in z}
         # Stochastic steps (steps_per_pass > 1) see part of the data, whose curvature the
         # full-data precision does not match: they keep the draw's own curvature.
@@ -154,14 +172,14 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         first = state.step == 0
         cross, cross_mean = {}, {}
         for key, h in lik.cross.items():
-            h = scale * h
+            h = scale * h  # per draw
             before = state.opt_state[key]
             cross[key] = jnp.where(settled, before, h)
-            cross_mean[key] = jnp.where(first, h, (1 - rho_p) * before + rho_p * h)
+            cross_mean[key] = jnp.where(first, _mean(h), (1 - rho_p) * before + rho_p * _mean(h))
         loc, log_scale, moved = {}, {}, {}
         for n in guide.loc:
             prec_old = jnp.exp(-2.0 * guide.log_scale[n])
-            target = jnp.maximum(curv[n], settings.min_precision)
+            target = jnp.maximum(_mean(curv[n]), settings.min_precision)
             prec = jnp.where(first, target, (1 - rho_p) * prec_old + rho_p * target)
             g_cv = tot.grad[n] + jnp.where(settled, prec_old, -tot.hess[n]) * delta[n]
             for key, h in cross.items():  # within-owner coupling, e.g. difficulty x discrimination
@@ -169,7 +187,7 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
                 if n in (a, b):
                     g_cv = g_cv - h * delta[b if n == a else a]
             limit = min(settings.max_step, limits.get(n) or settings.max_step)
-            step = jnp.clip(rho * g_cv / prec, -limit, limit)
+            step = jnp.clip(rho * _mean(g_cv) / prec, -limit, limit)
             if n in frozen:
                 loc[n], log_scale[n] = guide.loc[n], guide.log_scale[n]
                 moved[n] = jnp.zeros(())
@@ -184,12 +202,12 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
 
     def adam(state: FitState, z, eps, lik: Terms, scale):
         guide = state.guide
-        tot, _ = _total(spec, z, lik, scale)
+        tot, _ = jax.vmap(lambda zz, ll: _total(spec, zz, ll, scale))(z, lik)
         delta = {n: z[n] - guide.loc[n] for n in z}
         keep = {n: 0.0 if n in frozen else 1.0 for n in guide.loc}
         neg = GuideState(
-            {n: -keep[n] * tot.grad[n] for n in guide.loc},
-            {n: -keep[n] * (tot.grad[n] * delta[n] + 1.0) for n in guide.loc},
+            {n: -keep[n] * _mean(tot.grad[n]) for n in guide.loc},
+            {n: -keep[n] * (_mean(tot.grad[n] * delta[n]) + 1.0) for n in guide.loc},
         )
         updates, opt_state = optimizer.update(neg, state.opt_state, guide)
         new = optax.apply_updates(guide, updates)

@@ -93,6 +93,23 @@ def test_unknown_model_is_a_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+def test_mc_draws_flag_reaches_the_fit_and_bad_values_are_clear(tmp_path, capsys):
+    y = tmp_path / "y.csv"
+    y.write_text("subject,a,b,c\ns1,1,0,1\ns2,0,1,1\ns3,0,0,1\ns4,1,1,0\n")
+    assert main(["ingest", str(y), "--out", str(tmp_path / "s")]) == 0
+    assert main(["fit", str(tmp_path / "s"), "--mc-draws", "-1", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 2
+    assert "--mc-draws must be >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    for flag, expected in ((["--mc-draws", "3"], 3), ([], 16)):  # 12 cells: automatic = 16
+        run = tmp_path / f"r{expected}"
+        assert main(["fit", str(tmp_path / "s"), *flag, "--model", "1pl", "--max-passes", "12",
+                     "--out", str(run), "--quiet"]) == 0
+        info = json.loads((run / "fit.json").read_text())
+        assert info["mc_draws_per_step"] == expected
+        assert info["settings"]["mc_draws"] == (expected if flag else 0)
+
+
 def test_run_dir_not_overwritten_without_flag(tmp_path, capsys):
     y = tmp_path / "y.csv"
     y.write_text("subject,a,b,c\ns1,1,0,1\ns2,0,1,1\ns3,0,0,1\n")

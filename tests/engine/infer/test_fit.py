@@ -296,6 +296,7 @@ def test_constant_items_are_fitted_as_unobserved_and_flagged(tmp_path):
 
 @pytest.mark.parametrize("bad,match", [
     ({"unbiased_after": -1}, "unbiased_after must be >= 0"),
+    ({"prefetch": -1}, "prefetch must be >= 0, got -1"),
     ({"damping": 0.0}, "damping"),
     ({"min_passes": 5, "max_passes": 4}, "min_passes <= max_passes"),
     ({"optimizer": "sgd"}, "newton, adam"),
@@ -306,3 +307,41 @@ def test_bad_fit_settings_are_clear_errors(bad, match):
     with pytest.raises(SettingsError, match=match):
         FitSettings(**bad)
     assert FitSettings.from_dict(FitSettings(unbiased_after=3).to_dict()).unbiased_after == 3
+
+
+@pytest.mark.parametrize("observed,expected", [(1, 16), (10 * 1_418, 16), (200 * 400, 14),
+                                               (1 << 20, 1), (161 * 11_873, 1)])
+def test_automatic_draws_per_step_follow_the_matrix_size(observed, expected):
+    assert FitSettings().draws_for(observed) == expected
+    assert FitSettings(mc_draws=3).draws_for(observed) == 3
+
+
+def test_bad_mc_draws_is_a_clear_error():
+    from engine.errors import SettingsError
+
+    with pytest.raises(SettingsError, match="mc_draws must be >= 0, got -2"):
+        FitSettings(mc_draws=-2)
+
+
+def test_several_draws_steady_a_small_2pl_fit():
+    """Ten subjects: one draw per step leaves the Newton steps jumping several posterior sds
+    a pass (the few cells per item make each item's draw noisy); averaging 16 draws gives
+    steady steps, a higher ELBO and seeds that agree."""
+    y, truth = _simulate("2pl", 10, 600, seed=5)
+    spec = get_model("2pl")
+    src = InMemorySource(y, max_block_cells=1 << 20)
+    fits = {k: [fit_source(spec, src, FitSettings(seed=s, mc_draws=k, min_passes=20,
+                                                   tol=1e-12, max_passes=20))
+                for s in (0, 1)]
+            for k in (1, 16)}
+    assert all(r.extra["mc_draws"] == k for k, rs in fits.items() for r in rs)
+    late_step = {k: np.median([t["max_step"] for r in rs for t in r.trace[-8:]])
+                 for k, rs in fits.items()}
+    late_elbo = {k: np.mean([t["elbo_smooth"] for r in rs for t in r.trace[-8:]])
+                 for k, rs in fits.items()}
+    spread = {k: np.max(np.abs(rs[0].means()["ability"] - rs[1].means()["ability"]))
+              for k, rs in fits.items()}
+    assert late_step[16] < 0.5 * late_step[1], late_step
+    assert late_elbo[16] > late_elbo[1], late_elbo
+    assert spread[16] < spread[1], spread
+    assert _r(fits[16][0].means()["ability"], truth["ability"]) > 0.95
