@@ -2,10 +2,11 @@
 
 Resampling trials (ranking stability, bootstrap) refit the same model on many matrices of one
 shape. Each trial here runs the very update of ``engine.infer.step`` on its whole matrix as a
-single block; ``vmap`` stacks the trials and ``lax.scan`` runs a fixed number of passes, so a
-batch compiles once and runs as one program. Trials start from a warm guide (usually the full
-fit's posterior, sliced to the trial's items), so few passes suffice; every trial's ELBO trace
-comes back so the caller can check convergence with the same rule as ``fit_source``.
+single block (one Monte Carlo draw per step unless ``FitSettings.mc_draws`` sets more);
+``vmap`` stacks the trials and ``lax.scan`` runs a fixed number of passes, so a batch compiles
+once and runs as one program. Trials start from a warm guide (usually the full fit's posterior,
+sliced to the trial's items), so few passes suffice; every trial's ELBO trace comes back so the
+caller can check convergence with the same rule as ``fit_source``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def slice_guide(spec: ModelSpec, guide: GuideState, subjects=None, items=None) -
 
 @lru_cache(maxsize=64)
 def _batched(spec: ModelSpec, settings: FitSettings, num_subjects: int, num_items: int,
-             num_passes: int, window: int):
+             num_passes: int, window: int, draws: int):
     terms = make_block_terms(spec, num_subjects, num_items, with_hessian=True)
     update = make_update(spec, settings)
     subject_idx = jnp.arange(num_subjects, dtype=jnp.int32)
@@ -64,9 +65,14 @@ def _batched(spec: ModelSpec, settings: FitSettings, num_subjects: int, num_item
 
         def body(carry, i):
             state, acc = carry
-            state, z, eps = draw(state)
-            lik = terms(z, subject_idx, item_idx, y)
-            state, info = update(state, *map(stack_draws, (z, eps, lik)), jnp.float32(1.0))
+            zs, epss = [], []
+            for _ in range(draws):  # as fit_source draws them, so one draw is its stream
+                state, z, eps = draw(state)
+                zs.append(z)
+                epss.append(eps)
+            z, eps = stack_draws(*zs), stack_draws(*epss)
+            lik = jax.vmap(lambda zz: terms(zz, subject_idx, item_idx, y))(z)
+            state, info = update(state, z, eps, lik, jnp.float32(1.0))
             keep = (i >= num_passes - window).astype(jnp.float32)
             acc = jax.tree.map(lambda a, g: a + keep * g, acc, state.guide)
             return (state, acc), info.elbo_smooth
@@ -97,7 +103,11 @@ def fit_batch(spec: ModelSpec, y: np.ndarray, init: GuideState, seeds, num_passe
         raise ValueError(f"y must be (trials, subjects, items), got shape {y.shape}")
     T, S, N = y.shape
     window = max(1, min(settings.patience, num_passes))
-    run = _batched(spec, settings, S, N, int(num_passes), window)
+    # One Monte Carlo draw per step unless settings.mc_draws asks for more: the trials' final
+    # guides are Polyak averages, and on 161 x 25 trials 16 draws moved the stability taus by
+    # 0.003 at 1.4x the cost (BENCHMARKS.md), so the automatic rule of fit_source is not used.
+    draws = settings.mc_draws or 1
+    run = _batched(spec, settings, S, N, int(num_passes), window, draws)
     # Pad the batch to a power of two by repeating trial 0, so a few programs serve all
     # batch sizes; the padding is dropped below.
     padded = 1 << max(0, (T - 1).bit_length())
