@@ -83,27 +83,27 @@ def test_missing_store_and_run(tmp_path, capsys):
     assert "fit.json" in capsys.readouterr().err
 
 
-def test_unknown_model_is_a_clear_error(tmp_path, capsys):
-    y = tmp_path / "y.csv"
-    y.write_text("subject,a,b\ns1,1,0\ns2,0,1\n")
-    assert main(["ingest", str(y), "--out", str(tmp_path / "s")]) == 0
-    assert main(["fit", str(tmp_path / "s"), "--model", "5pl", "--out", str(tmp_path / "r"),
-                 "--quiet"]) == 2
-    assert "5pl" in capsys.readouterr().err
-    assert not (tmp_path / "r").exists()
-
-
-def test_mc_draws_flag_reaches_the_fit_and_bad_values_are_clear(tmp_path, capsys):
+def _tiny_store(tmp_path):
     y = tmp_path / "y.csv"
     y.write_text("subject,a,b,c\ns1,1,0,1\ns2,0,1,1\ns3,0,0,1\ns4,1,1,0\n")
     assert main(["ingest", str(y), "--out", str(tmp_path / "s")]) == 0
-    assert main(["fit", str(tmp_path / "s"), "--mc-draws", "-1", "--out", str(tmp_path / "r"),
-                 "--quiet"]) == 2
-    assert "--mc-draws must be >= 0" in capsys.readouterr().err
+    return tmp_path / "s"
+
+
+@pytest.mark.parametrize("option,message", [(["--model", "5pl"], "5pl"),
+                                            (["--mc-draws", "-1"], "--mc-draws must be >= 0")])
+def test_bad_fit_option_is_a_clear_error(tmp_path, capsys, option, message):
+    store = _tiny_store(tmp_path)
+    assert main(["fit", str(store), *option, "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_mc_draws_flag_reaches_the_fit(tmp_path):
+    store = _tiny_store(tmp_path)
     for flag, expected in ((["--mc-draws", "3"], 3), ([], 16)):  # 12 cells: automatic = 16
         run = tmp_path / f"r{expected}"
-        assert main(["fit", str(tmp_path / "s"), *flag, "--model", "1pl", "--max-passes", "12",
+        assert main(["fit", str(store), *flag, "--model", "1pl", "--max-passes", "12",
                      "--out", str(run), "--quiet"]) == 0
         info = json.loads((run / "fit.json").read_text())
         assert info["mc_draws_per_step"] == expected
