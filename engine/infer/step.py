@@ -148,7 +148,8 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
 
     def newton(state: FitState, z, eps, lik: Terms, scale):
         """One damped Newton step of every location, and the precisions moved towards the
-        draw's curvature.
+        draws' curvature (gradients, curvatures and control variates are per draw, then
+        averaged over the draws axis).
 
         The location step uses the gradient minus a control variate, ``g(z) - H (z - loc)``
         (and the same for the within-owner cross curvatures), which removes most of the
