@@ -196,7 +196,6 @@ def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
         name=name + ("-signed" if signed_discrimination else ""),
         kind="unit",
         params=tuple(params),
-        loglik=linear.loglik,
         description=(f"Beta-IRT (Molenaar): E[y] = sigmoid({'alpha theta' if discrimination else 'theta'}"
                      f" - beta), per-item log-precision; inflation {resolved}; {prior} priors"),
         symmetries=tuple(symmetries),

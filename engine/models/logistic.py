@@ -178,7 +178,6 @@ def logistic_model(name: str, *, prior: str = "vague", signed_discrimination: bo
         name=label,
         kind="binary",
         params=tuple(params),
-        loglik=linear.loglik,
         linear=linear,
         # 1PL only: with a discrimination the start also sets where the fit lands on the
         # weakly identified scale ridge of the vague prior (seen moving posterior sds ~10%)

@@ -183,7 +183,7 @@ def mirt_model(kind: str, *, dims: int | None = None, q_matrix: Sequence[Sequenc
     if linear is None:
         loglik, expected = _noncomp_loglik, lambda p: jnp.exp(_noncomp_log_pq(p)[0])
     else:
-        loglik, expected = linear.loglik, partial(_linear_expected, linear)
+        loglik, expected = None, partial(_linear_expected, linear)  # loglik: linear's
     name = "irt-vec" if kind == "vec" else f"mirt-{kind}"
     initial = None
     if q is None and kind == "comp" and dims > 1:

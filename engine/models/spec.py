@@ -166,14 +166,15 @@ class ModelSpec:
         inflation when scores hit 0 or 1 exactly); raises if the data cannot be fitted.
     initial : ``initial(y) -> {name: unconstrained location}``, a data-driven start for
         blocks that would otherwise start symmetric (e.g. exploratory skills).
-    linear : a :class:`Linear` declaration when ``loglik`` is ``linear.loglik``: inference
-        then takes the cheaper predictor path (same terms, fewer per-cell derivatives).
+    linear : a :class:`Linear` declaration; ``loglik`` is then ``linear.loglik`` (leave
+        ``loglik`` out), and inference takes the cheaper predictor path (same terms, fewer
+        per-cell derivatives). A model declares one of ``loglik`` and ``linear``.
     """
 
     name: str
     kind: str
     params: tuple[ParamSpec, ...]
-    loglik: Callable = field(compare=False, repr=False)
+    loglik: Callable | None = field(default=None, compare=False, repr=False)
     description: str = ""
     symmetries: tuple[Symmetry, ...] = ()
     constants: tuple[Constant, ...] = ()
@@ -184,6 +185,14 @@ class ModelSpec:
     linear: Linear | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
+        if self.linear is not None:
+            if self.loglik is None:
+                object.__setattr__(self, "loglik", self.linear.loglik)
+            elif self.loglik != self.linear.loglik:
+                raise ModelError(f"model {self.name!r}: declare loglik or linear, not both "
+                                 "(with linear, loglik is linear.loglik)")
+        elif self.loglik is None:
+            raise ModelError(f"model {self.name!r}: declare loglik or linear")
         names = [p.name for p in self.params]
         names += [c.name for c in self.constants]
         if len(set(names)) != len(names):

@@ -269,3 +269,17 @@ def test_signed_start_matches_a_direct_rest_score_covariance():
         rest = np.array([(y[s][y[s] >= 0].sum() - y[s, j]) / ((y[s] >= 0).sum() - 1) for s in rows])
         cov = np.sum((yj - yj.mean()) * (rest - rest.mean()))
         assert got[j] == (-1.0 if cov < 0 else 1.0), (j, cov)
+
+
+def test_model_declares_loglik_or_linear_and_linear_sets_loglik():
+    from engine.errors import ModelError
+    from engine.models.spec import ModelSpec
+
+    spec = get_model("2pl")
+    assert spec.linear is not None and spec.loglik == spec.linear.loglik
+    assert spec.replace(description="x").loglik == spec.linear.loglik
+    with pytest.raises(ModelError, match="loglik or linear, not both"):
+        ModelSpec(name="m", kind="binary", params=spec.params, linear=spec.linear,
+                  loglik=lambda params, y, mask: y)
+    with pytest.raises(ModelError, match="declare loglik or linear"):
+        ModelSpec(name="m", kind="binary", params=spec.params)
