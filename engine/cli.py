@@ -482,7 +482,7 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--draws", type=int, default=1000, help="joint posterior draws for ranks")
     p.add_argument("--mc-draws", type=int, default=0, metavar="K",
                    help="Monte Carlo draws of the posterior averaged per step (default 0: "
-                        "automatic, up to 16 for matrices under a million cells)")
+                        "automatic, up to 16 below a million observed cells)")
     p.add_argument("--top-k", type=int, default=3, help="k of the P(top-k) column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dims", type=int, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")

@@ -26,7 +26,8 @@ from engine.infer.guide import FitState, GuideState
 __all__ = ["FitProgress", "Checkpointer", "CHECKPOINT_FILE", "has_checkpoint"]
 
 CHECKPOINT_FILE = "checkpoint.json"
-FORMAT_VERSION = 2  # 2: the Newton state carries running cross curvatures
+FORMAT_VERSION = 3  # 2: the Newton state carries running cross curvatures; 3: steps average
+# settings.mc_draws Monte Carlo draws (a format-2 fit took one, which its fingerprint lacks)
 
 
 class FitProgress(NamedTuple):

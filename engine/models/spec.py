@@ -216,6 +216,8 @@ class ModelSpec:
         return tuple(p for p in self.params if p.in_likelihood)
 
     def replace(self, **changes) -> "ModelSpec":
+        if "linear" in changes and "loglik" not in changes and self.linear is not None:
+            changes["loglik"] = None  # derived from the new linear (or an error without one)
         return dataclasses.replace(self, **changes)
 
     def constant_values(self, num_subjects: int, num_items: int) -> dict[str, np.ndarray]:

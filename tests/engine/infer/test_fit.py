@@ -185,7 +185,7 @@ def _count_loglik_traces(spec):
 
     if spec.linear is not None:  # the predictor path calls the cell function, not loglik
         linear = dataclasses.replace(spec.linear, cell=counted(spec.linear.cell))
-        return spec.replace(loglik=linear.loglik, linear=linear), calls
+        return spec.replace(linear=linear), calls
     return spec.replace(loglik=counted(spec.loglik)), calls
 
 

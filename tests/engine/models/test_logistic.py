@@ -1,5 +1,6 @@
 """Tests for engine.models.logistic: every loglik against scipy, extremes, symmetries, errors."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -278,6 +279,8 @@ def test_model_declares_loglik_or_linear_and_linear_sets_loglik():
     spec = get_model("2pl")
     assert spec.linear is not None and spec.loglik == spec.linear.loglik
     assert spec.replace(description="x").loglik == spec.linear.loglik
+    other = dataclasses.replace(spec.linear, cell=lambda eta, extras, y, mask: y * eta)
+    assert spec.replace(linear=other).loglik == other.loglik  # loglik follows a new linear
     with pytest.raises(ModelError, match="loglik or linear, not both"):
         ModelSpec(name="m", kind="binary", params=spec.params, linear=spec.linear,
                   loglik=lambda params, y, mask: y)
