@@ -70,7 +70,8 @@ def _total(spec: ModelSpec, z: dict, lik: Terms, scale) -> tuple[Terms, dict]:
     hess = {n: prior.hess[n] + scale * lik.hess.get(n, 0.0) for n in prior.hess}
     curv = {n: jnp.maximum(-prior.hess[n], 0.0) + jnp.maximum(-scale * lik.hess.get(n, 0.0), 0.0)
             for n in prior.hess}
-    return Terms(prior.value + scale * lik.value, grad, hess, lik.cross), curv
+    cross = {k: scale * h for k, h in lik.cross.items()}
+    return Terms(prior.value + scale * lik.value, grad, hess, cross), curv
 
 
 def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict) -> StepInfo:
