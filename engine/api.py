@@ -263,9 +263,24 @@ def _constant_items(y, kind: str, spec, frozen) -> np.ndarray:
     """
     if y is None or kind != "binary" or any(p.owner == "item" and p.name in frozen for p in spec.params):
         return np.zeros(0 if y is None else y.shape[1], bool)
-    observed = (y >= 0).sum(axis=0)
-    ones = (y == 1).sum(axis=0)
+    return constant_columns(y)
+
+
+def constant_columns(y: np.ndarray) -> np.ndarray:
+    """``(..., N)`` bool: binary columns (items) of ``y`` (``(..., S, N)``, -1 missing) whose
+    observed responses are all 0 or all 1; leading axes are separate matrices (trials)."""
+    observed = (y >= 0).sum(axis=-2)
+    ones = (y == 1).sum(axis=-2)
     return (observed > 0) & ((ones == 0) | (ones == observed))
+
+
+def set_aside_constant(ys: np.ndarray) -> np.ndarray:
+    """A copy of binary matrices ``ys`` (``(..., S, N)``) with each matrix's constant items
+    marked missing, as :func:`fit` fits them (prior only)."""
+    out = np.array(ys, copy=True)
+    const = constant_columns(out)
+    out[np.broadcast_to(const[..., None, :], out.shape)] = -1
+    return out
 
 
 def load_responses(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
