@@ -6,7 +6,9 @@ posterior predictive distribution: ``log p(y | train) ~= log mean_k p(y | params
 joint draws ``params_k`` of the variational posterior (never a plug-in of the means).
 Binary data also get accuracy (threshold 0.5 on the predictive ``P(y = 1)``), ROC AUC,
 macro F1 (the seed's three classification metrics), the Brier score and the expected
-calibration error over ten equal-width probability bins.
+calibration error over ten equal-width probability bins. Held-out binary cells of items whose
+training responses are all alike are not scored (every model fits such items as unobserved);
+``num_heldout_set_aside`` counts them.
 
 Nothing here branches on a model's name: every prediction is ``spec.loglik`` evaluated
 cell by cell at gathered draws, exactly as inference evaluates it.
@@ -43,7 +45,7 @@ __all__ = ["ModelChoice", "parse_models", "split_holdout", "heldout_loglik_draws
 
 COLUMNS = ("model", "heldout_loglik", "heldout_loglik_per_cell", "accuracy", "roc_auc", "macro_f1",
            "ece", "brier", "elbo", "num_params", "passes", "converged", "wall_s", "num_train",
-           "num_heldout")
+           "num_heldout", "num_heldout_set_aside")
 _CHUNK = 1 << 14  # held-out cells evaluated together (times the number of draws)
 
 
@@ -259,7 +261,7 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
     --------
     >>> table = compare("nlu.zarr", "1pl,2pl,mirt-comp:2", holdout=0.1, seed=0)  # doctest: +SKIP
     """
-    from engine.api import fit, load_responses, resolve_model
+    from engine.api import constant_columns, fit, load_responses, resolve_model
 
     _check_fraction(holdout)
     if num_draws < 1:
@@ -273,8 +275,18 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
     for c in choices:  # every model reads this kind and fits this shape, before any fit
         resolve_model(c.name, {"prior": prior, **c.options}, None, kind, y.shape)
     train, s_idx, i_idx = split_holdout(y, holdout, seed)
-    y_out = y[s_idx, i_idx].astype(np.float64)
     binary = kind == "binary"
+    # Items every training response answers alike are fitted as unobserved by every model
+    # (engine.fit): no model has anything to predict their held-out cells with, so those
+    # cells are not scored (their count is reported), as on a 10-system leaderboard where
+    # they were half the held-out cells and every model scored them as coin flips.
+    aside = constant_columns(train)[i_idx] if binary else np.zeros(len(i_idx), bool)
+    if aside.all():
+        raise SettingsError(f"--holdout {holdout}: every held-out cell falls on an item whose "
+                            f"training responses are all alike, which no model fits; hold out "
+                            f"a larger share")
+    set_aside, s_idx, i_idx = int(aside.sum()), s_idx[~aside], i_idx[~aside]
+    y_out = y[s_idx, i_idx].astype(np.float64)
     rows = []
     for k, c in enumerate(choices):
         t0 = time.perf_counter()
@@ -287,7 +299,7 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
         row = {"model": c.label, **predictive_metrics(log_pred, y_out, p1), "elbo": float(res.elbo),
                "num_params": _num_params(res.spec, res.guide), "passes": res.num_passes,
                "converged": bool(res.converged), "wall_s": wall, "num_train": int(res.num_observed),
-               "num_heldout": int(len(y_out))}
+               "num_heldout": int(len(y_out)), "num_heldout_set_aside": set_aside}
         rows.append(row)
         if progress_fn is not None:
             progress_fn(c.label, row)
@@ -324,7 +336,8 @@ def write_comparison(table: pd.DataFrame, out: str | Path) -> tuple[Path, Path]:
 
 def format_comparison(table: pd.DataFrame) -> str:
     """The comparison as a fixed-width text table."""
-    show = table.drop(columns=[c for c in ("num_train", "num_heldout") if c in table])
+    show = table.drop(columns=[c for c in ("num_train", "num_heldout", "num_heldout_set_aside")
+                               if c in table])
     show = show.dropna(axis=1, how="all")
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         return show.to_string(index=False, float_format=lambda v: f"{v:.4g}")

@@ -233,3 +233,32 @@ def test_cli_compare_bad_input_exits_2_and_writes_nothing(store, tmp_path, capsy
 def test_cli_compare_missing_store(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nope.zarr"), "--models", "1pl", "--quiet"]) == 2
     assert "no such response store" in capsys.readouterr().err
+
+
+def test_heldout_cells_of_items_no_model_fits_are_counted_not_scored():
+    from engine.api import constant_columns
+    from engine.readout.compare import split_holdout
+
+    rng = np.random.default_rng(5)
+    theta, b = rng.normal(size=(12, 1)), rng.normal(size=(1, 150))
+    informative = (rng.random((12, 150)) < 1 / (1 + np.exp(-(theta - b)))).astype(np.int8)
+    y = np.concatenate([informative, np.zeros((12, 100), np.int8)], axis=1)  # 100 all wrong
+    table = compare(y, "1pl", holdout=0.1, seed=3, settings=FitSettings(seed=0))
+    train, _, items = split_holdout(y, 0.1, seed=3)
+    aside = constant_columns(train)[items]
+    row = table.iloc[0]
+    assert row["num_heldout_set_aside"] == aside.sum() >= (items >= 150).sum() > 0
+    assert row["num_heldout"] == len(items) - aside.sum()
+    assert row["num_heldout"] + row["num_heldout_set_aside"] == round(0.1 * y.size)
+    # scored on items the model fitted, the predictive is informative
+    assert row["roc_auc"] > 0.7
+
+    # a split whose every held-out cell lands on such an item is a clear error
+    small = np.array([[0, 1, 1], [0, 0, 1], [0, 1, 0], [0, 0, 0]], np.int8)
+    def all_aside(s):
+        train, _, items = split_holdout(small, 0.1, s)
+        return constant_columns(train)[items].all()
+
+    seed = next(s for s in range(200) if all_aside(s))
+    with pytest.raises(SettingsError, match="hold out a larger share"):
+        compare(small, "1pl", holdout=0.1, seed=seed)
