@@ -124,6 +124,7 @@ def main(argv=None) -> None:
     eta = jnp.asarray(1.5 * rng.standard_normal((S, N)), jnp.float32)
     o = jnp.asarray(1.5 + 0.5 * rng.standard_normal(N), jnp.float32)[None]
     closed, auto = jax.jit(beta_cell)(eta, o, y), jax.jit(_autodiff_cell)(eta, o, y)
+    binary = simulate_2pl(S, N, seed=0)["responses"]
     rel = [float(np.max(np.abs(np.asarray(c) - np.asarray(r)) / (1.0 + np.abs(np.asarray(r)))))
            for c, r in zip(closed, auto)]
     out = {
@@ -131,8 +132,9 @@ def main(argv=None) -> None:
         "closed_form_vs_autodiff_max_rel_diff": dict(zip(
             ["value", "g_eta", "g_o", "h_eta_eta", "h_eta_o", "h_o_o"], rel)),
         "seconds": {
-            "2pl_block_terms": _block_terms_time("2pl", {}, simulate_2pl(S, N, seed=0)["responses"]),
-            "beta_block_terms_engine": _block_terms_time("beta", {"inflation": "none"}, np.asarray(y)),
+            "2pl_block_terms": _block_terms_time("2pl", {}, binary),
+            "beta_block_terms_engine": _block_terms_time("beta", {"inflation": "none"},
+                                                         np.asarray(y)),
             "beta_cell_closed_form_six_outputs": _median_time(jax.jit(beta_cell), eta, o, y),
             "beta_cell_closed_form_summed_one_loop": _median_time(
                 jax.jit(lambda *a: sum(beta_cell(*a))), eta, o, y),
