@@ -61,19 +61,26 @@ def _logs(p):
     return jnp.log(p), jnp.log1p(-p)
 
 
-def inflated_loglik(density_fn, y, mask, *, zero=None, one=None, inside=0.5):
+def inflated_loglik(logpdf, log_params: tuple, y, mask, *, zero=None, one=None, inside=0.5):
     """Per-cell log-likelihood with optional point masses at 0 and 1.
 
-    ``P(y = 0) = zero``, ``P(y = 1 | y > 0) = one``, and the rest spread by the density:
-    ``log p(y) = log(1 - zero) + log(1 - one) + density_fn(y)`` for ``y`` off the masses.
-    Without ``zero`` (``one``) the value 0 (1) is left to the density. Missing cells and
-    cells on a point mass are evaluated at ``inside`` so gradients stay finite.
+    ``P(y = 0) = zero``, ``P(y = 1 | y > 0) = one``, and the rest spread by the density
+    ``logpdf(y, *log_params)``:
+    ``log p(y) = log(1 - zero) + log(1 - one) + logpdf(y, *log_params)`` for ``y`` off the
+    masses. Without ``zero`` (``one``) the value 0 (1) is left to the density.
+
+    Cells whose density is not used (missing, or on a point mass) evaluate it at ``y =
+    inside`` with every log-parameter set to 0 (shapes and rates of 1): a draw from a factor
+    that no data pins (an item whose every response sits on a point mass keeps its vague
+    prior) would otherwise overflow the density's derivatives there, and ``0 * inf`` makes
+    the masked gradient NaN.
     """
     at0 = (y == 0.0) if zero is not None else jnp.zeros_like(y, dtype=bool)
     at1 = (y == 1.0) if one is not None else jnp.zeros_like(y, dtype=bool)
     cont = ~(at0 | at1)
-    safe = jnp.where(cont & (mask > 0), y, inside)
-    ll = jnp.where(cont, density_fn(safe), 0.0)
+    use = cont & (mask > 0)
+    safe = jnp.where(use, y, inside)
+    ll = jnp.where(use, logpdf(safe, *(jnp.where(use, p, 0.0) for p in log_params)), 0.0)
     if zero is not None:
         log_z, log1m_z = _logs(zero)
         ll = ll + jnp.where(at0, log_z, log1m_z)
@@ -144,8 +151,8 @@ def _beta_linear(*, disc: bool, inflation: tuple[str, ...]) -> Linear:
     def cell(eta, extras, y, mask):
         e = dict(zip(names, extras))
         o = e["log_precision"]
-        density = lambda v: beta_logpdf(v, 0.5 * (eta + o), 0.5 * (o - eta))
-        return inflated_loglik(density, y, mask, zero=e.get("zero"), one=e.get("one"))
+        return inflated_loglik(beta_logpdf, (0.5 * (eta + o), 0.5 * (o - eta)), y, mask,
+                               zero=e.get("zero"), one=e.get("one"))
 
     return Linear(subject=lambda params: params["ability"][..., None], item=item, cell=cell)
 
@@ -215,8 +222,8 @@ def _gamma_loglik(params, y, mask):
     lt, l1t, ld, l1d, a = _log_odds_terms(params)
     log_shape = jnp.log(params["scale"]) + a * (ld - lt)
     log_rate = a * (l1d - l1t)
-    density = lambda v: gamma_logpdf(v, log_shape, log_rate)
-    return inflated_loglik(density, y, mask, zero=params.get("zero"), inside=1.0)
+    return inflated_loglik(gamma_logpdf, (log_shape, log_rate), y, mask,
+                           zero=params.get("zero"), inside=1.0)
 
 
 def _gamma_expected(params):
@@ -271,8 +278,8 @@ def gamma_model(*, prior: str = "vague", signed_discrimination: bool = False,
 
 def _beta3_loglik(params, y, mask):
     lt, l1t, ld, l1d, a = _log_odds_terms(params)
-    density = lambda v: beta_logpdf(v, a * (lt - ld), a * (l1t - l1d))
-    return inflated_loglik(density, y, mask, zero=params.get("zero"), one=params.get("one"))
+    return inflated_loglik(beta_logpdf, (a * (lt - ld), a * (l1t - l1d)), y, mask,
+                           zero=params.get("zero"), one=params.get("one"))
 
 
 def _beta3_expected(params):

@@ -348,3 +348,19 @@ def test_several_draws_steady_a_small_2pl_fit():
     assert late_elbo[16] > late_elbo[1], late_elbo
     assert spread[16] < spread[1], spread
     assert _r(fits[16][0].means()["ability"], truth["ability"]) > 0.95
+
+
+def test_convergence_rule_reads_noise_robustly():
+    from engine.infer.fit import converged_at
+
+    rng = np.random.default_rng(0)
+    flat = list(-1000.0 + rng.normal(0.0, 5.0, 10))
+    assert converged_at(flat, tol=1e-9, window=5, min_passes=10)  # noise only
+    climbing = list(-1000.0 + 40.0 * np.arange(10) + rng.normal(0.0, 5.0, 10))
+    assert not converged_at(climbing, tol=1e-9, window=5, min_passes=10)
+    # one wild early pass must not pass for noise while the fit still climbs by 200 a pass
+    # (the mean-square estimate read it as noise; Gamma-IRT on 10 systems stopped early)
+    spiked = list(-9000.0 + 200.0 * np.arange(10))
+    spiked[1] = -3e6
+    assert not converged_at(spiked, tol=1e-9, window=5, min_passes=10)
+    assert not converged_at(flat[:9], tol=1e-9, window=5, min_passes=10)  # too few passes
