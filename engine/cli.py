@@ -357,11 +357,12 @@ def cmd_compare(args) -> int:
     table = compare(args.store, models, holdout=args.holdout, seed=args.seed, settings=settings,
                     prior=args.prior, num_draws=args.draws, q_matrix=q, progress_fn=report)
     s = table.attrs["settings"]
+    aside = table["num_heldout_set_aside"].iloc[0]
+    unscored = (f"; {aside} more not scored: their items' training responses are all alike, "
+                f"which no model fits") if aside else ""
     print(f"{len(table)} models fitted on {s['shape'][0]} x {s['shape'][1]} ({s['kind']}) with "
           f"{table['num_heldout'].iloc[0]} cells held out ({args.holdout:g}, seed {args.seed}"
-          + (f"; {table['num_heldout_set_aside'].iloc[0]} more not scored: their items' training "
-             f"responses are all alike, which no model fits" if table['num_heldout_set_aside'].iloc[0]
-             else "") + "); best held-out log-likelihood first:")
+          f"{unscored}); best held-out log-likelihood first:")
     print(format_comparison(table))
     if args.out:
         parquet, meta = write_comparison(table, args.out)

@@ -22,7 +22,7 @@ from engine.infer.elbo import make_block_terms
 from engine.infer.fit import converged_at
 from engine.infer.guide import FitState, GuideState
 from engine.infer.settings import FitSettings
-from engine.infer.step import draw, init_opt_state, make_update, stack_draws
+from engine.infer.step import draw_many, init_opt_state, make_update, stack_draws
 from engine.infer.terms import terms_shapes
 from engine.models.spec import ModelSpec
 
@@ -65,11 +65,7 @@ def _batched(spec: ModelSpec, settings: FitSettings, num_subjects: int, num_item
 
         def body(carry, i):
             state, acc = carry
-            zs, epss = [], []
-            for _ in range(draws):  # as fit_source draws them, so one draw is its stream
-                state, z, eps = draw(state)
-                zs.append(z)
-                epss.append(eps)
+            state, zs, epss = draw_many(state, draws)  # as fit_source draws them
             z, eps = stack_draws(*zs), stack_draws(*epss)
             # per draw, as fit_source computes them (a vmap over draws rounds differently)
             lik = stack_draws(*[terms(zk, subject_idx, item_idx, y) for zk in zs])

@@ -17,7 +17,7 @@ from engine.infer.elbo import add_terms, make_block_terms, make_observation_term
 from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
 from engine.infer.parallel import make_parallel_terms, num_local_devices, stack_blocks
 from engine.infer.settings import FitSettings
-from engine.infer.step import draw, init_opt_state, make_update, stack_draws
+from engine.infer.step import draw_many, init_opt_state, make_update, stack_draws
 from engine.infer.terms import Terms, terms_shapes
 from engine.models.spec import ModelSpec
 
@@ -209,11 +209,7 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
             feed = prefetch((load(group_keys[g]) for g in order), settings.prefetch)
         infos = []
         for chunk in np.array_split(order, min(settings.steps_per_pass, len(group_keys))):
-            zs, epss = [], []
-            for _ in range(draws):
-                state, z, eps = draw(state)
-                zs.append(z)
-                epss.append(eps)
+            state, zs, epss = draw_many(state, draws)
             liks, observed = [None] * draws, 0
             for _ in chunk:
                 group, count = next(feed)

@@ -20,7 +20,8 @@ from engine.infer.guide import FitState, GuideState, StepInfo, reparameterise, s
 from engine.infer.settings import FitSettings
 from engine.models.spec import ModelSpec
 
-__all__ = ["make_update", "make_optimizer", "init_opt_state", "draw", "stack_draws"]
+__all__ = ["make_update", "make_optimizer", "init_opt_state", "draw", "draw_many",
+           "stack_draws"]
 
 
 @jax.jit
@@ -29,6 +30,17 @@ def draw(state: FitState) -> tuple[FitState, dict, dict]:
     key, sub = jax.random.split(state.rng_key)
     z, eps = sample(state.guide, rng_key=sub)
     return state._replace(rng_key=key), z, eps
+
+
+def draw_many(state: FitState, draws: int) -> tuple[FitState, list, list]:
+    """``draws`` successive :func:`draw` calls: the state after them and the lists of ``z``
+    and ``eps`` (one draw is exactly one :func:`draw`, so its random stream is unchanged)."""
+    zs, epss = [], []
+    for _ in range(draws):
+        state, z, eps = draw(state)
+        zs.append(z)
+        epss.append(eps)
+    return state, zs, epss
 
 
 def stack_draws(*trees):
@@ -173,8 +185,7 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         settled = (state.step >= settings.unbiased_after) & (settings.steps_per_pass == 1)
         first = state.step == 0
         cross, cross_mean = {}, {}
-        for key, h in lik.cross.items():
-            h = scale * h  # per draw
+        for key, h in tot.cross.items():  # per draw, scaled like the rest of the likelihood
             before = state.opt_state[key]
             cross[key] = jnp.where(settled, before, h)
             cross_mean[key] = jnp.where(first, _mean(h), (1 - rho_p) * before + rho_p * _mean(h))
