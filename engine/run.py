@@ -23,7 +23,7 @@ from engine.models.spec import ModelSpec
 from engine.readout.posterior import draw_posterior, summarize
 from engine.readout.ranking import pairwise_beats, rank_stats
 
-__all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS"]
+__all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS", "store_candidates"]
 
 PAIRWISE_MAX_SUBJECTS = 2000
 FORMAT_VERSION = 1
@@ -49,6 +49,29 @@ def _versions() -> dict:
     import optax, dask, zarr  # noqa: E401
     return {"python": platform.python_version(), "jax": jax.__version__, "optax": optax.__version__,
             "dask": dask.__version__, "zarr": zarr.__version__, "numpy": np.__version__}
+
+
+def _store_location(data: dict, out: Path) -> dict:
+    """The store recorded two ways: absolute, and relative to the run directory, so the
+    run is read from any working directory and still finds a store moved along with it."""
+    if not data.get("store"):
+        return dict(data)
+    store = Path(data["store"]).resolve()
+    return data | {"store": str(store), "store_from_run": os.path.relpath(store, out.resolve())}
+
+
+def store_candidates(run: "Run") -> list[Path]:
+    """Where a run's store may be, in the order tried: beside the run as it was at fit time
+    (the run and store moved together), the absolute path recorded, and for runs written
+    before the relative path was recorded, the path as recorded (relative to the directory
+    the fit ran in)."""
+    data = run.info.get("data", {})
+    out = []
+    if data.get("store_from_run"):
+        out.append(run.path / data["store_from_run"])
+    if data.get("store"):
+        out.append(Path(data["store"]))
+    return list(dict.fromkeys(out))
 
 
 def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> pd.DataFrame:
@@ -103,8 +126,9 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "spec": res.spec.to_dict(),
             "settings": res.settings.to_dict(),
             "frozen": list(res.frozen),
-            "data": res.extra["data"] | {"num_subjects": res.num_subjects, "num_items": res.num_items,
-                                         "num_observed": res.num_observed},
+            "data": _store_location(res.extra["data"], out) | {
+                "num_subjects": res.num_subjects, "num_items": res.num_items,
+                "num_observed": res.num_observed},
             "converged": res.converged,
             "num_passes": res.num_passes,
             "num_devices": res.num_devices,

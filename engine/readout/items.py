@@ -99,22 +99,35 @@ def item_bank(spec: ModelSpec, guide: GuideState) -> ItemBank:
     return ItemBank(spec, params, num_items)
 
 
+def _open_recorded_store(run):
+    """The store fit.json records, tried beside the run first (see ``store_candidates``)."""
+    from engine.run import store_candidates
+
+    tried = store_candidates(run)
+    if not tried:
+        raise StoreNotFoundError(f"{run.path / 'fit.json'} records no response store (the fit was "
+                                 f"on an in-memory array); pass the store with --store")
+    for path in tried:
+        if path.exists():
+            return open_store(path)
+    raise StoreNotFoundError(f"the response store of run {run.path} was not found; tried "
+                             f"{', '.join(str(p) for p in tried)}: pass the store with --store")
+
+
 def load_run_responses(run, store: str | Path | None = None) -> np.ndarray:
     """The run's response matrix, rows and columns in the run's subject and item order.
 
     Reads ``store`` or else the store recorded in ``fit.json``; the ids must match the
     run's and, when the run recorded a checksum, so must the store's.
     """
-    recorded = run.info.get("data", {}).get("store")
-    path = store or recorded
-    if path is None:
-        raise StoreNotFoundError(f"{run.path / 'fit.json'} records no response store (the fit was "
-                                 f"on an in-memory array); pass the store with --store")
-    try:
-        st = open_store(path)
-    except StoreNotFoundError as err:
-        raise StoreNotFoundError(f"{err}; the run {run.path} was fitted on {recorded}: pass the "
-                                 f"store with --store") from err
+    if store is not None:
+        try:
+            st = open_store(store)
+        except StoreNotFoundError as err:
+            raise StoreNotFoundError(f"{err} (the path given with --store); pass the store the run "
+                                     f"{run.path} was fitted on") from err
+    else:
+        st = _open_recorded_store(run)
     subjects = np.asarray([str(s) for s in st.subjects.tolist()], dtype=object)
     items = np.asarray([str(s) for s in st.items.tolist()], dtype=object)
     want_s = run.subjects["subject"].astype(str).to_numpy()
