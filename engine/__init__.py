@@ -1,13 +1,30 @@
-"""irt-engine: Bayesian Item Response Theory for benchmark leaderboards at any scale."""
+"""irt-engine: Bayesian Item Response Theory for benchmark leaderboards at any scale.
 
-from engine.api import fit, response_stats
-from engine.data import Store, ingest, open_store, write_store
-from engine.errors import IRTError
-from engine.infer.fit import FitResult
-from engine.infer.settings import FitSettings
-from engine.models import MODELS, get_model
-from engine.run import Run, load_run, save_run
+The public names load on first use (PEP 562), so ``irt-engine --help`` and commands that
+need neither JAX nor Dask do not pay for importing them.
+"""
+
+from importlib import import_module
 
 __all__ = ["fit", "FitSettings", "FitResult", "ingest", "open_store", "write_store", "Store",
            "get_model", "MODELS", "save_run", "load_run", "Run", "IRTError", "response_stats"]
 __version__ = "0.1.0"
+
+_HOME = {"fit": "engine.api", "response_stats": "engine.api", "Store": "engine.data",
+         "ingest": "engine.data", "open_store": "engine.data", "write_store": "engine.data",
+         "IRTError": "engine.errors", "FitResult": "engine.infer.fit",
+         "FitSettings": "engine.infer.settings", "MODELS": "engine.models",
+         "get_model": "engine.models", "Run": "engine.run", "load_run": "engine.run",
+         "save_run": "engine.run"}
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

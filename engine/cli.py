@@ -16,6 +16,51 @@ from engine.errors import IRTError, SettingsError
 __all__ = ["main", "build_parser"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the option, what was wrong, and where help is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _count(minimum: int):
+    """An argparse type: an integer >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _real(low: float, high: float, *, closed_low: bool = False, closed_high: bool = False):
+    """An argparse type: a finite number in (low, high), ends included where said."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = (value >= low if closed_low else value > low) and \
+            (value <= high if closed_high else value < high)
+        if not ok or value != value:
+            lo, hi = "[" if closed_low else "(", "]" if closed_high else ")"
+            raise argparse.ArgumentTypeError(f"must be a finite number in {lo}{low:g}, {high:g}{hi}, "
+                                             f"got {text}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+_POSITIVE, _NONNEGATIVE = _count(1), _count(0)
+_TOL = _real(0.0, float("inf"))
+_SHARE = _real(0.0, 1.0)
+_PROBABILITY = _real(0.0, 1.0, closed_low=True, closed_high=True)
+
+
 def _settings(args):
     from engine.infer.settings import FitSettings, parse_bytes
 
@@ -455,10 +500,10 @@ def _runner_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=None,
                    help="join this Ray cluster (default: start a local Ray on 127.0.0.1)")
     p.add_argument("--backend", default="ray", choices=["ray", "inprocess"])
-    p.add_argument("--batch-size", type=int, default=8, help="trials fitted together per task")
-    p.add_argument("--max-in-flight", type=int, default=None, help="tasks running at once")
-    p.add_argument("--max-retries", type=int, default=3, help="resubmissions of a failed task")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray")
+    p.add_argument("--batch-size", type=_POSITIVE, default=8, help="trials fitted together per task")
+    p.add_argument("--max-in-flight", type=_POSITIVE, default=None, help="tasks running at once")
+    p.add_argument("--max-retries", type=_NONNEGATIVE, default=3, help="resubmissions of a failed task")
+    p.add_argument("--num-cpus", type=_POSITIVE, default=None, help="CPUs of the local Ray")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -478,17 +523,17 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
     p.add_argument("--optimizer", default="newton", choices=["newton", "adam"])
-    p.add_argument("--max-passes", type=int, default=500)
-    p.add_argument("--tol", type=float, default=1e-4, help="relative ELBO change to stop at")
+    p.add_argument("--max-passes", type=_POSITIVE, default=500)
+    p.add_argument("--tol", type=_TOL, default=1e-4, help="relative ELBO change to stop at")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--devices", type=int, default=None, help="local devices to use (default all)")
-    p.add_argument("--draws", type=int, default=1000, help="joint posterior draws for ranks")
-    p.add_argument("--mc-draws", type=int, default=0, metavar="K",
+    p.add_argument("--devices", type=_POSITIVE, default=None, help="local devices to use (default all)")
+    p.add_argument("--draws", type=_POSITIVE, default=1000, help="joint posterior draws for ranks")
+    p.add_argument("--mc-draws", type=_NONNEGATIVE, default=0, metavar="K",
                    help="Monte Carlo draws of the posterior averaged per step (default 0: "
                         "automatic, up to 16 below a million observed cells)")
-    p.add_argument("--top-k", type=int, default=3, help="k of the P(top-k) column")
+    p.add_argument("--top-k", type=_POSITIVE, default=3, help="k of the P(top-k) column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--dims", type=int, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
+    p.add_argument("--dims", type=_POSITIVE, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
     p.add_argument("--q-matrix", default=None,
                    help="items x skills CSV (item id column, one 0/1 column per skill): confirmatory")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
@@ -500,8 +545,8 @@ def _add_item_commands(sub) -> None:
     p = sub.add_parser("items", help="items ranked for review (annotation errors) + quartile table")
     p.add_argument("run")
     p.add_argument("--store", default=None, help="response store (default: the run's)")
-    p.add_argument("--top", type=int, default=20, help="items to show")
-    p.add_argument("--num-subjects", type=int, default=3, help="disagreeing subjects per item")
+    p.add_argument("--top", type=_POSITIVE, default=20, help="items to show")
+    p.add_argument("--num-subjects", type=_POSITIVE, default=3, help="disagreeing subjects per item")
     p.add_argument("--subjects", default=None, help="comma-separated subjects for the quartile table")
     p.add_argument("--out", default=None, help="write every item's flags to this .csv/.parquet")
     p.set_defaults(func=cmd_items)
@@ -510,7 +555,7 @@ def _add_item_commands(sub) -> None:
     p.add_argument("run")
     p.add_argument("responses", help="a store or response file with the run's item ids")
     p.add_argument("--all", action="store_true", help="print the whole leaderboard, not only new rows")
-    p.add_argument("--draws", type=int, default=1000)
+    p.add_argument("--draws", type=_POSITIVE, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the combined leaderboard (.csv/.parquet)")
     p.add_argument("--method", choices=("auto", "grid", "fit"), default="auto",
@@ -521,9 +566,9 @@ def _add_item_commands(sub) -> None:
 
     p = sub.add_parser("subset", help="K items maximising test information; ranking agreement")
     p.add_argument("run")
-    p.add_argument("--size", type=int, required=True, help="K, the number of items")
+    p.add_argument("--size", type=_POSITIVE, required=True, help="K, the number of items")
     p.add_argument("--ability", default=None, help="LO,HI target ability range (default: the subjects')")
-    p.add_argument("--random", type=int, default=20, help="random subsets for the baseline")
+    p.add_argument("--random", type=_POSITIVE, default=20, help="random subsets for the baseline")
     p.add_argument("--store", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the chosen items (.csv/.parquet)")
@@ -533,7 +578,7 @@ def _add_item_commands(sub) -> None:
     p.add_argument("run")
     p.add_argument("confidences", help="wide CSV/Parquet: subject column, one column per item, values in [0, 1]")
     p.add_argument("--store", default=None)
-    p.add_argument("--top", type=int, default=10, help="extreme items to show")
+    p.add_argument("--top", type=_POSITIVE, default=10, help="extreme items to show")
     p.add_argument("--out", default=None, help="write the per-subject table (.csv/.parquet)")
     p.set_defaults(func=cmd_calibration)
 
@@ -547,8 +592,18 @@ def _add_item_commands(sub) -> None:
     p.set_defaults(func=cmd_report)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("irt-engine")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="irt-engine", description=__doc__)
+    parser = _Parser(prog="irt-engine", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"irt-engine {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("ingest", help="response files -> zarr store")
@@ -572,26 +627,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--resume", action="store_true",
                    help="continue an interrupted fit from the checkpoint in --out")
-    p.add_argument("--checkpoint-every", type=int, default=10, metavar="PASSES",
+    p.add_argument("--checkpoint-every", type=_NONNEGATIVE, default=10, metavar="PASSES",
                    help="checkpoint into --out every this many passes (0 = never)")
     _fit_options(p)
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("leaderboard", help="print a run's leaderboard")
     p.add_argument("run")
-    p.add_argument("--top-k", type=int, default=None, help="show the first K rows")
+    p.add_argument("--top-k", type=_POSITIVE, default=None, help="show the first K rows")
     p.add_argument("--rank", default=None,
                    help="vector abilities: pareto | weights=W1,W2,... | lexicographic | dominance | "
                         "skill=NAME (default pareto for multi-skill runs)")
-    p.add_argument("--threshold", type=float, default=0.9,
+    p.add_argument("--threshold", type=_PROBABILITY, default=0.9,
                    help="posterior mass for --rank dominance to count (ties below it)")
-    p.add_argument("--draws", type=int, default=1000, help="joint posterior draws")
+    p.add_argument("--draws", type=_POSITIVE, default=1000, help="joint posterior draws")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_leaderboard)
 
     p = sub.add_parser("demo", help="ingest + fit + leaderboard on bundled data")
     p.add_argument("--out", default=None, help="directory for the store and run")
-    p.add_argument("--rows", dest="top_k_rows", type=int, default=None)
+    p.add_argument("--rows", dest="top_k_rows", type=_POSITIVE, default=None)
     _fit_options(p, model_default="1pl")  # seed 003: 1PL when subjects number in the tens
     p.set_defaults(func=cmd_demo)
 
@@ -601,18 +656,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", required=True,
                    help="comma-separated models; NAME:D for D skills, NAME:q for --q-matrix's "
                         "skills, e.g. 1pl,2pl,feas,mirt-comp:2")
-    p.add_argument("--holdout", type=float, default=0.1, help="share of observed cells held out")
+    p.add_argument("--holdout", type=_SHARE, default=0.1, help="share of observed cells held out")
     p.add_argument("--out", default=None, help="directory for compare.parquet and compare.json")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--q-matrix", default=None, help="items x skills CSV for NAME:q models")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
     p.add_argument("--optimizer", default="newton", choices=["newton", "adam"])
-    p.add_argument("--max-passes", type=int, default=500)
-    p.add_argument("--tol", type=float, default=1e-4, help="relative ELBO change to stop at")
+    p.add_argument("--max-passes", type=_POSITIVE, default=500)
+    p.add_argument("--tol", type=_TOL, default=1e-4, help="relative ELBO change to stop at")
     p.add_argument("--seed", type=int, default=0, help="held-out cells, fits and draws")
-    p.add_argument("--devices", type=int, default=None, help="local devices to use (default all)")
-    p.add_argument("--draws", type=int, default=200, help="posterior draws of the predictive")
-    p.add_argument("--mc-draws", type=int, default=0, metavar="K",
+    p.add_argument("--devices", type=_POSITIVE, default=None, help="local devices to use (default all)")
+    p.add_argument("--draws", type=_POSITIVE, default=200, help="posterior draws of the predictive")
+    p.add_argument("--mc-draws", type=_NONNEGATIVE, default=0, metavar="K",
                    help="Monte Carlo draws averaged per fit step (default 0: automatic)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=cmd_compare)
@@ -621,24 +676,24 @@ def build_parser() -> argparse.ArgumentParser:
     _trial_model_options(p)
     p.add_argument("--sizes", default=None, help="item sample sizes, e.g. 25,50,100 "
                    "(default: 25, 50, 100, ... doubling, up to half the items)")
-    p.add_argument("--trials-per-size", type=int, default=10)
-    p.add_argument("--passes", type=int, default=20, help="refit passes per trial (warm start)")
-    p.add_argument("--bootstrap", type=int, default=2000, help="resamples for the tau difference")
+    p.add_argument("--trials-per-size", type=_POSITIVE, default=10)
+    p.add_argument("--passes", type=_POSITIVE, default=20, help="refit passes per trial (warm start)")
+    p.add_argument("--bootstrap", type=_POSITIVE, default=2000, help="resamples for the tau difference")
     _runner_options(p)
     p.set_defaults(func=cmd_stability)
 
     p = sub.add_parser("bootstrap", help="bootstrap intervals of abilities and ranks (Ray trials)")
     _trial_model_options(p)
-    p.add_argument("--replicates", type=int, default=200)
-    p.add_argument("--passes", type=int, default=20, help="refit passes per replicate")
+    p.add_argument("--replicates", type=_POSITIVE, default=200)
+    p.add_argument("--passes", type=_POSITIVE, default=20, help="refit passes per replicate")
     _runner_options(p)
     p.set_defaults(func=cmd_bootstrap)
 
     p = sub.add_parser("dimensions", help="how many skills: parallel analysis + residuals (Ray)")
     _trial_model_options(p)
-    p.add_argument("--shuffles", type=int, default=200)
-    p.add_argument("--num-eigenvalues", type=int, default=20)
-    p.add_argument("--residual-simulations", type=int, default=60,
+    p.add_argument("--shuffles", type=_POSITIVE, default=200)
+    p.add_argument("--num-eigenvalues", type=_POSITIVE, default=20)
+    p.add_argument("--residual-simulations", type=_POSITIVE, default=60,
                    help="data sets simulated from the one-skill fit for the residual test")
     _runner_options(p)
     p.set_defaults(func=cmd_dimensions)
@@ -648,11 +703,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", help="a run directory from `fit`")
     p.add_argument("--out", required=True, help="directory for the results (resumes if present)")
     p.add_argument("--store", default=None, help="the run's store (default: from fit.json)")
-    p.add_argument("--trials", type=int, default=100)
+    p.add_argument("--trials", type=_POSITIVE, default=100)
     p.add_argument("--strategies", default="fisher,discrimination,disc_diff,difficulty,random")
     p.add_argument("--checkpoints", default="1,2,5,10,20,50,100", help="item counts scored")
-    p.add_argument("--holdout", type=float, default=0.2, help="share of subjects held out")
-    p.add_argument("--pool-size", type=int, default=None, help="candidate items per trial")
+    p.add_argument("--holdout", type=_SHARE, default=0.2, help="share of subjects held out")
+    p.add_argument("--pool-size", type=_POSITIVE, default=None, help="candidate items per trial")
     _runner_options(p)
     p.set_defaults(func=cmd_adaptive)
 
@@ -669,7 +724,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # --help, --version, or a one-line option error (exit 2)
+        return done.code if isinstance(done.code, int) else 2
     use_compilation_cache()
     try:
         if getattr(args, "max_passes", 1) < 1 or getattr(args, "draws", 1) < 1:

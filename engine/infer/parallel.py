@@ -13,6 +13,8 @@ import numpy as np
 
 from engine.data.blocks import Block
 
+from engine.errors import SettingsError
+
 __all__ = ["make_parallel_terms", "stack_blocks", "num_local_devices"]
 
 
@@ -21,7 +23,8 @@ def num_local_devices(requested: int | None = None) -> int:
     if requested is None:
         return available
     if not 1 <= requested <= available:
-        raise ValueError(f"num_devices={requested} but {available} local device(s) exist")
+        raise SettingsError(f"--devices {requested}: only {available} local device(s) exist; pass "
+                            f"--devices 1 to {available}, or leave it out to use all of them")
     return requested
 
 

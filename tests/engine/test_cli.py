@@ -91,7 +91,7 @@ def _tiny_store(tmp_path):
 
 
 @pytest.mark.parametrize("option,message", [(["--model", "5pl"], "5pl"),
-                                            (["--mc-draws", "-1"], "--mc-draws must be >= 0")])
+                                            (["--mc-draws", "-1"], "argument --mc-draws: must be >= 0")])
 def test_bad_fit_option_is_a_clear_error(tmp_path, capsys, option, message):
     store = _tiny_store(tmp_path)
     assert main(["fit", str(store), *option, "--out", str(tmp_path / "r"), "--quiet"]) == 2

@@ -1,0 +1,55 @@
+"""Options are validated where they are parsed: one line naming the option, exit 2."""
+
+import subprocess
+import sys
+
+import pytest
+
+from engine.cli import main
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["fit", "s", "--out", "r", "--top-k", "0"], "--top-k"),
+    (["fit", "s", "--out", "r", "--top-k", "-2"], "--top-k"),
+    (["fit", "s", "--out", "r", "--tol", "nan"], "--tol"),
+    (["fit", "s", "--out", "r", "--tol", "0"], "--tol"),
+    (["fit", "s", "--out", "r", "--tol", "inf"], "--tol"),
+    (["fit", "s", "--out", "r", "--max-passes", "0"], "--max-passes"),
+    (["fit", "s", "--out", "r", "--devices", "0"], "--devices"),
+    (["fit", "s", "--out", "r", "--draws", "ten"], "--draws"),
+    (["fit", "s", "--out", "r", "--mc-draws", "-1"], "--mc-draws"),
+    (["compare", "s", "--models", "1pl", "--holdout", "1"], "--holdout"),
+    (["leaderboard", "r", "--threshold", "1.5"], "--threshold"),
+    (["leaderboard", "r", "--top-k", "0"], "--top-k"),
+    (["bootstrap", "s", "--out", "o", "--replicates", "0"], "--replicates"),
+    (["items", "r", "--top", "0"], "--top"),
+])
+def test_bad_option_is_one_line_naming_it(argv, option, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"argument {option}" in err and "--help" in err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_devices_above_those_present_is_a_clear_error(tmp_path):
+    from engine.errors import SettingsError
+    from engine.infer.parallel import num_local_devices
+
+    with pytest.raises(SettingsError, match="--devices 99: only"):
+        num_local_devices(99)
+
+
+def test_help_and_version_import_no_numerics():
+    """--help and --version load neither JAX, Dask, SciPy, Ray nor matplotlib."""
+    code = ("import sys, contextlib, io\n"
+            "from engine.cli import main\n"
+            "for argv in (['--help'], ['--version']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "        assert main(argv) == 0\n"
+            "    assert 'irt-engine' in out.getvalue()\n"
+            "heavy = [m for m in ('jax', 'dask', 'scipy', 'ray', 'matplotlib', 'pandas', 'zarr')"
+            " if m in sys.modules]\n"
+            "print(heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
