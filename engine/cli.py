@@ -12,6 +12,7 @@ from pathlib import Path
 
 from engine.compile_cache import use_compilation_cache
 from engine.errors import IRTError, SettingsError
+from engine.terminal import EscapedStream, escape_controls
 
 __all__ = ["main", "build_parser"]
 
@@ -734,9 +735,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SettingsError("--max-passes and --draws must be >= 1")
         if getattr(args, "mc_draws", 0) < 0:
             raise SettingsError(f"--mc-draws must be >= 0 (0 = automatic), got {args.mc_draws}")
-        return args.func(args)
+        stdout, sys.stdout = sys.stdout, EscapedStream(sys.stdout)
+        try:
+            return args.func(args)
+        finally:
+            sys.stdout = stdout
     except IRTError as err:
-        print(f"irt-engine {args.command}: error: {err}", file=sys.stderr)
+        print(escape_controls(f"irt-engine {args.command}: error: {err}"), file=sys.stderr)
         return 2
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from engine.readout.ranking import tie_groups
+from engine.terminal import escape_controls
 
 __all__ = ["leaderboard", "format_leaderboard"]
 
@@ -21,17 +22,18 @@ def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFram
 
 def format_leaderboard(board: pd.DataFrame) -> str:
     """Plain-text table: rank, tie group, subject, ability [90% interval], rank interval, P(top-1)."""
-    name_w = max(7, min(40, board["subject"].astype(str).str.len().max()))
+    names = board["subject"].astype(str).map(escape_controls)
+    name_w = max(7, min(40, names.str.len().max()))
     ptop = [c for c in board.columns if c.startswith("p_top") and c != "p_top1"]
     head = (f"{'rank':>4} {'tie':>3}  {'subject':<{name_w}} {'ability':>8} {'90% interval':>17} "
             f"{'rank 90%':>9} {'P(top1)':>7}" + (f" {ptop[0].replace('p_', 'P('):>7})" if ptop else "")
             + f" {'accuracy':>8} {'n':>7}")
     lines = [head, "-" * len(head)]
-    for r in board.itertuples(index=False):
+    for i, r in enumerate(board.itertuples(index=False)):
         row = r._asdict()
         interval = f"[{row['ability_q05']:+.2f}, {row['ability_q95']:+.2f}]"
         ranks = f"{int(row['rank_q05'])}-{int(row['rank_q95'])}" if "rank_q05" in row else "-"
-        line = (f"{row['rank']:>4} {row['tie_group']:>3}  {str(row['subject'])[:name_w]:<{name_w}} "
+        line = (f"{row['rank']:>4} {row['tie_group']:>3}  {names.iloc[i][:name_w]:<{name_w}} "
                 f"{row['ability_mean']:>+8.3f} {interval:>17} {ranks:>9} "
                 f"{row.get('p_top1', float('nan')):>7.3f}")
         if ptop:
