@@ -21,6 +21,7 @@ import pandas as pd
 from cluster.io import write_parquet_atomic
 from cluster.settings import RunnerSettings
 from cluster.trials import TrialSpec
+from engine.atomic import private_dir
 from engine.errors import IRTError, SettingsError
 
 __all__ = ["run_trials", "ray_session", "batches", "interleave", "done_keys", "worker_runtime_env", "LOOPBACK"]
@@ -57,7 +58,8 @@ def interleave(work: list[list[TrialSpec]]) -> list[list[TrialSpec]]:
 
 
 def _parts_dir(out: Path) -> Path:
-    return out.parent / f".{out.name}.parts"
+    return private_dir(out.parent / f".{out.name}.parts", inside=out.parent,
+                       what="the trial runner's part files")
 
 
 def _read_all(out: Path) -> pd.DataFrame | None:
@@ -106,9 +108,13 @@ def _merge(out: Path) -> pd.DataFrame:
     write_parquet_atomic(df, out)
     parts = _parts_dir(out)
     if parts.exists():
-        for p in parts.glob("*"):
-            p.unlink()
-        parts.rmdir()
+        for p in parts.glob("part-*.parquet"):
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+        try:
+            parts.rmdir()
+        except OSError:  # something not written by the runner is left there: keep it
+            pass
     return df
 
 

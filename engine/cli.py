@@ -226,18 +226,14 @@ def cmd_demo(args) -> int:
 
 def _write_table(df, out) -> None:
     """Write a table to ``out`` (.csv or .parquet) atomically."""
-    import os
+    from engine.atomic import atomic_write
 
     out = Path(out)
     if out.suffix not in (".csv", ".parquet"):
         raise SettingsError(f"--out {out}: use a .csv or .parquet file name")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        df.to_csv(tmp, index=False) if out.suffix == ".csv" else df.to_parquet(tmp, index=False)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(out, lambda tmp: df.to_csv(tmp, index=False) if out.suffix == ".csv"
+                 else df.to_parquet(tmp, index=False))
     print(f"wrote {out}")
 
 

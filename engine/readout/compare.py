@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ import pandas as pd
 from scipy.special import logsumexp
 from scipy.stats import rankdata
 
+from engine.atomic import atomic_write
 from engine.errors import ModelError, SettingsError
 from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
@@ -314,12 +314,7 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
 
 
 def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_write(path, write)
 
 
 def write_comparison(table: pd.DataFrame, out: str | Path) -> tuple[Path, Path]:

@@ -117,7 +117,7 @@ def test_cli_bad_input_exits_2_with_the_fix(tmp_path, capsys):
         (["bootstrap", str(tmp_path / "store"), "--out", str(tmp_path / "b"), "--model", "5pl"],
          "--model '5pl'"),
         (["stability", str(tmp_path / "store"), "--out", str(tmp_path / "o"), "--batch-size", "0"],
-         "--batch-size must be >= 1"),
+         "argument --batch-size: must be >= 1"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv

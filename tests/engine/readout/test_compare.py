@@ -216,7 +216,7 @@ def test_cli_compare_on_rasch_data_ties_1pl_and_2pl_beating_a_subject_blind_mode
 @pytest.mark.parametrize("argv, message", [
     (["--models", "1pl,2pk"], "unknown model '2pk' in '2pk'"),
     (["--models", "mirt-comp:0"], "'mirt-comp:0' has a bad skill count '0'"),
-    (["--models", "1pl", "--holdout", "1.5"], "--holdout 1.5: give the held-out share"),
+    (["--models", "1pl", "--holdout", "1.5"], "argument --holdout: must be a finite number in (0, 1)"),
     (["--models", "mirt-comp:q"], "pass --q-matrix"),
     (["--models", "mirt-comp:q", "--q-matrix", "{q}"], "no row for item 'q79'"),
 ])

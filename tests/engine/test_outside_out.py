@@ -1,0 +1,101 @@
+"""Nothing outside --out is written or deleted through planted names or symlinks."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cluster.runner import run_trials
+from cluster.settings import RunnerSettings
+from cluster.trials import TrialSpec
+from engine.atomic import atomic_write, private_dir
+from engine.cli import main
+from engine.errors import IRTError
+
+
+def _victim(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep me")
+    return outside
+
+
+def test_atomic_write_ignores_planted_temporary_names(tmp_path):
+    outside = _victim(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    # the names earlier versions used for their temporary files
+    for name in (".t.csv.tmp", ".t.csv.0.tmp"):
+        (out / name).symlink_to(outside / "precious.txt")
+    atomic_write(out / "t.csv", lambda p: p.write_text("a,b\n1,2\n"))
+    assert (out / "t.csv").read_text() == "a,b\n1,2\n"
+    assert (outside / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in out.iterdir()) == [".t.csv.0.tmp", ".t.csv.tmp", "t.csv"]
+
+
+def test_atomic_write_replaces_a_symlinked_target_not_its_target(tmp_path):
+    outside = _victim(tmp_path)
+    (tmp_path / "t.csv").symlink_to(outside / "precious.txt")
+    atomic_write(tmp_path / "t.csv", lambda p: p.write_text("new"))
+    assert not (tmp_path / "t.csv").is_symlink() and (tmp_path / "t.csv").read_text() == "new"
+    assert (outside / "precious.txt").read_text() == "keep me"
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    (tmp_path / "t.csv").write_text("old")
+
+    def boom(p):
+        p.write_text("half")
+        raise RuntimeError("disk gone")
+
+    with pytest.raises(RuntimeError):
+        atomic_write(tmp_path / "t.csv", boom)
+    assert [p.name for p in tmp_path.iterdir()] == ["t.csv"] and (tmp_path / "t.csv").read_text() == "old"
+
+
+def test_private_dir_refuses_symlinks_and_outside_paths(tmp_path):
+    outside = _victim(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".x.parts").symlink_to(outside)
+    with pytest.raises(IRTError, match="symlink"):
+        private_dir(home / ".x.parts", inside=home, what="parts")
+    (home / ".y.parts").write_text("")
+    with pytest.raises(IRTError, match="not a directory"):
+        private_dir(home / ".y.parts", inside=home, what="parts")
+    assert private_dir(home / ".z.parts", inside=home, what="parts") == home / ".z.parts"
+
+
+def _rows(context, batch):
+    return [{"value": float(t.seed % 7)} for t in batch]
+
+
+def test_planted_parts_symlink_stops_the_runner_and_deletes_nothing(tmp_path):
+    outside = _victim(tmp_path)
+    out = tmp_path / "run" / "stability.parquet"
+    out.parent.mkdir()
+    (out.parent / ".stability.parquet.parts").symlink_to(outside)
+    settings = RunnerSettings(backend="inprocess", batch_size=2, progress=False)
+    trials = [TrialSpec(0, i, 100 + i) for i in range(4)]
+    with pytest.raises(IRTError, match="symlink"):
+        run_trials(_rows, None, trials, out, settings)
+    assert [p.name for p in outside.iterdir()] == ["precious.txt"]
+    assert (outside / "precious.txt").read_text() == "keep me"
+    (out.parent / ".stability.parquet.parts").unlink()
+    df = run_trials(_rows, None, trials, out, settings)
+    assert len(df) == 4 and not (out.parent / ".stability.parquet.parts").exists()
+
+
+def test_items_table_through_planted_tmp_symlink(tmp_path, monkeypatch):
+    outside = _victim(tmp_path)
+    rng = np.random.default_rng(0)
+    y = (rng.random((20, 6)) < 0.6).astype(int)
+    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(6)])
+    df.insert(0, "subject_id", [f"s{i}" for i in range(20)])
+    df.to_csv(tmp_path / "r.csv", index=False)
+    assert main(["ingest", str(tmp_path / "r.csv"), "--out", str(tmp_path / "s")]) == 0
+    assert main(["fit", str(tmp_path / "s"), "--out", str(tmp_path / "r"), "--quiet", "--model", "1pl",
+                 "--max-passes", "15", "--draws", "50"]) == 0
+    (tmp_path / ".flags.csv.tmp").symlink_to(outside / "precious.txt")
+    assert main(["items", str(tmp_path / "r"), "--out", str(tmp_path / "flags.csv")]) == 0
+    assert (outside / "precious.txt").read_text() == "keep me"
+    assert len(pd.read_csv(tmp_path / "flags.csv")) == 6
