@@ -21,7 +21,7 @@ from engine.infer.guide import GuideState, init_guide
 from engine.infer.settings import FitSettings
 from engine.models.registry import get_model
 
-__all__ = ["fit", "response_stats", "resolve_model", "load_responses", "make_source",
+__all__ = ["fit", "fit_nuts", "response_stats", "resolve_model", "load_responses", "make_source",
            "default_memory_budget", "IN_MEMORY_FACTOR"]
 
 # An in-memory fit holds the matrix about three times over: the host copy, the padded
@@ -248,6 +248,46 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         model=model, model_options=options, subjects=subjects, items=items,
         stats=stats, data=info,
     )
+    return result
+
+
+def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str = "vague",
+             signed_discrimination: bool = False, model_options: dict | None = None) -> FitResult:
+    """Sample a named IRT model's exact posterior with NUTS (the variational fit's reference).
+
+    The same data, model resolution and constant-item treatment as :func:`fit`; ``settings``
+    is an :class:`engine.infer.nuts.NutsSettings`. The result carries the constrained draws
+    (``FitResult.draws``), the ArviZ InferenceData and the R-hat / ESS diagnostics, and
+    :func:`engine.run.save_run` writes it like a variational fit.
+
+    Raises
+    ------
+    SettingsError : the matrix needs more memory than the budget (NUTS holds it whole).
+    ModelError : the model has no continuous parameters, or reads another response kind.
+    """
+    from engine.infer.nuts import NutsSettings, check_nuts_memory, nuts_fit_result
+
+    settings = settings or NutsSettings()
+    options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
+    options = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in options.items()}
+    if isinstance(data, (str, Path)):
+        data = open_store(data)
+    shape = (data.num_subjects, data.num_items) if isinstance(data, Store) else np.shape(data)
+    budget = settings.memory_budget or default_memory_budget()
+    check_nuts_memory(get_model(model, **options), *shape, settings, budget)  # before reading
+    y, subjects, items, info = load_responses(data)
+    spec, options = resolve_model(model, options, y, info.get("kind"))
+    if info["kind"] != "binary":
+        info["boundary"] = boundary_counts(y)
+    constant = _constant_items(y, info["kind"], spec, frozenset())
+    y_fit = y
+    if constant.any():  # as fit(): prior only
+        y_fit = y.copy()
+        y_fit[:, constant] = -1
+        info["constant_items"] = int(constant.sum())
+    result = nuts_fit_result(spec, y_fit, settings, subjects=subjects, items=items)
+    result.extra.update(model=model, model_options=options, subjects=subjects, items=items,
+                        stats=response_stats(y), data=info)
     return result
 
 

@@ -109,7 +109,18 @@ def _check_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
     from engine.errors import RunExistsError
     from engine.infer.checkpoint import has_checkpoint
 
-    if overwrite or not out.exists():
+    if out.is_symlink():
+        raise RunExistsError(f"--out {out} is a symlink; irt-engine neither writes through nor "
+                             f"replaces one: give the real directory or another --out")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise RunExistsError(f"--out {out} is a file, not a directory; choose another --out")
+    is_run = (out / "fit.json").is_file() or has_checkpoint(out)
+    if overwrite and not is_run and any(out.iterdir()):
+        raise RunExistsError(f"--out {out} is not a run directory (no fit.json or checkpoint.json), so "
+                             f"--overwrite will not remove it; choose another --out")
+    if overwrite:
         return
     if (out / "fit.json").exists():
         raise RunExistsError(f"run directory {out} holds a finished run; pass --overwrite to "

@@ -20,7 +20,7 @@ from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
 from engine.models.registry import get_model
 from engine.models.spec import ModelSpec
-from engine.readout.posterior import draw_posterior, summarize
+from engine.readout.posterior import draw_posterior, summarize, summarize_draws
 from engine.readout.ranking import pairwise_beats, rank_stats
 
 __all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS", "store_candidates"]
@@ -76,7 +76,8 @@ def store_candidates(run: "Run") -> list[Path]:
 
 def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> pd.DataFrame:
     ex = res.extra
-    df = summarize(res.spec, res.guide, "subject")
+    df = (summarize_draws(res.spec, res.draws, "subject") if res.draws  # a sampler's draws
+          else summarize(res.spec, res.guide, "subject"))
     df.insert(0, "subject", ex["subjects"])
     df["accuracy"] = ex["stats"]["subject_mean"]
     df["n_responses"] = ex["stats"]["subject_n"]
@@ -88,7 +89,8 @@ def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> pd.D
 
 def _item_table(res: FitResult) -> pd.DataFrame:
     ex = res.extra
-    df = summarize(res.spec, res.guide, "item", cross=res.cross)
+    df = (summarize_draws(res.spec, res.draws, "item") if res.draws
+          else summarize(res.spec, res.guide, "item", cross=res.cross))
     df.insert(0, "item", ex["items"])
     df["mean_response"] = ex["stats"]["item_mean"]
     # every observed response the same: fitted as unobserved (engine.api._constant_items)
@@ -109,6 +111,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     if ability.shape == ():
         draws = draw_posterior(res.spec, res.guide, num_draws, rng_key=jax.random.PRNGKey(seed),
                                names=("ability",))["ability"]
+    if res.draws and ability.shape == () and getattr(res.spec, "score", None) is None:  # NUTS
+        draws = np.asarray(res.draws["ability"]).reshape((-1, res.num_subjects))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -117,6 +121,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         arrays = {f"loc/{k}": v for k, v in res.guide.loc.items()}
         arrays |= {f"log_scale/{k}": v for k, v in res.guide.log_scale.items()}
         np.savez(tmp / "guide.npz", **arrays)
+        if res.extra.get("idata") is not None:  # ArviZ InferenceData of a sampler's draws
+            res.extra["idata"].to_netcdf(str(tmp / "draws.nc"))
         if draws is not None and draws.shape[1] <= PAIRWISE_MAX_SUBJECTS:
             np.savez_compressed(tmp / "pairwise.npz", p_beats=pairwise_beats(draws))
         info = {
@@ -133,6 +139,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "num_passes": res.num_passes,
             "num_devices": res.num_devices,
             "mc_draws_per_step": res.extra.get("mc_draws"),
+            **res.extra.get("diagnostics", {"method": "vi"}),  # NUTS: R-hat, ESS, divergences
             "timings": {"wall_s": res.wall_time_s, "first_pass_with_compile_s": res.compile_time_s,
                         "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)},
             "elbo_trace": res.trace,

@@ -18,7 +18,8 @@ from engine.infer.linear import (make_linear_block_terms, make_linear_observatio
 from engine.infer.terms import Terms, add_terms, cross_pairs, scale_terms
 from engine.models.spec import ModelSpec
 
-__all__ = ["Terms", "make_block_terms", "make_observation_terms", "cross_pairs", "log_prior", "prior_terms", "entropy", "add_terms",
+__all__ = ["Terms", "make_block_terms", "make_observation_terms", "make_log_likelihood",
+           "cross_pairs", "log_prior", "prior_terms", "entropy", "add_terms",
            "scale_terms"]
 
 
@@ -173,6 +174,33 @@ def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
     reduce = _scatter(lik, num_subjects, num_items, lambda v: v, lambda v: v,
                       lambda v: v.sum(axis=0))
     return _terms_fn(spec, over_obs, reduce, consts, const_owner, with_hessian)
+
+
+def make_log_likelihood(spec: ModelSpec, num_subjects: int, num_items: int) -> Callable:
+    """Return ``loglik(z, subject_idx, item_idx, y) -> scalar``: the summed log-likelihood of
+    one dense tile at unconstrained ``z`` (the value :func:`make_block_terms` sums, with no
+    derivatives taken), for samplers that differentiate the log joint themselves."""
+    lik = spec.likelihood_params
+    consts, const_owner = _constants(spec, num_subjects, num_items)
+
+    def cell(x, c, y, m):
+        params = {p.name: p.constrain(x[p.name]) for p in lik}
+        return m * spec.loglik({**params, **c}, y, m)
+
+    def axes(owner_axis):
+        return ({p.name: (0 if p.owner == owner_axis else None) for p in lik},
+                {k: (0 if o == owner_axis else None) for k, o in const_owner.items()})
+
+    over_cells = jax.vmap(jax.vmap(cell, in_axes=(*axes("item"), 0, 0)),
+                          in_axes=(*axes("subject"), 0, 0))
+
+    def loglik(z, subject_idx, item_idx, y):
+        x = _gather(spec, z, subject_idx, item_idx)
+        c = _gather_constants(consts, const_owner, subject_idx, item_idx)
+        mask = (y >= 0).astype(jnp.float32)  # -1 (int8) and NaN (float32) are missing
+        return over_cells(x, c, jnp.where(y >= 0, y, 0).astype(jnp.float32), mask).sum()
+
+    return loglik
 
 
 def log_prior(spec: ModelSpec, z: dict) -> jax.Array:

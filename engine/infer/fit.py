@@ -44,6 +44,9 @@ class FitResult:
     # Newton only: the running mean of the likelihood's within-owner cross curvatures
     # ("a|b" -> per-owner array), for the read-outs' within-item marginal intervals
     cross: dict = field(default_factory=dict)
+    # A sampler's result (NUTS): constrained posterior draws per block, (chains, draws,
+    # *full_shape); read-outs then use these instead of drawing from the guide
+    draws: dict = field(default_factory=dict)
 
     @property
     def num_passes(self) -> int:

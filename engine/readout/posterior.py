@@ -10,7 +10,7 @@ import pandas as pd
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
 
-__all__ = ["draw_posterior", "summarize", "within_owner_scales", "Z90"]
+__all__ = ["draw_posterior", "summarize", "summarize_draws", "within_owner_scales", "Z90"]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a central 90% interval
 
@@ -94,6 +94,28 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str,
             cols[f"{name}_q95"] = np.asarray(pick(keep * p.constrain(loc + Z90 * scale)))
             if p.name in marginal:
                 cols[f"{name}_sd_meanfield"] = np.asarray(pick(keep * np.abs(slope) * meanfield))
+    return pd.DataFrame(cols)
+
+
+def summarize_draws(spec: ModelSpec, draws: dict, owner: str) -> pd.DataFrame:
+    """:func:`summarize`'s table from a sampler's constrained draws ``(chains, draws,
+    *full_shape)`` per block (NUTS): posterior mean, sd and 5% / 95% quantiles of the draws.
+    """
+    cols = {}
+    guide = GuideState({k: np.asarray(v)[0, 0] for k, v in draws.items()}, {})
+    masks = _read_out_masks(spec, guide, owner)
+    for p in spec.by_owner(owner):
+        if len(p.shape) > 1:
+            continue
+        d = np.asarray(draws[p.name], np.float64)
+        d = d.reshape((-1,) + d.shape[2:]) * masks.get(p.name, 1.0)
+        q05, q95 = np.quantile(d, [0.05, 0.95], axis=0)
+        stats = {"mean": d.mean(axis=0), "sd": d.std(axis=0, ddof=1), "q05": q05, "q95": q95}
+        labels = [""] if p.shape == () else [
+            f"_{s}" for s in (spec.skills if len(spec.skills) == p.shape[0] else range(p.shape[0]))]
+        for k, label in enumerate(labels):
+            for stat, v in stats.items():
+                cols[f"{p.name}{label}_{stat}"] = (v if p.shape == () else v[:, k]).astype(np.float32)
     return pd.DataFrame(cols)
 
 

@@ -99,3 +99,30 @@ def test_items_table_through_planted_tmp_symlink(tmp_path, monkeypatch):
     assert main(["items", str(tmp_path / "r"), "--out", str(tmp_path / "flags.csv")]) == 0
     assert (outside / "precious.txt").read_text() == "keep me"
     assert len(pd.read_csv(tmp_path / "flags.csv")) == 6
+
+
+def _tiny(tmp_path):
+    (tmp_path / "r.csv").write_text("subject,a,b,c\ns1,1,0,1\ns2,0,1,1\ns3,0,0,1\ns4,1,1,0\n")
+    assert main(["ingest", str(tmp_path / "r.csv"), "--out", str(tmp_path / "s")]) == 0
+    return ["fit", str(tmp_path / "s"), "--quiet", "--model", "1pl", "--max-passes", "10",
+            "--draws", "20", "--overwrite", "--out"]
+
+
+def test_overwrite_removes_only_run_directories_never_through_symlinks(tmp_path, capsys):
+    outside = _victim(tmp_path)
+    fit = _tiny(tmp_path)
+    # a directory that is not a run: refused, untouched
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    assert main(fit + [str(tmp_path / "notes")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    assert (tmp_path / "notes" / "a.txt").read_text() == "mine"
+    # a symlink to a directory, even to a run: refused, target untouched
+    (tmp_path / "link").symlink_to(outside)
+    assert main(fit + [str(tmp_path / "link")]) == 2
+    assert "symlink" in capsys.readouterr().err
+    assert [p.name for p in outside.iterdir()] == ["precious.txt"]
+    # a real run is replaced
+    assert main(fit + [str(tmp_path / "run")]) == 0
+    assert main(fit + [str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "fit.json").is_file()

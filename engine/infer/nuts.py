@@ -1,0 +1,324 @@
+"""NUTS on the same ModelSpec log density: the exact reference for the variational fit.
+
+The target is the joint density of the unconstrained parameters: the spec's priors (which
+are densities of the unconstrained values, Jacobians included, hyper-parameters too) plus
+the per-cell log-likelihood over the observed cells, both from :mod:`engine.infer.elbo`, so
+no model is defined twice. Chains run side by side under ``jax.vmap``; each adapts its own
+step size and diagonal mass matrix with blackjax's window adaptation, then draws.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engine.errors import ModelError, SettingsError
+from engine.infer.elbo import log_prior, make_log_likelihood
+from engine.infer.fit import FitResult
+from engine.infer.guide import GuideState, init_guide
+from engine.models.spec import ModelSpec
+
+__all__ = ["NutsSettings", "NutsDraws", "make_log_joint", "sample_nuts", "nuts_fit_result",
+           "nuts_memory_bytes", "check_nuts_memory", "diagnostics", "to_inference_data",
+           "NUTS_CELL_FACTOR"]
+
+# Bytes per response cell and chain that a NUTS gradient holds (the cell's parameters,
+# predictor, log-likelihood and their cotangents in float32), plus the matrix itself.
+NUTS_CELL_FACTOR = 48
+
+
+_OPTION = {"num_chains": " (--chains)", "num_samples": " (--samples)", "num_warmup": " (--warmup)"}
+_HINT = {"num_chains": "; 4 is usual, R-hat needs at least 2",
+         "num_warmup": "; a few hundred adapt the step size and mass matrix"}
+
+
+@dataclass(frozen=True)
+class NutsSettings:
+    """How NUTS samples.
+
+    num_chains : chains run side by side (``jax.vmap``); R-hat needs at least 2.
+    num_warmup : window-adaptation steps per chain (step size, diagonal mass matrix).
+    num_samples : draws kept per chain after warm-up.
+    target_accept : the acceptance rate the step size is adapted to.
+    max_tree_depth : at most ``2^max_tree_depth - 1`` leapfrog steps per draw.
+    max_rhat : a run is converged only when every parameter's R-hat is at most this.
+    init_jitter : chains start at the model's initial values plus ``U(-j, j)`` noise on the
+        unconstrained scale, so R-hat compares chains that began apart.
+    seed : the one source of randomness.
+    memory_budget : bytes NUTS may use (None = a share of the machine's available memory).
+    """
+
+    num_chains: int = 4
+    num_warmup: int = 500
+    num_samples: int = 500
+    target_accept: float = 0.8
+    max_tree_depth: int = 10
+    max_rhat: float = 1.01
+    init_jitter: float = 1.0
+    seed: int = 0
+    memory_budget: int | None = None
+
+    def __post_init__(self):
+        for name, low in (("num_chains", 1), ("num_samples", 1), ("max_tree_depth", 1),
+                          ("num_warmup", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise SettingsError(f"NUTS setting {name}={value!r}{_OPTION.get(name, '')}: must "
+                                    f"be an integer >= {low}{_HINT.get(name, '')}")
+        if not 0.0 < self.target_accept < 1.0:
+            raise SettingsError(f"NUTS setting target_accept={self.target_accept!r}: must be in "
+                                f"(0, 1), e.g. 0.8")
+        if not self.max_rhat >= 1.0:
+            raise SettingsError(f"NUTS setting max_rhat={self.max_rhat!r}: must be >= 1, e.g. 1.01")
+        if not self.init_jitter >= 0.0:
+            raise SettingsError(f"NUTS setting init_jitter={self.init_jitter!r}: must be >= 0")
+        if self.memory_budget is not None and self.memory_budget < 1:
+            raise SettingsError(f"NUTS setting memory_budget={self.memory_budget!r}: must be a "
+                                f"positive number of bytes")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "NutsSettings":
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise SettingsError(f"unknown NUTS settings {sorted(unknown)}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "NutsSettings":
+        return dataclasses.replace(self, **changes)
+
+
+class NutsDraws(NamedTuple):
+    """Unconstrained draws ``(chains, samples, *full_shape)`` per block, with per-draw stats."""
+
+    position: dict
+    diverging: jax.Array  # (chains, samples) bool
+    acceptance_rate: jax.Array
+    num_steps: jax.Array  # leapfrog steps per draw
+    logdensity: jax.Array
+    step_size: jax.Array  # (chains,) adapted step size
+
+
+def _check_model(spec: ModelSpec) -> None:
+    if not spec.params:
+        raise ModelError(f"model {spec.name!r} has no continuous parameters, so NUTS has nothing "
+                         f"to sample; use a model with continuous parameter blocks")
+
+
+def make_log_joint(spec: ModelSpec, y: np.ndarray) -> Callable:
+    """``log_joint(z) -> scalar``: log prior plus log-likelihood of the whole matrix ``y``
+    (int8 with -1 missing, or float32 with NaN missing) at unconstrained ``z``."""
+    _check_model(spec)
+    num_subjects, num_items = y.shape
+    loglik = make_log_likelihood(spec, num_subjects, num_items)
+    rows, cols = jnp.arange(num_subjects), jnp.arange(num_items)
+    yd = jnp.asarray(y)
+
+    def log_joint(z):
+        return log_prior(spec, z) + loglik(z, rows, cols, yd)
+
+    return log_joint
+
+
+def nuts_memory_bytes(spec: ModelSpec, num_subjects: int, num_items: int,
+                      settings: NutsSettings) -> int:
+    """Bytes NUTS needs: per-cell gradient temporaries for every chain, plus the draws kept
+    (unconstrained and constrained, float32)."""
+    cells = num_subjects * num_items
+    size = sum(int(np.prod(p.full_shape(num_subjects, num_items))) for p in spec.params)
+    draws = 2 * 4 * size * settings.num_chains * settings.num_samples
+    return cells * 4 + cells * NUTS_CELL_FACTOR * settings.num_chains + draws
+
+
+def _fmt(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def check_nuts_memory(spec: ModelSpec, num_subjects: int, num_items: int,
+                      settings: NutsSettings, budget: int) -> int:
+    """Refuse a matrix NUTS cannot hold in ``budget`` bytes; returns the estimate."""
+    need = nuts_memory_bytes(spec, num_subjects, num_items, settings)
+    if need > budget:
+        raise SettingsError(
+            f"NUTS on {num_subjects} x {num_items} responses ({num_subjects * num_items:,} cells, "
+            f"{settings.num_chains} chains x {settings.num_samples} draws) needs about {_fmt(need)} "
+            f"in memory, over the budget of {_fmt(budget)}; fit it with the default variational "
+            f"method (--method vi, which streams any size), or lower --chains/--samples, or "
+            f"raise --memory-budget")
+    return need
+
+
+def _initial_positions(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, key) -> dict:
+    """Each chain's start: the model's initial values (its data-driven start where it declares
+    one) plus uniform jitter on the unconstrained scale."""
+    loc = dict(init_guide(spec, *y.shape).loc)
+    if spec.initial is not None:
+        loc.update({k: np.asarray(v, np.float32) for k, v in spec.initial(y).items()})
+    keys = jax.random.split(key, len(loc))
+    out = {}
+    for k, (name, v) in zip(keys, sorted(loc.items())):
+        shape = (settings.num_chains,) + v.shape
+        noise = jax.random.uniform(k, shape, jnp.float32, -1.0, 1.0) * settings.init_jitter
+        out[name] = jnp.asarray(v, jnp.float32)[None] + noise
+    return out
+
+
+def _make_sampler(log_joint: Callable, settings: NutsSettings) -> Callable:
+    """``run(keys, positions) -> NutsDraws`` for all chains at once (to be jitted)."""
+    import blackjax
+    from blackjax.adaptation.base import get_filter_adapt_info_fn
+
+    warmup = blackjax.window_adaptation(
+        blackjax.nuts, log_joint, target_acceptance_rate=settings.target_accept,
+        adaptation_info_fn=get_filter_adapt_info_fn(),  # keep no per-step warm-up history
+        max_num_doublings=settings.max_tree_depth)
+
+    def one_chain(key, position):
+        warm_key, draw_key = jax.random.split(key)
+        if settings.num_warmup > 0:
+            (state, params), _ = warmup.run(warm_key, position, num_steps=settings.num_warmup)
+        else:
+            state = blackjax.nuts.init(position, log_joint)
+            size = sum(v.size for v in jax.tree.leaves(position))
+            params = {"step_size": jnp.float32(0.1), "inverse_mass_matrix": jnp.ones(size)}
+        kernel = blackjax.nuts(log_joint, params["step_size"], params["inverse_mass_matrix"],
+                               max_num_doublings=settings.max_tree_depth)
+
+        def body(state, k):
+            state, info = kernel.step(k, state)
+            return state, (state.position, info.is_divergent, info.acceptance_rate,
+                           info.num_integration_steps, state.logdensity)
+
+        _, out = jax.lax.scan(body, state, jax.random.split(draw_key, settings.num_samples))
+        return NutsDraws(*out, params["step_size"])
+
+    return jax.vmap(one_chain)
+
+
+def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings) -> tuple[NutsDraws, dict]:
+    """Draw from the exact posterior of ``spec`` given the whole matrix ``y``.
+
+    Returns
+    -------
+    (draws, timings) : host arrays; timings hold ``wall_s`` and ``compile_s``.
+    """
+    start = time.perf_counter()
+    log_joint = make_log_joint(spec, y)
+    init_key, chain_key = jax.random.split(jax.random.PRNGKey(settings.seed))
+    positions = _initial_positions(spec, y, settings, init_key)
+    keys = jax.random.split(chain_key, settings.num_chains)
+    compiled = jax.jit(_make_sampler(log_joint, settings)).lower(keys, positions).compile()
+    compile_s = time.perf_counter() - start
+    draws = jax.device_get(compiled(keys, positions))
+    return draws, {"wall_s": time.perf_counter() - start, "compile_s": compile_s}
+
+
+def constrain_draws(spec: ModelSpec, position: dict) -> dict[str, np.ndarray]:
+    """Constrained values of unconstrained draws, same shapes."""
+    return {p.name: np.asarray(p.constrain(jnp.asarray(position[p.name])), np.float32)
+            for p in spec.params}
+
+
+def _dims(spec: ModelSpec, p) -> list[str]:
+    lead = {"subject": ["subject"], "item": ["item"], "global": []}[p.owner]
+    rest = ["skill" if len(spec.skills) == n else f"{p.name}_dim{i}" for i, n in enumerate(p.shape)]
+    return lead + rest
+
+
+def to_inference_data(spec: ModelSpec, constrained: dict, draws: NutsDraws, *, subjects=None,
+                      items=None):
+    """ArviZ ``InferenceData``: constrained draws in ``posterior`` (dims chain, draw,
+    subject/item[, skill]), per-draw NUTS statistics in ``sample_stats``."""
+    az = _arviz()
+    coords = {}
+    if subjects is not None:
+        coords["subject"] = [str(s) for s in subjects]
+    if items is not None:
+        coords["item"] = [str(i) for i in items]
+    if spec.skills:
+        coords["skill"] = list(spec.skills)
+    stats = {"diverging": np.asarray(draws.diverging), "acceptance_rate":
+             np.asarray(draws.acceptance_rate), "n_steps": np.asarray(draws.num_steps),
+             "lp": np.asarray(draws.logdensity)}
+    return az.from_dict(posterior=constrained, sample_stats=stats, coords=coords,
+                        dims={p.name: _dims(spec, p) for p in spec.params})
+
+
+def _arviz():
+    with warnings.catch_warnings():  # arviz 0.x announces its 1.0 refactor on import
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz
+    return arviz
+
+
+def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
+                draws: NutsDraws) -> dict:
+    """R-hat (rank-normalised split), bulk and tail ESS per block (max / min over its
+    entries), divergences, and ``converged``: every R-hat finite and at most ``max_rhat``."""
+    az = _arviz()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # one chain: R-hat undefined
+        rhat = az.rhat(idata)
+        bulk = az.ess(idata, method="bulk")
+        tail = az.ess(idata, method="tail")
+    blocks, worst = {}, 1.0
+    for p in spec.params:
+        r = np.asarray(rhat[p.name].values, np.float64)
+        eb = np.asarray(bulk[p.name].values, np.float64)
+        et = np.asarray(tail[p.name].values, np.float64)
+        blocks[p.name] = {"rhat_max": float(np.max(r)) if np.isfinite(r).all() else float("nan"),
+                          "ess_bulk_min": float(np.nanmin(eb)) if np.isfinite(eb).any() else 0.0,
+                          "ess_tail_min": float(np.nanmin(et)) if np.isfinite(et).any() else 0.0,
+                          "size": int(r.size)}
+        worst = max(worst, blocks[p.name]["rhat_max"]) if np.isfinite(r).all() else float("nan")
+    divergences = int(np.sum(draws.diverging))
+    converged = bool(np.isfinite(worst) and worst <= settings.max_rhat)
+    return {"rhat_max": worst, "ess_bulk_min": min(b["ess_bulk_min"] for b in blocks.values()),
+            "ess_tail_min": min(b["ess_tail_min"] for b in blocks.values()),
+            "blocks": blocks, "divergences": divergences, "converged": converged,
+            "max_rhat": settings.max_rhat,
+            "step_size": [float(s) for s in np.asarray(draws.step_size)],
+            "mean_steps_per_draw": float(np.mean(draws.num_steps)),
+            "mean_acceptance": float(np.mean(draws.acceptance_rate))}
+
+
+def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
+                    subjects=None, items=None) -> FitResult:
+    """Sample, diagnose and package NUTS draws as a :class:`FitResult`.
+
+    ``draws`` holds the constrained draws ``(chains, samples, *full_shape)``; the guide is
+    the draws' mean and log sd on the unconstrained scale, so read-outs that read a guide
+    still work; ``extra["idata"]`` is the ArviZ InferenceData and ``extra["diagnostics"]``
+    goes to fit.json (``converged`` there is the R-hat rule).
+    """
+    draws, timings = sample_nuts(spec, y, settings)
+    constrained = constrain_draws(spec, draws.position)
+    idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
+    diag = diagnostics(spec, idata, settings, draws)
+    flat = {k: np.asarray(v, np.float64).reshape((-1,) + v.shape[2:])
+            for k, v in draws.position.items()}
+    guide = GuideState({k: v.mean(axis=0).astype(np.float32) for k, v in flat.items()},
+                       {k: np.log(np.maximum(v.std(axis=0), 1e-12)).astype(np.float32)
+                        for k, v in flat.items()})
+    observed = int((np.asarray(y) >= 0).sum())
+    ess_per_s = diag["ess_bulk_min"] / max(timings["wall_s"], 1e-9)
+    diag = {"method": "nuts", "num_chains": settings.num_chains,
+            "num_warmup": settings.num_warmup, "num_samples": settings.num_samples, **diag,
+            "ess_bulk_min_per_s": ess_per_s}
+    return FitResult(spec=spec, guide=guide, settings=settings, trace=[],
+                     converged=diag["converged"], wall_time_s=timings["wall_s"],
+                     compile_time_s=timings["compile_s"], num_subjects=y.shape[0],
+                     num_items=y.shape[1], num_observed=observed, num_devices=1,
+                     extra={"idata": idata, "diagnostics": diag}, draws=constrained)

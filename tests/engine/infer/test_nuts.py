@@ -1,0 +1,166 @@
+"""NUTS reference: exact posteriors (closed form, quadrature), R-hat refusal, run directory."""
+
+import json
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from engine.api import fit_nuts
+from engine.cli import main
+from engine.errors import ModelError, SettingsError
+from engine.infer.nuts import NutsDraws, NutsSettings, diagnostics, nuts_fit_result, to_inference_data
+from engine.models.priors import normal
+from engine.models.registry import get_model
+from engine.models.spec import ModelSpec, ParamSpec
+from engine.run import save_run
+
+FAST = NutsSettings(num_chains=4, num_warmup=200, num_samples=500, seed=0)
+
+
+def _normal_model() -> ModelSpec:
+    """``theta_s ~ N(0, 1)``, ``y_sn ~ N(theta_s + 5, 1)``: a conjugate posterior per subject
+    (responses stay positive: the engine reads negative cells as missing)."""
+    return ModelSpec(name="conjugate-normal", kind="unit",
+                     params=(ParamSpec("ability", "subject", normal(0.0, 1.0)),),
+                     loglik=lambda p, y, m: stats_norm_logpdf(y, p["ability"] + 5.0))
+
+
+def stats_norm_logpdf(y, mu):
+    return -0.5 * (y - mu) ** 2 - 0.5 * jnp.log(2.0 * jnp.pi)
+
+
+def test_conjugate_normal_matches_closed_form():
+    rng = np.random.default_rng(1)
+    y = (rng.normal(size=(6, 8)) + np.linspace(-2, 2, 6)[:, None] + 5.0).astype(np.float32)
+    assert (y > 0).all()
+    y[0, :5] = np.nan  # missing cells carry no likelihood
+    y[3, 1::2] = np.nan
+    res = nuts_fit_result(_normal_model(), y, FAST)
+    observed = ~np.isnan(y)
+    precision = 1.0 + observed.sum(axis=1)  # N(0, 1) prior, unit noise
+    mean = np.where(observed, y - 5.0, 0).sum(axis=1) / precision
+    sd = 1.0 / np.sqrt(precision)
+    draws = res.draws["ability"].reshape(-1, 6)
+    np.testing.assert_allclose(draws.mean(axis=0), mean, atol=0.15 * sd.max())
+    np.testing.assert_allclose(draws.std(axis=0), sd, rtol=0.15)
+    d = res.extra["diagnostics"]
+
+    assert d["converged"] and d["rhat_max"] <= 1.01 and d["divergences"] == 0
+    assert d["blocks"]["ability"]["ess_bulk_min"] > 100
+
+
+def _one_item_posterior(k: int, n: int):
+    """1PL with one item: ``p(b | y)`` by scipy quadrature, each ability integrated out.
+
+    ``g(b) = int sigmoid(t - b) N(t; 0, 1) dt`` is P(correct | b) for a subject drawn from
+    the prior; with ``k`` of ``n`` correct, ``p(b | y) ~ N(b; 0, 1000) g^k (1 - g)^(n - k)``.
+    Returns ``(E[b], sd[b], E[theta | correct], E[theta | wrong])``.
+    """
+    sig = lambda t, b: 1.0 / (1.0 + np.exp(-(t - b)))
+    g = lambda b: integrate.quad(lambda t: sig(t, b) * stats.norm.pdf(t), -12, 12)[0]
+    m1 = lambda b: integrate.quad(lambda t: t * sig(t, b) * stats.norm.pdf(t), -12, 12)[0]
+    grid = np.linspace(-6, 6, 601)
+    gb = np.array([g(b) for b in grid])
+    logpost = stats.norm.logpdf(grid, 0, np.sqrt(1000)) + k * np.log(gb) + (n - k) * np.log1p(-gb)
+    w = np.exp(logpost - logpost.max())
+    w /= integrate.simpson(w, x=grid)
+    eb = integrate.simpson(w * grid, x=grid)
+    sdb = np.sqrt(integrate.simpson(w * (grid - eb) ** 2, x=grid))
+    mb = np.array([m1(b) for b in grid])  # E[theta 1{correct} | b]; E[theta] = 0
+    right = integrate.simpson(w * mb / gb, x=grid)
+    wrong = integrate.simpson(w * (-mb) / (1.0 - gb), x=grid)
+    return eb, sdb, right, wrong
+
+
+def test_one_item_1pl_matches_quadrature():
+    y = np.zeros((30, 1), np.int8)
+    y[:21, 0] = 1
+    eb, sdb, right, wrong = _one_item_posterior(21, 30)
+    res = nuts_fit_result(get_model("1pl"), y, FAST)
+    b = res.draws["difficulty"].reshape(-1)
+    theta = res.draws["ability"].reshape(-1, 30)
+    assert abs(b.mean() - eb) < 0.1 * sdb and abs(b.std() / sdb - 1) < 0.1
+    assert abs(theta[:, :21].mean() - right) < 0.05 and abs(theta[:, 21:].mean() - wrong) < 0.05
+    assert res.extra["diagnostics"]["converged"]
+
+
+def _draws(shift: float) -> NutsDraws:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 1000, 3)).astype(np.float32)
+    x[0] += shift  # one chain stuck elsewhere
+    z = np.zeros((4, 1000))
+    return NutsDraws({"ability": x}, z.astype(bool), z + 0.8, z + 7, z, np.ones(4)), x
+
+
+def test_rhat_refuses_chains_that_disagree():
+    spec = _normal_model()
+    for shift, converged in ((0.0, True), (1.0, False)):
+        draws, x = _draws(shift)
+        idata = to_inference_data(spec, {"ability": x}, draws)
+        d = diagnostics(spec, idata, FAST, draws)
+        assert d["converged"] is converged
+        assert (d["rhat_max"] > 1.01) is not converged
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import arviz as az
+        assert d["rhat_max"] == pytest.approx(float(az.rhat(idata)["ability"].max()))
+
+
+def test_bad_settings_are_clear_errors():
+    with pytest.raises(SettingsError, match=r"num_chains=0 \(--chains\)"):
+        NutsSettings(num_chains=0)
+    with pytest.raises(SettingsError, match=r"num_samples=0 \(--samples\)"):
+        NutsSettings(num_samples=0)
+    with pytest.raises(SettingsError, match=r"num_warmup=-1"):
+        NutsSettings(num_warmup=-1)
+    with pytest.raises(SettingsError, match="target_accept"):
+        NutsSettings(target_accept=1.5)
+    empty = ModelSpec(name="no-blocks", kind="binary", params=(), loglik=lambda p, y, m: 0.0 * y)
+    with pytest.raises(ModelError, match="no continuous parameters"):
+        nuts_fit_result(empty, np.zeros((3, 2), np.int8), FAST)
+
+
+def test_too_large_for_memory_names_size_and_alternative(tmp_path):
+    y = np.zeros((200, 50), np.int8)
+    with pytest.raises(SettingsError, match=r"200 x 50 responses \(10,000 cells.*--method vi"):
+        fit_nuts(y, "2pl", FAST.replace(memory_budget=1 << 20))
+
+
+def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path):
+    rng = np.random.default_rng(3)
+    theta, b = rng.normal(size=40), rng.normal(size=6)
+    y = (rng.random((40, 6)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(int)
+    path = tmp_path / "r.csv"
+    import pandas as pd
+    pd.DataFrame(y, index=[f"s{i}" for i in range(40)],
+                 columns=[f"q{j}" for j in range(6)]).rename_axis("subject").to_csv(path)
+    store, out = tmp_path / "s.zarr", tmp_path / "run"
+    assert main(["ingest", str(path), "--out", str(store)]) == 0
+    bad = ["fit", str(store), "--out", str(out), "--method", "nuts", "--model", "1pl"]
+    assert main(bad + ["--chains", "0"]) == 2 and not out.exists()
+    assert main(bad + ["--samples", "0"]) == 2 and not out.exists()
+    assert main(bad + ["--chains", "2", "--warmup", "200", "--samples", "300", "--quiet"]) == 0
+    info = json.loads((out / "fit.json").read_text())
+    assert info["method"] == "nuts" and info["num_chains"] == 2 and info["num_samples"] == 300
+    assert info["converged"] == (info["rhat_max"] <= 1.01)
+    assert set(info["blocks"]) == {"ability", "difficulty"}
+    subjects = pd.read_parquet(out / "subjects.parquet")
+    assert {"ability_mean", "ability_sd", "rank_mean", "p_top1"} <= set(subjects.columns)
+    assert np.corrcoef(subjects["ability_mean"], theta)[0, 1] > 0.6
+    pairwise = np.load(out / "pairwise.npz")["p_beats"]
+    assert pairwise.shape == (40, 40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import arviz as az
+    idata = az.from_netcdf(out / "draws.nc")
+    ability = idata.posterior["ability"]
+    assert ability.dims == ("chain", "draw", "subject") and ability.shape == (2, 300, 40)
+    assert list(idata.posterior["subject"].values[:2]) == ["s0", "s1"]
+    np.testing.assert_allclose(ability.mean(("chain", "draw")).values,
+                               subjects["ability_mean"], rtol=1e-4, atol=1e-5)
+    # pairwise from the draws themselves
+    a = ability.values.reshape(-1, 40)
+    assert pairwise[0, 1] == pytest.approx((a[:, 0] > a[:, 1]).mean(), abs=1e-6)
