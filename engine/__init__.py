@@ -4,7 +4,7 @@ The public names load on first use (PEP 562), so ``irt-engine --help`` and comma
 need neither JAX nor Dask do not pay for importing them.
 """
 
-from importlib import import_module
+from engine._lazy import lazy_exports
 
 __all__ = ["fit", "FitSettings", "FitResult", "ingest", "open_store", "write_store", "Store",
            "get_model", "MODELS", "save_run", "load_run", "Run", "IRTError", "response_stats"]
@@ -18,13 +18,4 @@ _HOME = {"fit": "engine.api", "response_stats": "engine.api", "Store": "engine.d
          "save_run": "engine.run"}
 
 
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
-    value = getattr(import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, globals())
