@@ -291,21 +291,28 @@ def _ability_range(text: str | None):
 def cmd_items(args) -> int:
     import pandas as pd
 
-    from engine.readout.items import (choose_subjects, expected_probabilities, load_run_responses,
-                                      quartile_table, review_items)
+    from engine.readout.items import (SET_ASIDE_NOTE, choose_subjects, expected_probabilities,
+                                      load_run_responses, quartile_table, review_items)
     from engine.run import load_run
 
     run = load_run(args.run)
     y = load_run_responses(run, args.store)
-    table = review_items(run, y, top=len(run.items) if args.out else args.top,
-                         num_subjects=args.num_subjects)
-    show = ["item", "review_score"] + [c for c in ("p_negative_discrimination", "p_low_feasibility")
-                                       if c in table] + \
+    table = review_items(run, y, top=None if args.out else args.top, num_subjects=args.num_subjects,
+                         include_set_aside=bool(args.out))
+    show = ["item", "review_score", "flagged", "p_reversed"] + \
+        [c for c in ("p_negative_discrimination", "p_low_feasibility") if c in table] + \
         [c for c in ("difficulty_mean", "discrimination_mean", "feasibility_mean") if c in table] + \
-        ["mean_response", "expected_mean", "outfit", "residual_corr", "residual_z"]
+        ["mean_response", "expected_mean", "residual_corr", "reversal_z"]
+    info = table.attrs
+    aside = info["set_aside"]
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 80):
-        print(f"items ranked for review (of {len(run.items)}):")
+        print(f"items ranked for review ({info['num_informative']} informative of {len(run.items)}); "
+              f"{info['num_flagged']} flagged: review score > {info['threshold']:.2f}, which an item "
+              f"that works passes at most {1 - info['threshold']:.0%} of the time")
         print(table.head(args.top)[show].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        if aside:
+            print(f"\nset aside, not ranked ({SET_ASIDE_NOTE}): {len(aside)} item(s): "
+                  f"{', '.join(aside[:10])}{', ...' if len(aside) > 10 else ''}")
         print("\nsubjects disagreeing most with the model on those items:")
         for r in table.head(args.top).itertuples():
             print(f"  {r.item}: {r.disagreeing}")
@@ -411,7 +418,7 @@ def cmd_report(args) -> int:
         print(f"note: no item flags in the report ({err})", file=sys.stderr)
         y = None
     written = write_report(run, args.out, y, items=args.items.split(",") if args.items else None,
-                           stability=args.stability, dimensions=args.dimensions)
+                           stability=args.stability, dimensions=args.dimensions, compare=args.compare)
     print(f"wrote {written.pop('html')} and {len(written)} PNGs beside it")
     return 0
 
@@ -586,7 +593,8 @@ def _add_item_commands(sub) -> None:
     p.add_argument("--top", type=_POSITIVE, default=20, help="items to show")
     p.add_argument("--num-subjects", type=_POSITIVE, default=3, help="disagreeing subjects per item")
     p.add_argument("--subjects", default=None, help="comma-separated subjects for the quartile table")
-    p.add_argument("--out", default=None, help="write every item's flags to this .csv/.parquet")
+    p.add_argument("--out", default=None, help="write every item's flags to this .csv/.parquet "
+                   "(ranked items first, then the set-aside ones, unscored)")
     p.set_defaults(func=cmd_items)
 
     p = sub.add_parser("score", help="score new subjects against a run's frozen items")
@@ -627,6 +635,7 @@ def _add_item_commands(sub) -> None:
     p.add_argument("--items", default=None, help="comma-separated items whose curves to draw")
     p.add_argument("--stability", default=None, help="directory with stability.parquet / summary.parquet")
     p.add_argument("--dimensions", default=None, help="directory with eigenvalues.parquet / summary.json")
+    p.add_argument("--compare", default=None, help="directory written by irt-engine compare (compare.parquet)")
     p.set_defaults(func=cmd_report)
 
 

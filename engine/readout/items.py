@@ -25,8 +25,13 @@ from engine.models.spec import ModelSpec
 
 __all__ = ["ItemBank", "item_bank", "load_run_responses", "item_flags", "disagreeing_subjects",
            "quartile_table", "STRATEGIES", "strategy_scores", "next_item",
-           "review_items", "choose_subjects", "expected_probabilities"]
+           "review_items", "review_order", "choose_subjects", "expected_probabilities",
+           "FLAG_LEVEL", "FLAG_THRESHOLD", "SET_ASIDE_NOTE"]
 
+FLAG_LEVEL = 0.05  # the share of items the model fits that are flagged, at most
+FLAG_THRESHOLD = 1.0 - FLAG_LEVEL  # review_score above which an item is flagged
+SIMULATED_BELOW = 100  # items with fewer responses get a simulated null for residual_z
+SET_ASIDE_NOTE = "no information: every subject answered alike"
 STRATEGIES = ("fisher", "discrimination", "disc_diff", "difficulty", "random")
 _CELLS = 1 << 23  # cells per chunk when a read-out walks the whole matrix
 
@@ -169,24 +174,43 @@ def _tail_below_zero(spec: ModelSpec, guide: GuideState, name: str, threshold: f
 
 
 def item_flags(spec: ModelSpec, guide: GuideState, y: np.ndarray, *,
-               feasibility_cut: float = 0.5) -> pd.DataFrame:
+               feasibility_cut: float = 0.5, seed: int = 0, num_draws: int = 2000) -> pd.DataFrame:
     """Evidence of an annotation error for every item, one row per item (run order).
 
-    Columns: ``n``, ``mean_response``, ``expected_mean``; ``outfit`` (mean squared
-    standardised residual) and ``outfit_z`` (its Wilson-Hilferty z); ``residual_corr``
-    (correlation of the residual ``y - P`` with ability; a mislabelled item's residuals
-    fall with ability) and ``residual_z`` (its one-sided Fisher z, large = evidence);
+    Columns: ``n``, ``mean_response``, ``expected_mean``; ``set_aside`` (every observed
+    response alike, or none observed: the fit treats the item as unobserved, so it carries
+    no evidence and gets no statistics or score); ``outfit`` (mean squared standardised
+    residual) and ``outfit_z`` (its Wilson-Hilferty z); ``residual_corr`` (correlation of
+    the residual ``y - P`` with ability; a mislabelled item's residuals fall with ability);
+    ``residual_z``, the score test of a slope in ability on the item's residuals,
+    ``-sum (theta - theta_w) (y - P) / sqrt(sum (theta - theta_w)^2 P (1 - P))`` with
+    ``theta_w`` the ``P (1 - P)``-weighted mean ability: about N(0, 1) for an item the model
+    fits, large when the item discriminates less than the model says (misfit, not an error
+    flag: under the 1PL every weakly discriminating item is large); ``reversal_z``, the
+    permutation test that the item's responses fall with ability, ``-sum (theta - mean) y``
+    over its observed subjects over its permutation sd (for items with fewer than
+    ``SIMULATED_BELOW`` responses, ``Phi^-1`` of the exact permutation p-value estimated from
+    ``num_draws`` shuffles seeded by ``seed``) and ``p_reversed`` = ``Phi(reversal_z)``: the
+    null is an item unrelated to ability, so a working item (any positive discrimination)
+    exceeds a level-alpha cut less than alpha of the time whatever model was fitted;
     ``p_negative_discrimination`` when the run has a discrimination block that can be
-    negative; ``p_low_feasibility`` (``P(feasibility < feasibility_cut)``) when it has
-    a feasibility block. ``review_score`` is the largest of the probabilities and
-    ``Phi(residual_z)``; sort by it (descending) to review items.
+    negative; ``p_low_feasibility`` (``P(feasibility < feasibility_cut)``) when it has a
+    feasibility block.
+
+    ``review_score`` combines the error statistics as one minus their Bonferroni p-value,
+    ``1 - min(1, m * min_k p_k)``, where ``p_k`` is ``1 - p_reversed`` or one minus a
+    posterior probability (for a Gaussian posterior, the one-sided Wald p-value), so a
+    working item scores above ``FLAG_THRESHOLD`` at most ``FLAG_LEVEL`` of the
+    time; ``flagged`` marks those items (``benchmarks/bench_item_review.py`` measures both).
     """
     bank = item_bank(spec, guide)
     ability = np.asarray(constrained_means(spec, guide)["ability"], np.float64)
     S, N = y.shape
     if bank.num_items != N:
         raise DataFormatError(f"responses have {N} items, the fit has {bank.num_items}")
-    cols = {k: np.empty(N) for k in ("n", "mean_response", "expected_mean", "outfit", "residual_corr")}
+    names = ("n", "num_correct", "mean_response", "expected_mean", "outfit", "residual_corr", "score",
+             "score_var", "theta_y", "theta_ss")
+    cols = {k: np.empty(N) for k in names}
     centred = ability - ability.mean()
     for sl in _chunks(S, N):
         p = _prob_matrix(bank, ability.astype(np.float32), sl).astype(np.float64)
@@ -195,12 +219,13 @@ def item_flags(spec: ModelSpec, guide: GuideState, y: np.ndarray, *,
         n = m.sum(axis=0)
         yv = np.where(m, yy, 0).astype(np.float64)
         r = np.where(m, yv - p, 0.0)
-        var = np.clip(p * (1 - p), 1e-9, None)
+        var = np.where(m, np.clip(p * (1 - p), 1e-9, None), 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             cols["n"][sl] = n
+            cols["num_correct"][sl] = yv.sum(0)
             cols["mean_response"][sl] = yv.sum(0) / n
             cols["expected_mean"][sl] = np.where(m, p, 0).sum(0) / n
-            cols["outfit"][sl] = np.where(m, r ** 2 / var, 0).sum(0) / n
+            cols["outfit"][sl] = (r ** 2 / np.where(m, var, 1.0)).sum(0) / n
             # correlation of residual and ability over each item's observed subjects
             th = np.where(m, centred[:, None], 0.0)
             th_mean = th.sum(0) / n
@@ -209,25 +234,90 @@ def item_flags(spec: ModelSpec, guide: GuideState, y: np.ndarray, *,
             sd_t = np.sqrt(np.clip((th ** 2).sum(0) / n - th_mean ** 2, 0, None))
             sd_r = np.sqrt(np.clip((r ** 2).sum(0) / n - r_mean ** 2, 0, None))
             cols["residual_corr"][sl] = cov / (sd_t * sd_r)
-    df = pd.DataFrame(cols)
+            # score test of a slope in ability, the intercept refitted (weighted centring)
+            th_w = (var * centred[:, None]).sum(0) / var.sum(0)
+            dev = np.where(m, centred[:, None] - th_w, 0.0)
+            cols["score"][sl] = (dev * r).sum(0)
+            cols["score_var"][sl] = (dev ** 2 * var).sum(0)
+            # the reversal statistic: sum over observed subjects of (theta - mean) y
+            tc = np.where(m, centred[:, None] - th_mean, 0.0)
+            cols["theta_y"][sl] = (tc * yv).sum(0)
+            cols["theta_ss"][sl] = (tc ** 2).sum(0)
+    df = pd.DataFrame({k: cols[k] for k in ("n", "mean_response", "expected_mean", "outfit",
+                                            "residual_corr")})
     df["n"] = df["n"].astype(np.int64)
+    aside = (cols["n"] == 0) | (cols["num_correct"] == 0) | (cols["num_correct"] == cols["n"])
+    df.insert(1, "set_aside", aside)
     n = np.maximum(df["n"].to_numpy(), 4)
     # Wilson-Hilferty: outfit * n is roughly chi-square on n degrees of freedom.
     q = np.sqrt(2.0 / (9.0 * n))
     df["outfit_z"] = (np.cbrt(df["outfit"]) - (1 - q ** 2)) / q
-    rc = np.clip(df["residual_corr"].fillna(0.0).to_numpy(), -0.999999, 0.999999)
-    df["residual_z"] = -np.arctanh(rc) * np.sqrt(n - 3)
-    evidence = [norm.cdf(df["residual_z"].to_numpy())]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df["residual_z"] = -cols["score"] / np.sqrt(cols["score_var"])
+    with np.errstate(invalid="ignore", divide="ignore"):  # permutation mean and variance of T
+        k, n_obs = cols["num_correct"], cols["n"]
+        var_t = k * (n_obs - k) / (n_obs * (n_obs - 1)) * cols["theta_ss"]
+        df["reversal_z"] = -cols["theta_y"] / np.sqrt(var_t)
+    p_rev = norm.sf(df["reversal_z"].to_numpy())
+    small = np.flatnonzero(~aside & (cols["n"] < SIMULATED_BELOW))
+    if len(small):  # a few Bernoulli terms: the exact permutation p-value, by simulation
+        p_rev[small] = _permutation_p_values(ability, y, small, np.random.default_rng(seed), num_draws)
+        df.loc[small, "reversal_z"] = norm.isf(np.minimum(p_rev[small], num_draws / (num_draws + 1)))
+    df["p_reversed"] = 1.0 - p_rev
+    p_values = [p_rev]
     p_neg = _tail_below_zero(spec, guide, "discrimination", 0.0)
     if p_neg is not None and spec.param("discrimination").transform == "identity":
         df["p_negative_discrimination"] = p_neg
-        evidence.append(p_neg)
+        p_values.append(1.0 - p_neg)
     p_feas = _tail_below_zero(spec, guide, "feasibility", feasibility_cut)
     if p_feas is not None:
         df["p_low_feasibility"] = p_feas
-        evidence.append(p_feas)
-    df["review_score"] = np.max(np.stack(evidence), axis=0)
+        p_values.append(1.0 - p_feas)
+    bonferroni = np.minimum(1.0, len(p_values) * np.min(np.stack(p_values), axis=0))
+    df["review_score"] = 1.0 - bonferroni
+    stats = ["outfit", "residual_corr", "outfit_z", "residual_z", "reversal_z", "p_reversed",
+             "p_negative_discrimination",
+             "p_low_feasibility", "review_score"]
+    df.loc[aside, [c for c in stats if c in df]] = np.nan
+    df["flagged"] = df["review_score"].fillna(0.0).to_numpy() > FLAG_THRESHOLD
     return df
+
+
+def _permutation_p_values(ability: np.ndarray, y: np.ndarray, items: np.ndarray,
+                          rng: np.random.Generator, num_draws: int) -> np.ndarray:
+    """One-sided p-values ``(1 + #{T* <= T}) / (B + 1)`` of ``T = sum (theta - mean) y``
+    over each item's observed subjects, ``T*`` with the item's responses shuffled among
+    them (the null: the item is unrelated to ability); items with few responses only."""
+    cols = y[:, items]
+    m = cols >= 0
+    width = int(m.sum(0).max())
+    theta = np.full((len(items), width), np.nan)
+    resp = np.zeros((len(items), width))
+    for j in range(len(items)):
+        obs = np.flatnonzero(m[:, j])
+        theta[j, :len(obs)] = ability[obs] - ability[obs].mean()
+        resp[j, :len(obs)] = cols[obs, j]
+    observed = (np.nan_to_num(theta) * resp).sum(1)
+    k = resp.sum(1)
+    out = np.empty(len(items))
+    step = max(1, (1 << 23) // (num_draws * width))
+    for start in range(0, len(items), step):
+        th = theta[start:start + step]
+        keys = rng.random((num_draws,) + th.shape)
+        keys[:, np.isnan(th)] = np.inf  # missing cells are never drawn
+        ranks = np.argsort(np.argsort(keys, axis=-1), axis=-1)
+        t_sim = np.where(ranks < k[start:start + step, None], np.nan_to_num(th), 0.0).sum(-1)
+        obs = observed[start:start + step]
+        below = (t_sim <= obs + 1e-6 * (1 + np.abs(obs))).sum(0)  # ties count (float32 abilities)
+        out[start:start + step] = (1 + below) / (num_draws + 1)
+    return out
+
+
+def review_order(flags: pd.DataFrame) -> np.ndarray:
+    """Row indices of the informative items, highest review score first (set-aside items,
+    which carry no evidence, are left out)."""
+    idx = np.flatnonzero(~flags["set_aside"].to_numpy())
+    return idx[np.argsort(-flags["review_score"].to_numpy()[idx], kind="stable")]
 
 
 def disagreeing_subjects(bank: ItemBank, ability: np.ndarray, y: np.ndarray, items: np.ndarray,
@@ -260,7 +350,8 @@ def _bins(values: np.ndarray) -> np.ndarray:
 def quartile_table(items: pd.DataFrame, subjects: pd.DataFrame, y: np.ndarray, chosen: np.ndarray,
                    expected: np.ndarray | None = None) -> pd.DataFrame:
     """Accuracy of ``chosen`` subjects per difficulty quartile and per discrimination
-    quartile (seed 002 figure 6); items with negative mean discrimination are left out.
+    quartile (seed 002 figure 6); items with negative mean discrimination and items the fit
+    set aside (``constant_response``) are left out.
 
     Parameters
     ----------
@@ -272,10 +363,12 @@ def quartile_table(items: pd.DataFrame, subjects: pd.DataFrame, y: np.ndarray, c
         for a subject that solves poorly discriminating (likely flawed) items: overfitting.
     """
     keep = np.ones(len(items), bool)
+    if "constant_response" in items:  # set aside by the fit: at the prior, no information
+        keep &= ~items["constant_response"].to_numpy(bool)
     blocks = [("difficulty", items["difficulty_mean"].to_numpy())]
     if "discrimination_mean" in items:
         disc = items["discrimination_mean"].to_numpy()
-        keep &= disc >= 0
+        keep &= ~(disc < 0)
         blocks.append(("discrimination", disc))
     rows = {}
     sub = y[chosen][:, keep]
@@ -298,7 +391,8 @@ def quartile_table(items: pd.DataFrame, subjects: pd.DataFrame, y: np.ndarray, c
     df.insert(0, "ability", subjects["ability_mean"].to_numpy()[chosen])
     df.insert(0, "subject", subjects["subject"].astype(str).to_numpy()[chosen])
     df.attrs["num_items"] = int(keep.sum())
-    df.attrs["excluded_negative_discrimination"] = int((~keep).sum())
+    df.attrs["excluded_negative_discrimination"] = int(("discrimination_mean" in items) and
+                                                       (items["discrimination_mean"].to_numpy() < 0).sum())
     return df
 
 
@@ -336,23 +430,37 @@ def next_item(available: np.ndarray, info_at_ability: np.ndarray | None,
 
 # --- the `items` command's tables ------------------------------------------------------
 
-def review_items(run, y: np.ndarray, *, top: int = 20, num_subjects: int = 3) -> pd.DataFrame:
-    """The ``top`` items by ``review_score`` with their posterior summaries, flag statistics
-    and the ``num_subjects`` subjects whose responses the model found least likely."""
+def review_items(run, y: np.ndarray, *, top: int | None = 20, num_subjects: int = 3,
+                 include_set_aside: bool = False) -> pd.DataFrame:
+    """The ``top`` informative items by ``review_score`` (all when ``None``) with their
+    posterior summaries, flag statistics and the ``num_subjects`` subjects whose responses
+    the model found least likely.
+
+    Set-aside items (every subject answered alike) are never ranked; their ids are in
+    ``table.attrs["set_aside"]``, and ``include_set_aside`` appends their rows (no score)
+    after the ranked ones. ``table.attrs`` also holds ``num_flagged``, ``num_informative``
+    and ``threshold``.
+    """
     flags = item_flags(run.spec, run.guide, y)
     summaries = [c for c in run.items.columns if c.endswith(("_mean", "_q05", "_q95"))
                  and c != "mean_response"]
     table = pd.concat([run.items[["item"] + summaries].reset_index(drop=True), flags], axis=1)
     table.insert(0, "item_index", np.arange(len(table)))
-    order = np.argsort(-table["review_score"].to_numpy(), kind="stable")[:top]
-    table = table.iloc[order].reset_index(drop=True)
+    order = review_order(flags)[:top]
+    aside = np.flatnonzero(flags["set_aside"].to_numpy())
+    ranked = table.iloc[order].reset_index(drop=True)
     bank = item_bank(run.spec, run.guide)
     ability = run.subjects["ability_mean"].to_numpy()
     ids = run.subjects["subject"].astype(str).to_numpy()
-    table["disagreeing"] = [
+    ranked["disagreeing"] = [
         "; ".join(f"{d['subject']} (y={d['response']}, p={d['p_correct']:.2f})" for d in found)
-        for found in disagreeing_subjects(bank, ability, y, table["item_index"].to_numpy(), ids, num_subjects)]
-    return table
+        for found in disagreeing_subjects(bank, ability, y, ranked["item_index"].to_numpy(), ids, num_subjects)]
+    if include_set_aside and len(aside):
+        ranked = pd.concat([ranked, table.iloc[aside].assign(disagreeing="")], ignore_index=True)
+    ranked.attrs.update(set_aside=table["item"].iloc[aside].astype(str).tolist(),
+                        num_flagged=int(flags["flagged"].sum()), num_informative=int(len(flags) - len(aside)),
+                        threshold=FLAG_THRESHOLD)
+    return ranked
 
 
 def choose_subjects(run, y: np.ndarray, names: list[str] | None = None, *, num_top: int = 3,

@@ -1,10 +1,13 @@
 """A static HTML report of a run: one page, plots inline as base64 PNG, no external assets.
 
-Sections: the leaderboard with 90% intervals (table and plot), the P(beats) matrix as a
-heat map, item characteristic curves of chosen items, the difficulty x discrimination
-scatter with items flagged for review, and, where their directories are given and hold
-the files, ranking-stability and scree plots made by the cluster commands. Every plot is
-also written as a PNG beside the page.
+Sections: the leaderboard with 90% intervals (plot, and a table sortable by any column),
+the P(beats) matrix as a heat map (the top ``MAX_HEAT`` subjects), item characteristic
+curves of informative items spread over difficulty, the difficulty x discrimination
+scatter (for a model without a discrimination, abilities and difficulties on one scale)
+with only the flagged items marked, the items ranked for review and those set aside, and,
+where their directories are given and hold the files, the model comparison, ranking
+stability and scree made by the other commands. Every plot is also written as a PNG
+beside the page; ids are drawn as literal text (never read as math).
 """
 
 from __future__ import annotations
@@ -24,13 +27,24 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from engine.errors import SettingsError  # noqa: E402
-from engine.readout.items import item_bank, item_flags  # noqa: E402
+from engine.readout.items import (FLAG_THRESHOLD, SET_ASIDE_NOTE, item_bank, item_flags,  # noqa: E402
+                                  review_order)
 from engine.readout.leaderboard import leaderboard  # noqa: E402
 
 __all__ = ["write_report", "report_plots"]
 
-MAX_BARS = 60  # subjects drawn in the leaderboard plot and heat map (the table lists all)
-REVIEW_CUT = 0.9  # review_score above which an item is drawn as flagged
+MAX_BARS = 60  # subjects drawn in the leaderboard plot (the table lists all)
+MAX_HEAT = 30  # subjects in the P(beats) heat map
+_LITERAL = {"text.parse_math": False, "text.usetex": False}  # ids are text, never math
+
+
+def _literal(fn):
+    """Run a plotting function with mathtext off, so an id such as ``$x$`` is drawn as is."""
+    def wrapped(*args, **kwargs):
+        with plt.rc_context(_LITERAL):
+            return fn(*args, **kwargs)
+    wrapped.__name__, wrapped.__doc__ = fn.__name__, fn.__doc__
+    return wrapped
 
 
 def _png(fig) -> bytes:
@@ -40,6 +54,7 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+@_literal
 def _leaderboard_plot(board: pd.DataFrame) -> bytes:
     b = board.head(MAX_BARS).iloc[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.22 * len(b) + 1.2))
@@ -52,53 +67,118 @@ def _leaderboard_plot(board: pd.DataFrame) -> bytes:
     return _png(fig)
 
 
+@_literal
 def _heatmap(p_beats: np.ndarray, board: pd.DataFrame, index: dict) -> bytes:
-    order = [index[s] for s in board["subject"].head(MAX_BARS)]
+    top = board["subject"].head(MAX_HEAT)
+    order = [index[s] for s in top]
     m = p_beats[np.ix_(order, order)].astype(np.float64)
     np.fill_diagonal(m, np.nan)  # a subject against itself: left blank
-    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    size = 3.0 + 0.22 * len(order)
+    fig, ax = plt.subplots(figsize=(size + 1.2, size))
     im = ax.imshow(m, vmin=0, vmax=1, cmap="RdBu_r")
-    labels = [str(s)[:20] for s in board["subject"].head(MAX_BARS)]
-    if len(order) <= 40:
-        ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=6)
-        ax.set_yticks(range(len(order)), labels, fontsize=6)
-    ax.set_title("P(row beats column), leaderboard order")
+    labels = [str(s)[:24] for s in top]
+    ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(order)), labels, fontsize=7)
+    if len(order) <= 15:  # few enough to print each probability
+        for i in range(len(order)):
+            for j in range(len(order)):
+                if i != j:
+                    ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
+                            color="white" if abs(m[i, j] - 0.5) > 0.35 else "black")
+    shown = f"top {len(order)} of {len(board)}" if len(board) > len(order) else f"all {len(order)}"
+    ax.set_title(f"P(row beats column), leaderboard order ({shown} subjects)")
     fig.colorbar(im, ax=ax, shrink=0.8)
     return _png(fig)
 
 
+def _informative(run, flags: pd.DataFrame | None) -> np.ndarray:
+    """Items with information: not set aside by the fit (nor, given responses, constant)."""
+    keep = np.ones(len(run.items), bool)
+    if "constant_response" in run.items:
+        keep &= ~run.items["constant_response"].to_numpy(bool)
+    if flags is not None:
+        keep &= ~flags["set_aside"].to_numpy(bool)
+    return keep
+
+
+def spread_items(difficulty: np.ndarray, informative: np.ndarray, num: int) -> np.ndarray:
+    """``num`` informative items at difficulties evenly spaced between the informative items'
+    5% and 95% quantiles, each the nearest not yet taken, in order of difficulty."""
+    idx = np.flatnonzero(informative)
+    if len(idx) <= num:
+        return idx[np.argsort(difficulty[idx], kind="stable")]
+    d = difficulty[idx]
+    chosen: list[int] = []
+    lo, hi = np.quantile(d, [0.05, 0.95])
+    for target in np.linspace(lo, hi, num):
+        for k in np.argsort(np.abs(d - target), kind="stable"):
+            if idx[k] not in chosen:
+                chosen.append(int(idx[k]))
+                break
+    return np.asarray(sorted(chosen, key=lambda j: difficulty[j]))
+
+
+@_literal
 def _icc_plot(run, chosen: np.ndarray) -> bytes:
     bank = item_bank(run.spec, run.guide)
-    grid = np.linspace(-4, 4, 161)
+    ability = run.subjects["ability_mean"].to_numpy()
+    diff = run.items["difficulty_mean"].to_numpy()[chosen]
+    lo = min(np.min(ability), np.min(diff, initial=0.0)) - 1.0
+    hi = max(np.max(ability), np.max(diff, initial=0.0)) + 1.0
+    grid = np.linspace(lo, hi, 201)
     p = bank.subset(chosen).prob(grid)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for k, j in enumerate(chosen):
-        ax.plot(grid, p[:, k], label=str(run.items["item"].iloc[j])[:30])
+        ax.plot(grid, p[:, k], label=f"{str(run.items['item'].iloc[j])[:30]} (difficulty {diff[k]:+.2f})")
+    ax.plot(ability, np.zeros_like(ability), "|", color="k", ms=10, label="subjects' abilities")
     ax.set_xlabel("ability")
     ax.set_ylabel("P(correct)")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(-0.03, 1)
     ax.legend(fontsize=7)
-    ax.set_title("item characteristic curves")
+    ax.set_title("item characteristic curves (informative items across the difficulty range)")
     return _png(fig)
 
 
+@_literal
 def _scatter(run, flags: pd.DataFrame | None) -> bytes:
+    """Difficulty x discrimination of the informative items, flagged ones marked; for a
+    model without a discrimination, abilities and difficulties on one scale (a Wright map)."""
     items = run.items
+    keep = _informative(run, flags)
     x = items["difficulty_mean"].to_numpy()
-    has_disc = "discrimination_mean" in items
-    yv = items["discrimination_mean"].to_numpy() if has_disc else items["mean_response"].to_numpy()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    flagged = np.zeros(len(items), bool) if flags is None else flags["review_score"].to_numpy() > REVIEW_CUT
-    ax.scatter(x[~flagged], yv[~flagged], s=6, alpha=0.5, label="items")
-    if flagged.any():
-        ax.scatter(x[flagged], yv[flagged], s=18, c="red", label=f"flagged (review score > {REVIEW_CUT})")
-    ax.set_xlabel("difficulty")
-    ax.set_ylabel("discrimination" if has_disc else "mean response")
-    ax.legend(fontsize=7)
-    ax.set_title("items" + ("" if flags is not None else " (no responses: flags not computed)"))
+    flagged = np.zeros(len(items), bool) if flags is None else flags["flagged"].to_numpy(bool)
+    flag_label = f"flagged (review score > {FLAG_THRESHOLD:.2f}): {int(flagged.sum())}"
+    aside = f"; {int((~keep).sum())} set-aside items not drawn" if (~keep).any() else ""
+    if "discrimination_mean" in items:
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        yv = items["discrimination_mean"].to_numpy()
+        ax.scatter(x[keep & ~flagged], yv[keep & ~flagged], s=6, alpha=0.5, label="items")
+        if flagged.any():
+            ax.scatter(x[flagged], yv[flagged], s=20, c="red", label=flag_label)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("difficulty")
+        ax.set_ylabel("discrimination")
+        ax.legend(fontsize=7)
+    else:
+        fig, (top, ax) = plt.subplots(2, 1, figsize=(6.5, 4.8), sharex=True, height_ratios=(1, 2))
+        ability = run.subjects["ability_mean"].to_numpy()
+        bins = np.histogram_bin_edges(np.concatenate([x[keep], ability]), bins=40)
+        top.hist(ability, bins=bins, color="tab:green")
+        top.set_ylabel("subjects")
+        ax.hist(x[keep], bins=bins, color="tab:blue", alpha=0.8, label="items")
+        if flagged.any():
+            ax.plot(x[flagged], np.zeros(int(flagged.sum())), "|", color="red", ms=14, mew=2,
+                    label=flag_label)
+        ax.set_xlabel("ability / difficulty (same scale: P(correct) = 1/2 where they meet)")
+        ax.set_ylabel("items")
+        ax.legend(fontsize=7)
+        top.set_title("abilities and difficulties (the model has no discrimination)" + aside, fontsize=9)
+        return _png(fig)
+    ax.set_title("items" + (" (no responses: flags not computed)" if flags is None else "") + aside, fontsize=9)
     return _png(fig)
 
 
+@_literal
 def _stability_plot(directory: Path) -> tuple[bytes | None, str]:
     """Kendall tau against sample size from ``summary.parquet`` (else ``stability.parquet``)."""
     for name in ("summary.parquet", "stability.parquet"):
@@ -127,6 +207,7 @@ def _stability_plot(directory: Path) -> tuple[bytes | None, str]:
     return _png(fig), f"from {f}"
 
 
+@_literal
 def _scree_plot(directory: Path) -> tuple[bytes | None, str]:
     """Eigenvalues (and any reference columns) from ``eigenvalues.parquet``; ``summary.json`` noted."""
     f = directory / "eigenvalues.parquet"
@@ -161,8 +242,8 @@ def report_plots(run, y: np.ndarray | None = None, *, items: list[str] | None = 
                  num_curves: int = 6) -> tuple[dict[str, bytes], dict[str, str], pd.DataFrame | None]:
     """Make the report's PNGs: ``({name: png}, {name: note}, item flags or None)``.
 
-    ``items`` names the items whose curves are drawn; by default the ``num_curves`` with the
-    highest review score (when responses are given) or else the most discriminating.
+    ``items`` names the items whose curves are drawn; by default ``num_curves`` informative
+    items spread over the difficulty range (never set-aside ones).
     """
     board = leaderboard(run.subjects)
     pngs, notes = {"leaderboard": _leaderboard_plot(board)}, {}
@@ -179,11 +260,8 @@ def report_plots(run, y: np.ndarray | None = None, *, items: list[str] | None = 
         if missing:
             raise SettingsError(f"--items {missing}: not items of run {run.path}; e.g. {', '.join(ids[:3])}")
         chosen = np.asarray([ids.index(i) for i in items])
-    elif flags is not None:
-        chosen = np.argsort(-flags["review_score"].to_numpy(), kind="stable")[:num_curves]
     else:
-        key = "discrimination_mean" if "discrimination_mean" in run.items else "difficulty_mean"
-        chosen = np.argsort(-run.items[key].to_numpy(), kind="stable")[:num_curves]
+        chosen = spread_items(run.items["difficulty_mean"].to_numpy(), _informative(run, flags), num_curves)
     pngs["item_curves"] = _icc_plot(run, chosen)
     pngs["items_scatter"] = _scatter(run, flags)
     for name, directory, fn in (("stability", stability, _stability_plot), ("scree", dimensions, _scree_plot)):
@@ -200,7 +278,28 @@ def report_plots(run, y: np.ndarray | None = None, *, items: list[str] | None = 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
 table{border-collapse:collapse;font-size:.85em}td,th{padding:.2em .6em;border-bottom:1px solid #ddd;text-align:right}
-td.s,th.s{text-align:left}img{max-width:100%}.note{color:#666;font-size:.9em}h2{margin-top:1.6em}"""
+td.s,th.s{text-align:left}img{max-width:100%}.note{color:#666;font-size:.9em}h2{margin-top:1.6em}
+#leaderboard th{cursor:pointer;user-select:none;background:#f4f4f4}
+#leaderboard th[aria-sort=ascending]::after{content:" \\25B2"}#leaderboard th[aria-sort=descending]::after{content:" \\25BC"}
+.scroll{max-height:32em;overflow:auto}"""
+
+# Sort the leaderboard by a header click (numbers by data-value); no external assets.
+_SORT_JS = """document.querySelectorAll('#leaderboard th').forEach(function (th, col) {
+  th.addEventListener('click', function () {
+    var body = document.querySelector('#leaderboard tbody');
+    var asc = th.getAttribute('aria-sort') !== 'ascending';
+    document.querySelectorAll('#leaderboard th').forEach(function (h) { h.removeAttribute('aria-sort'); });
+    th.setAttribute('aria-sort', asc ? 'ascending' : 'descending');
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (a, b) {
+      var x = a.cells[col].dataset.value, y = b.cells[col].dataset.value;
+      var nx = parseFloat(x), ny = parseFloat(y);
+      var c = (isNaN(nx) || isNaN(ny)) ? x.localeCompare(y) : nx - ny;
+      return asc ? c : -c;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});"""
 
 
 def _board_table(board: pd.DataFrame) -> str:
@@ -210,32 +309,65 @@ def _board_table(board: pd.DataFrame) -> str:
             ("rank_q95", "rank q95", "{:.0f}"), ("p_top1", "P(top1)", "{:.3f}"),
             ("accuracy", "accuracy", "{:.3f}"), ("n_responses", "n", "{}")]
     cols = [c for c in cols if c[0] in board]
-    head = "".join(f'<th class="{"s" if k == "subject" else ""}">{html.escape(t)}</th>' for k, t, _ in cols)
+    head = "".join(f'<th class="{"s" if k == "subject" else ""}" title="sort by {html.escape(t)}">'
+                   f'{html.escape(t)}</th>' for k, t, _ in cols)
     rows = []
     for r in board.to_dict("records"):
-        cells = "".join(f'<td class="{"s" if k == "subject" else ""}">{html.escape(f.format(r[k]))}</td>'
-                        for k, _, f in cols)
+        cells = "".join(f'<td class="{"s" if k == "subject" else ""}" data-value="{html.escape(str(r[k]))}">'
+                        f'{html.escape(f.format(r[k]))}</td>' for k, _, f in cols)
         rows.append(f'<tr class="leaderboard-row" data-subject="{html.escape(str(r["subject"]))}">{cells}</tr>')
-    return f'<table id="leaderboard"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    return (f'<div class="scroll"><table id="leaderboard"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div>')
 
 
-def _flag_table(run, flags: pd.DataFrame, top: int = 15) -> str:
-    order = np.argsort(-flags["review_score"].to_numpy(), kind="stable")[:top]
-    df = pd.concat([run.items[["item"]].reset_index(drop=True), flags], axis=1).iloc[order]
-    keep = ["item", "review_score"] + [c for c in ("p_negative_discrimination", "p_low_feasibility") if c in df] + \
-        ["mean_response", "expected_mean", "residual_corr"]
-    return df[keep].to_html(index=False, float_format=lambda v: f"{v:.3f}", classes="flags", border=0)
+def _flag_section(run, flags: pd.DataFrame, top: int = 15) -> str:
+    """The items ranked for review (informative only) and the short list of set-aside ones."""
+    order = review_order(flags)
+    informative, flagged = len(order), int(flags["flagged"].sum())
+    df = pd.concat([run.items[["item"]].reset_index(drop=True), flags], axis=1).iloc[order[:top]]
+    keep = ["item", "review_score", "flagged", "p_reversed"] + \
+        [c for c in ("p_negative_discrimination", "p_low_feasibility") if c in df] + \
+        ["mean_response", "expected_mean", "residual_corr", "n"]
+    out = (f'<p id="review-summary">{flagged} of {informative} informative items flagged (review score '
+           f'&gt; {FLAG_THRESHOLD:.2f}: an item that works, whatever its difficulty, passes that at '
+           f'most {1 - FLAG_THRESHOLD:.0%} of the time). The {min(top, informative)} with the '
+           f'highest scores:</p>' +
+           df[keep].to_html(index=False, float_format=lambda v: f"{v:.3f}", classes="flags", border=0))
+    aside = run.items["item"].astype(str).to_numpy()[flags["set_aside"].to_numpy(bool)]
+    if len(aside):
+        shown = ", ".join(html.escape(i) for i in aside[:20]) + (", ..." if len(aside) > 20 else "")
+        out += (f'<h3>Set aside</h3><p id="set-aside">{len(aside)} items: {SET_ASIDE_NOTE}. The fit '
+                f'treats them as unobserved (prior only), so they carry no evidence and are not '
+                f'ranked: {shown}</p>')
+    return out
 
 
-def write_report(run, out: str | Path, y: np.ndarray | None = None, **plot_options) -> dict[str, Path]:
+def _compare_section(directory: Path | None) -> str:
+    """The table ``irt-engine compare`` wrote, or a note."""
+    if directory is None:
+        return '<p class="note">not requested (irt-engine compare ... --out DIR; report --compare DIR)</p>'
+    f = Path(directory) / "compare.parquet"
+    if not f.is_file():
+        return f'<p class="note">no compare.parquet in {html.escape(str(directory))}</p>'
+    table = pd.read_parquet(f).dropna(axis=1, how="all")
+    return (f'<p class="note">from {html.escape(str(f))}; held-out cells, best held-out '
+            f'log-likelihood first</p>' +
+            table.to_html(index=False, float_format=lambda v: f"{v:.4g}", classes="compare", border=0))
+
+
+def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: str | Path | None = None,
+                 **plot_options) -> dict[str, Path]:
     """Write ``out`` (one self-contained HTML page) and the PNGs beside it.
 
-    Returns the written paths ``{"html": ..., name: png path}``. Files are written to
-    temporary names and renamed into place.
+    ``compare`` is a directory written by ``irt-engine compare``; ``plot_options`` go to
+    ``report_plots``. Returns the written paths ``{"html": ..., name: png path}``. Files are
+    written to temporary names and renamed into place.
     """
     out = Path(out)
     if out.suffix.lower() not in (".html", ".htm"):
         raise SettingsError(f"--out {out}: the report is an .html file")
+    if compare is not None and not Path(compare).is_dir():
+        raise SettingsError(f"--compare {compare}: not a directory; pass the --out of irt-engine compare")
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs, notes, flags = report_plots(run, y, **plot_options)
     board = leaderboard(run.subjects)
@@ -243,6 +375,12 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, **plot_optio
                         if name in pngs else f'<p class="note">{html.escape(notes.get(name, ""))}</p>')
     note = lambda name: (f'<p class="note">{html.escape(notes[name])}</p>' if name in pngs and notes.get(name) else "")
     info = run.info
+    heat_note = (f'<p class="note">the {MAX_HEAT} best of {len(board)} subjects; the sortable table '
+                 f'lists all.</p>' if len(board) > MAX_HEAT and "p_beats" in pngs else "")
+    bars_note = (f'<p class="note">the plot draws the {MAX_BARS} best of {len(board)} subjects.</p>'
+                 if len(board) > MAX_BARS else "")
+    review = (_flag_section(run, flags) if flags is not None else
+              '<p class="note">no responses (store not found): items not reviewed</p>')
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>irt-engine report: {html.escape(run.path.name)}</title>
 <style>{_CSS}</style></head><body>
@@ -250,15 +388,18 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, **plot_optio
 <p>model <b>{html.escape(str(info.get("model")))}</b> ({html.escape(run.spec.description)}),
 {len(run.subjects)} subjects x {len(run.items)} items, {"converged" if info.get("converged") else "NOT converged"}
 after {info.get("num_passes")} passes.</p>
-<h2>Leaderboard</h2>{img("leaderboard")}
-<p class="note">tie: subjects share a group while their 90% ability intervals overlap the group leader's.</p>
+<h2 id="sec-leaderboard">Leaderboard</h2>{img("leaderboard")}{bars_note}
+<p class="note">click a column header to sort. tie: subjects share a group while their 90% ability
+intervals overlap the group leader's.</p>
 {_board_table(board)}
-<h2>P(beats)</h2>{img("p_beats")}
-<h2>Item characteristic curves</h2>{img("item_curves")}
-<h2>Difficulty and discrimination</h2>{img("items_scatter")}
-{"<h3>Items ranked for review</h3>" + _flag_table(run, flags) if flags is not None else ""}
-<h2>Ranking stability</h2>{img("stability")}{note("stability")}
-<h2>Dimensions (scree)</h2>{img("scree")}{note("scree")}
+<h2 id="sec-p-beats">P(beats)</h2>{img("p_beats")}{heat_note}
+<h2 id="sec-items">Items for review</h2>{review}
+<h2 id="sec-item-curves">Item characteristic curves</h2>{img("item_curves")}
+<h2 id="sec-item-map">Difficulty and discrimination</h2>{img("items_scatter")}
+<h2 id="sec-compare">Model comparison</h2>{_compare_section(compare)}
+<h2 id="sec-stability">Ranking stability</h2>{img("stability")}{note("stability")}
+<h2 id="sec-scree">Dimensions (scree)</h2>{img("scree")}{note("scree")}
+<script>{_SORT_JS}</script>
 </body></html>
 """
     written = {}

@@ -34,9 +34,10 @@ def test_items_command_prints_review_and_quartiles(lsat_run, capsys):
     out_csv = lsat_run / "flags.csv"
     assert main(["items", str(lsat_run / "r"), "--top", "3", "--out", str(out_csv)]) == 0
     out = capsys.readouterr().out
-    assert "items ranked for review (of 5)" in out and "difficulty:low" in out
+    assert "items ranked for review (5 informative of 5)" in out and "difficulty:low" in out
     flags = pd.read_csv(out_csv)
     assert len(flags) == 5 and (np.diff(flags["review_score"]) <= 0).all()
+    assert flags["flagged"].sum() == 0 and not flags["set_aside"].any()  # LSAT7's items all work
     run = load_run(lsat_run / "r")
     # the flags' observed means are the data's (LSAT7 item means, Bock & Lieberman 1970)
     expect = dict(zip(run.items["item"], run.items["mean_response"]))

@@ -54,7 +54,8 @@ def test_low_feasibility_is_flagged_from_the_block():
     scale = {k: np.full_like(v, np.log(0.5)) for k, v in loc.items()}
     from engine.infer.guide import GuideState
 
-    flags = item_flags(spec, GuideState(loc, scale), np.ones((4, 3), np.int8))
+    y = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]], np.int8)  # no item answered alike
+    flags = item_flags(spec, GuideState(loc, scale), y)
     np.testing.assert_allclose(flags["p_low_feasibility"], [0.0, 0.5, 1.0], atol=1e-6)
     assert flags["review_score"].idxmax() == 2
 
@@ -99,3 +100,75 @@ def test_run_responses_refuse_a_different_store(planted, tmp_path):
         load_run_responses(run, fit_run(tmp_path, y[:30, :30], "1pl", name="other").info["data"]["store"])
     with pytest.raises(StoreNotFoundError, match="--store"):
         load_run_responses(run, tmp_path / "nowhere")
+
+
+def _guide(ability, num_items):
+    """A 1PL guide with known abilities and difficulties at 0 (tight scales)."""
+    from engine.infer.guide import GuideState
+
+    loc = {"ability": np.asarray(ability, np.float32), "difficulty": np.zeros(num_items, np.float32)}
+    return GuideState(loc, {k: np.full_like(v, -5.0) for k, v in loc.items()})
+
+
+def test_reversal_statistic_is_calibrated_for_items_unrelated_to_ability():
+    """Items whose responses ignore ability (the null, a = 0) pass the flag threshold about 5%
+    of the time (normal tail at n = 300); items that work (a > 0) almost never do."""
+    rng = np.random.default_rng(21)
+    ability = rng.normal(size=300)
+    null = (rng.random((300, 2000)) < rng.uniform(0.2, 0.8, 2000)).astype(np.int8)
+    p = 1 / (1 + np.exp(-0.5 * (ability[:, None] - rng.normal(size=500))))  # a = 0.5, weak items
+    working = (rng.random(p.shape) < p).astype(np.int8)
+    y = np.concatenate([null, working], axis=1)
+    flags = item_flags(get_model("1pl"), _guide(ability, y.shape[1]), y)
+    share_null = flags["flagged"].to_numpy()[:2000].mean()
+    print("flagged share: null items", share_null, "working items", flags["flagged"][2000:].mean())
+    assert 0.035 < share_null < 0.065  # binomial sd of the share: 0.005
+    assert flags["flagged"].to_numpy()[2000:].mean() < 0.002
+
+
+def test_small_items_get_the_exact_permutation_p_value():
+    """With 9 subjects the p-value is the permutation test's, checked by enumerating every
+    arrangement of the item's correct responses (itertools), not the normal tail."""
+    from itertools import combinations
+
+    ability = np.array([-1.6, -0.9, -0.5, -0.1, 0.2, 0.4, 1.0, 1.7, 2.5])
+    y = np.array([[1, 1, 0, 1], [1, 0, 0, 1], [0, 1, 1, 1], [1, 0, 0, 0], [0, 1, 1, 0],
+                  [0, 0, 1, 1], [0, 1, 1, 0], [0, 0, 1, 0], [0, 0, 0, 1]], np.int8)
+    flags = item_flags(get_model("1pl"), _guide(ability, 4), y, num_draws=4000, seed=3)
+    theta = ability - ability.mean()
+    for j in range(4):
+        k = int(y[:, j].sum())
+        t_obs = theta[y[:, j] == 1].sum()
+        sums = np.array([theta[list(c)].sum() for c in combinations(range(9), k)])
+        exact = (sums <= t_obs + 1e-9).mean()  # P(T* <= T): responses falling with ability
+        assert 1 - flags["p_reversed"][j] == pytest.approx(exact, abs=0.025), j
+    assert flags["p_reversed"][0] > 0.95  # the lowest four answered it: reversed
+
+
+def test_clean_items_are_rarely_flagged_and_set_aside_items_never_ranked(tmp_path):
+    """A clean 2PL matrix: at most 5% of items flagged. Items every subject answered alike
+    get no score, are never ranked and are listed apart."""
+    y, _, _ = simulate_2pl(120, 80, seed=12)
+    y[:, 5], y[:, 9] = 0, 1
+    run = fit_run(tmp_path, y, "2pl", name="clean")
+    flags = item_flags(run.spec, run.guide, y)
+    assert flags["set_aside"].to_numpy().nonzero()[0].tolist() == [5, 9]
+    assert flags.loc[[5, 9], "review_score"].isna().all() and not flags.loc[[5, 9], "flagged"].any()
+    print("clean 2PL: flagged share", flags["flagged"].mean())
+    assert flags["flagged"].mean() <= 0.05
+    table = review_items(run, y, top=None)
+    assert len(table) == 78 and not table["item"].isin(["i5", "i9"]).any()
+    assert table.attrs["set_aside"] == ["i5", "i9"] and table.attrs["num_informative"] == 78
+    full = review_items(run, y, top=None, include_set_aside=True)
+    assert full["item"].tolist()[-2:] == ["i5", "i9"] and full["set_aside"].tolist()[-2:] == [True, True]
+    # the quartile table leaves the set-aside items (at the prior) out
+    assert quartile_table(run.items, run.subjects, y, np.arange(3)).attrs["num_items"] == 78
+
+
+def test_planted_errors_are_the_flagged_items(planted):
+    """The five flipped items are flagged, and no more than 5% of the others."""
+    y, tmp = planted
+    run = fit_run(tmp, y, "2pl", name="signed", signed_discrimination=True)
+    flags = item_flags(run.spec, run.guide, y)
+    assert flags["flagged"][PLANTED].all()
+    assert np.delete(flags["flagged"].to_numpy(), PLANTED).mean() <= 0.05

@@ -1,32 +1,21 @@
-"""The static HTML report: self-contained, renders in headless Chromium without console errors."""
+"""The static HTML report: sections, item choice, flags, literal ids, large leaderboards.
+
+The rendering in a real browser (headless Chromium) is in ``test_report_browser.py``.
+"""
 
 import json
 import re
-import shutil
-import subprocess
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
 
 from engine.cli import main
-from engine.readout.report import write_report
+from engine.readout.items import FLAG_THRESHOLD, item_flags
+from engine.readout.report import MAX_HEAT, _heatmap, _leaderboard_plot, spread_items, write_report
 
 from _item_runs import fit_run, simulate_2pl
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium not on PATH (install Debian's package: apt-get install -y chromium)")
-
-
-def render(page):
-    """``(dom, console lines)`` of a file rendered by headless Chromium (no network needed)."""
-    proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
-         "--v=0", "--dump-dom", page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc.stdout, [ln for ln in proc.stderr.splitlines() if ":CONSOLE" in ln]
 
 
 @pytest.fixture(scope="module")
@@ -34,61 +23,106 @@ def run_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     y, _, _ = simulate_2pl(40, 30, seed=8)
     y[:, 4] = 1 - y[:, 4]  # one mislabelled item, drawn as flagged
+    y[:, 7] = 1  # one item every subject answered alike: set aside
     return fit_run(tmp, y, "2pl"), tmp
 
 
-def _cluster_outputs(tmp):
-    stab, dims = tmp / "stability", tmp / "dims"
-    stab.mkdir(exist_ok=True)
-    dims.mkdir(exist_ok=True)
-    # the shapes written by `irt-engine stability` and `irt-engine dimensions`
+def cluster_outputs(tmp):
+    """Directories shaped like the outputs of `stability`, `dimensions` and `compare`."""
+    stab, dims, cmp = tmp / "stability", tmp / "dims", tmp / "cmp"
+    for d in (stab, dims, cmp):
+        d.mkdir(exist_ok=True)
     pd.DataFrame({"size": [10, 10, 100, 100], "method": ["irt", "accuracy"] * 2,
                   "tau_between_mean": [0.5, 0.4, 0.8, 0.7], "tau_between_q05": [0.3, 0.2, 0.7, 0.6],
                   "tau_full_mean": [0.6, 0.5, 0.9, 0.8]}).to_parquet(stab / "summary.parquet")
     pd.DataFrame({"index": [1, 2, 3], "observed": [3.0, 1.1, 0.6], "residual": [1.2, 0.9, 0.7],
                   "envelope_q95": [1.4, 1.2, 1.0]}).to_parquet(dims / "eigenvalues.parquet")
     (dims / "summary.json").write_text(json.dumps({"n_factors": 1, "details": {"x": 1}}))
-    return stab, dims
+    pd.DataFrame({"model": ["2pl", "1pl"], "heldout_loglik": [-0.512345, -0.534567],
+                  "auc": [0.81, 0.79]}).to_parquet(cmp / "compare.parquet")
+    return stab, dims, cmp
 
 
-@needs_chromium
-def test_console_capture_sees_errors(tmp_path):
-    """The harness would notice a console error (so the next test can fail)."""
-    bad = tmp_path / "bad.html"
-    bad.write_text("<html><body><script>console.error('boom'); missingFn();</script></body></html>")
-    _, console = render(bad)
-    assert any("boom" in ln for ln in console) and any("missingFn" in ln for ln in console)
-
-
-@needs_chromium
-def test_report_renders_in_chromium_with_leaderboard_rows(run_dir, capsys):
+def test_report_sections_flags_and_set_aside_items(run_dir, capsys):
     run, tmp = run_dir
-    stab, dims = _cluster_outputs(tmp)
+    stab, dims, cmp = cluster_outputs(tmp)
     out = tmp / "site" / "report.html"
     assert main(["report", str(run.path), "--out", str(out), "--stability", str(stab),
-                 "--dimensions", str(dims)]) == 0
+                 "--dimensions", str(dims), "--compare", str(cmp)]) == 0
     assert "6 PNGs" in capsys.readouterr().out
-    dom, console = render(out)
-    assert console == []
-    rows = re.findall(r'<tr class="leaderboard-row" data-subject="([^"]+)"', dom)
-    best = run.subjects.sort_values("ability_mean", ascending=False)["subject"].tolist()
-    assert rows == best  # every subject, in leaderboard order
-    assert dom.count('src="data:image/png;base64,') == 6
+    page = out.read_text()
+    for section in ("leaderboard", "p-beats", "items", "item-curves", "item-map", "compare", "stability", "scree"):
+        assert f'id="sec-{section}"' in page
+    rows = re.findall(r'<tr class="leaderboard-row" data-subject="([^"]+)"', page)
+    assert rows == run.subjects.sort_values("ability_mean", ascending=False)["subject"].tolist()
+    assert page.count('src="data:image/png;base64,') == 6
+    assert "n_factors: 1" in page and "-0.5123" in page  # scree note, compare table
+    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing fetched at view time
+    # the review table: informative items only, the flipped one first, the constant one apart
+    flags = item_flags(run.spec, run.guide, np.asarray(run_responses(run)))
+    summary = re.search(r'<p id="review-summary">(\d+) of (\d+) informative', page)
+    aside = run.items["item"][flags["set_aside"]].tolist()
+    assert "i7" in aside and "i4" not in aside
+    assert summary.groups() == (str(int(flags["flagged"].sum())), str(30 - len(aside)))
+    review = page[page.index('id="review-summary"'):page.index('id="set-aside"')]
+    assert re.findall(r"<td>(i\d+)</td>", review)[0] == "i4"
+    assert not any(f"<td>{i}</td>" in review for i in aside)
+    listed = re.search(r'id="set-aside">(\d+) items: no information: every subject answered alike.*: (.*)</p>', page)
+    assert listed.group(1) == str(len(aside)) and listed.group(2).split(", ") == aside
     for name in ("leaderboard", "p_beats", "item_curves", "items_scatter", "stability", "scree"):
-        png = out.with_name(f"report_{name}.png").read_bytes()
-        assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "n_factors: 1" in dom
-    text = out.read_text()
-    assert not re.search(r'(src|href)="(?!data:)', text)  # nothing fetched at view time
+        assert out.with_name(f"report_{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def run_responses(run):
+    from engine.readout.items import load_run_responses
+
+    return load_run_responses(run)
+
+
+def test_item_curves_spread_over_difficulty_and_skip_set_aside_items():
+    difficulty = np.array([-3.0, -2.0, -1.0, -0.5, 0.0, 0.0, 0.0, 0.1, 0.2, 1.0, 2.0, 3.0, 0.007])
+    informative = np.ones(len(difficulty), bool)
+    informative[[4, 5, 6, 12]] = False  # set aside: all at the prior's difficulty
+    chosen = spread_items(difficulty, informative, 5)
+    assert len(chosen) == 5 and informative[chosen].all()
+    assert (np.diff(difficulty[chosen]) > 0).all()
+    assert difficulty[chosen].min() <= -2.0 and difficulty[chosen].max() >= 2.0
+    assert spread_items(difficulty, informative, 20).tolist() == [0, 1, 2, 3, 7, 8, 9, 10, 11]
+
+
+def test_ids_are_drawn_as_literal_text():
+    """An id like `$\\foo$` is mathtext to matplotlib (drawing it fails); the report's
+    plots draw it as it is."""
+    fig, ax = plt.subplots()
+    ax.set_title(r"$\foo$")
+    with pytest.raises(ValueError):
+        fig.savefig(__import__("io").BytesIO(), format="png")
+    plt.close(fig)
+    board = pd.DataFrame({"subject": [r"$\foo$", "a$b", "plain"], "ability_mean": [1.0, 0.0, -1.0],
+                          "ability_q05": [0.5, -0.5, -1.5], "ability_q95": [1.5, 0.5, -0.5]})
+    assert _leaderboard_plot(board)[:4] == b"\x89PNG"
+    p = np.array([[0.5, 0.9, 0.99], [0.1, 0.5, 0.8], [0.01, 0.2, 0.5]])
+    assert _heatmap(p, board, {s: k for k, s in enumerate(board["subject"])})[:4] == b"\x89PNG"
+
+
+def test_large_leaderboard_heat_map_shows_the_top_with_a_note(tmp_path):
+    y, _, _ = simulate_2pl(120, 15, seed=5)
+    run = fit_run(tmp_path, y, "1pl", name="wide")
+    page = write_report(run, tmp_path / "r.html", y)["html"].read_text()
+    assert f"the {MAX_HEAT} best of 120 subjects" in page
+    assert page.count("leaderboard-row") == 120
+    assert "review score &gt; " + f"{FLAG_THRESHOLD:.2f}" in page
 
 
 def test_report_without_cluster_outputs_or_store(run_dir, tmp_path):
     run, _ = run_dir
     written = write_report(run, tmp_path / "r.html", None, stability=tmp_path / "absent", items=["i4", "i0"])
     page = written["html"].read_text()
-    assert "absent does not exist" in page and "not requested" in page
+    assert "absent does not exist" in page and "not requested" in page and "items not reviewed" in page
     assert set(written) == {"html", "leaderboard", "p_beats", "item_curves", "items_scatter"}
     assert page.count("leaderboard-row") == len(run.subjects)
     assert main(["report", str(run.path), "--out", str(tmp_path / "r.txt")]) == 2
     assert main(["report", str(run.path), "--out", str(tmp_path / "r2.html"), "--items", "zz"]) == 2
-    assert not (tmp_path / "r2.html").exists()
+    assert main(["report", str(run.path), "--out", str(tmp_path / "r3.html"), "--compare",
+                 str(tmp_path / "nowhere")]) == 2
+    assert not (tmp_path / "r2.html").exists() and not (tmp_path / "r3.html").exists()
