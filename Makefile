@@ -15,6 +15,10 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/irt-engine demo
 
 test: $(VENV)/.installed
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } \
+		>/dev/null 2>&1; } || \
+		echo "note: chromium not installed; the report's browser test will be skipped"
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(VENV)/.installed
