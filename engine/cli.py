@@ -169,6 +169,8 @@ def _fit_and_save(store_path, out, args) -> "object":
 def _skill_options(store_path, args) -> dict:
     """``--dims`` / ``--q-matrix`` as model options (Q rows matched to the store's item ids)."""
     options = {}
+    if getattr(args, "inflation_owner", None):
+        options["inflation_owner"] = args.inflation_owner
     if getattr(args, "dims", None) is not None:
         options["dims"] = args.dims
     if getattr(args, "q_matrix", None):
@@ -579,6 +581,9 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--top-k", type=_POSITIVE, default=3, help="k of the P(top-k) column")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dims", type=_POSITIVE, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
+    p.add_argument("--inflation-owner", default=None, choices=["subject", "item"],
+                   help="beta/gamma/beta3: whose probability of an exact boundary value "
+                        "(default subject; item was the only choice before)")
     p.add_argument("--q-matrix", default=None,
                    help="items x skills CSV (item id column, one 0/1 column per skill): confirmatory")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
@@ -708,7 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store")
     p.add_argument("--models", required=True,
                    help="comma-separated models; NAME:D for D skills, NAME:q for --q-matrix's "
-                        "skills, e.g. 1pl,2pl,feas,mirt-comp:2")
+                        "skills, NAME:KEY=VALUE for a model option, e.g. 1pl,2pl,feas,mirt-comp:2 "
+                        "or beta,beta:inflation_owner=item")
     p.add_argument("--holdout", type=_SHARE, default=0.1, help="share of observed cells held out")
     p.add_argument("--out", default=None, help="directory for compare.parquet and compare.json")
     p.add_argument("--overwrite", action="store_true")

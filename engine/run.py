@@ -20,6 +20,7 @@ from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
 from engine.models.registry import get_model
 from engine.models.spec import ModelSpec
+from engine.readout.expected import score_draws, score_summary
 from engine.readout.posterior import draw_posterior, summarize, summarize_draws
 from engine.readout.ranking import pairwise_beats, rank_stats
 
@@ -81,6 +82,9 @@ def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> pd.D
     df.insert(0, "subject", ex["subjects"])
     df["accuracy"] = ex["stats"]["subject_mean"]
     df["n_responses"] = ex["stats"]["subject_n"]
+    if draws is not None and res.spec.score is not None:  # draws of the expected score
+        for k, v in score_summary(draws).items():
+            df[k] = v
     if draws is not None:
         for k, v in rank_stats(draws, top_k).items():
             df[k] = v
@@ -108,7 +112,9 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         raise RunExistsError(f"run directory {out} exists; pass --overwrite or choose another --out")
     draws = None
     ability = res.spec.param("ability")
-    if ability.shape == ():
+    if res.spec.score is not None:  # ability alone does not order subjects: rank by score
+        draws = score_draws(res.spec, res.guide, num_draws, rng_key=jax.random.PRNGKey(seed))
+    elif ability.shape == ():
         draws = draw_posterior(res.spec, res.guide, num_draws, rng_key=jax.random.PRNGKey(seed),
                                names=("ability",))["ability"]
     if res.draws and ability.shape == () and getattr(res.spec, "score", None) is None:  # NUTS
@@ -144,6 +150,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
                         "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)},
             "elbo_trace": res.trace,
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
+                        "rank_by": "ability" if res.spec.score is None else "expected score",
                         "item_intervals": "within-item marginal (linear response)" if res.cross
                         else "mean-field"},
             "versions": _versions(),

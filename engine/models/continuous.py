@@ -11,9 +11,16 @@
   for responses ``p = 1/(1 + e/c)`` in (0, 1].
 
 Exact boundary values are real data, not noise: unit scores at exactly 0 or 1 and errors
-at exactly 0 are fitted by zero/one inflation (Molenaar, Curi and Bazan 2022): per-item
+at exactly 0 are fitted by zero/one inflation (Molenaar, Curi and Bazan 2022):
 probabilities ``zero = P(y = 0)`` and ``one = P(y = 1 | y > 0)``, the density taking the
 rest. ``inflation="auto"`` turns them on when the data has such values; nothing is clipped.
+
+``inflation_owner`` says whose probabilities they are: ``subject`` (each subject its own
+share of exact boundary values; the default chosen from data) or ``item`` (each item its
+own). On MT leaderboards the share of error-free segments is what separates systems, so a
+per-item mass leaves it out of the ranking; with per-subject masses the ability alone no
+longer orders subjects, and the model declares ``score``: the expected response (for errors,
+minus the expected error), averaged over items, which the leaderboard ranks by.
 """
 
 from __future__ import annotations
@@ -31,13 +38,17 @@ from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
 from engine.models.special import lbeta, lgamma
 
 __all__ = ["beta_model", "gamma_model", "beta3_model", "beta_logpdf", "gamma_logpdf",
-           "inflated_loglik", "INFLATIONS"]
+           "inflated_loglik", "INFLATIONS", "INFLATION_OWNERS"]
 
 _EPS = 1e-7
 # Trust region for a discrimination that multiplies the ability: while abilities are still
 # near 0 its curvature is tiny, and full Newton steps overshoot into huge |eta|.
 _DISC_STEP = 0.3
 INFLATIONS = ("auto", "none", "zero", "one", "zero-one")
+# "auto" is resolved from data to "subject"; a model built without data (or a run written
+# before the option existed) reads it as "item", the owner those runs were fitted with.
+INFLATION_OWNERS = ("auto", "subject", "item")
+_DEFAULT_OWNER = "subject"
 
 
 def beta_logpdf(y, log_a, log_b):
@@ -90,13 +101,24 @@ def inflated_loglik(logpdf, log_params: tuple, y, mask, *, zero=None, one=None, 
     return ll
 
 
-def _inflation_params(inflation: str) -> list[ParamSpec]:
+def _inflation_params(inflation: str, owner: str) -> list[ParamSpec]:
     out = []
     if inflation in ("zero", "zero-one"):
-        out.append(ParamSpec("zero", "item", logit_uniform(), transform="sigmoid", init=-2.0))
+        out.append(ParamSpec("zero", owner, logit_uniform(), transform="sigmoid", init=-2.0))
     if inflation in ("one", "zero-one"):
-        out.append(ParamSpec("one", "item", logit_uniform(), transform="sigmoid", init=-2.0))
+        out.append(ParamSpec("one", owner, logit_uniform(), transform="sigmoid", init=-2.0))
     return out
+
+
+def _resolve_owner(owner: str, name: str) -> str:
+    if owner not in INFLATION_OWNERS:
+        raise ModelError(f"model {name!r}: unknown inflation_owner {owner!r}; use one of "
+                         f"{', '.join(INFLATION_OWNERS)}")
+    return "item" if owner == "auto" else owner
+
+
+def _inflation_note(inflation: str, owner: str) -> str:
+    return f"inflation {inflation}" + (f" per {owner}" if inflation != "none" else "")
 
 
 def _boundary_cell(y, value):
@@ -105,10 +127,13 @@ def _boundary_cell(y, value):
     return (int(hit.sum()), tuple(int(i) for i in idx[0])) if idx.size else (0, None)
 
 
-def _adapt(model: str, inflation: str, zero_allowed: bool, one_allowed: bool):
-    """``adapt(y)``: resolve ``auto`` from the data, or refuse boundary values not modelled."""
+def _adapt(model: str, inflation: str, zero_allowed: bool, one_allowed: bool, owner: str):
+    """``adapt(y)``: resolve ``auto`` from the data, or refuse boundary values not modelled.
+
+    ``inflation_owner="auto"`` always resolves to the default owner (recorded in the run)."""
 
     def adapt(y: np.ndarray) -> dict:
+        out = {"inflation_owner": _DEFAULT_OWNER} if owner == "auto" else {}
         n0, cell0 = _boundary_cell(y, 0)
         n1, cell1 = _boundary_cell(y, 1) if one_allowed else (0, None)
         observed = int((~np.isnan(y)).sum() if np.issubdtype(y.dtype, np.floating) else (y >= 0).sum())
@@ -121,7 +146,7 @@ def _adapt(model: str, inflation: str, zero_allowed: bool, one_allowed: bool):
         if inflation == "auto":
             want = {(False, False): "none", (True, False): "zero", (False, True): "one",
                     (True, True): "zero-one"}[(n0 > 0 and zero_allowed, n1 > 0)]
-            return {"inflation": want}
+            return {**out, "inflation": want}
         for n, cell, point, covered in ((n0, cell0, 0, "zero"), (n1, cell1, 1, "one")):
             if n and covered not in inflation.split("-"):
                 raise DataFormatError(
@@ -129,7 +154,7 @@ def _adapt(model: str, inflation: str, zero_allowed: bool, one_allowed: bool):
                     f"exactly (first at row {cell[0]}, column {cell[1]}), where the density is "
                     f"{'zero or infinite' if point == 0 else 'undefined'}; use inflation='auto' "
                     f"(or include {covered!r}); values are never clipped")
-        return {}
+        return out
 
     return adapt
 
@@ -157,6 +182,13 @@ def _beta_linear(*, disc: bool, inflation: tuple[str, ...]) -> Linear:
     return Linear(subject=lambda params: params["ability"][..., None], item=item, cell=cell)
 
 
+def _beta_subject_loglik(linear, params, y, mask):
+    """The Beta cell with subject-owned point masses (not a linear-predictor extra)."""
+    eta, (o,) = linear.eta(params)
+    return inflated_loglik(beta_logpdf, (0.5 * (eta + o), 0.5 * (o - eta)), y, mask,
+                           zero=params.get("zero"), one=params.get("one"))
+
+
 def _beta_expected(linear, params):
     mean = jax.nn.sigmoid(linear.eta(params)[0])
     zero, one = params.get("zero", 0.0), params.get("one", 0.0)
@@ -164,15 +196,19 @@ def _beta_expected(linear, params):
 
 
 def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
-               discrimination: bool = True, inflation: str = "auto") -> ModelSpec:
+               discrimination: bool = True, inflation: str = "auto",
+               inflation_owner: str = "auto") -> ModelSpec:
     """Beta-IRT in the Molenaar parameterisation (seed 003 section 4.4).
 
     Vague: ``theta ~ N(0, 1)``, ``beta ~ N(0, 10^3)``, ``log alpha ~ N(0, 1)``,
     ``o ~ N(0, 1)``. Hierarchical: theta and beta pool through ``N(mu, 1/u)``; alpha and
     o keep ``N(0, 1)``. ``discrimination=False`` clamps alpha = 1 (1PL-style).
-    ``inflation``: ``auto`` (from the data), ``none``, ``zero``, ``one`` or ``zero-one``.
+    ``inflation``: ``auto`` (from the data), ``none``, ``zero``, ``one`` or ``zero-one``;
+    ``inflation_owner``: ``subject`` or ``item`` (module docstring). Per-item masses are
+    extras of the linear predictor; per-subject ones make the cell a plain ``loglik``.
     """
     _check(inflation, INFLATIONS, "beta")
+    owner = _resolve_owner(inflation_owner, "beta")
     if prior not in ("vague", "hierarchical"):
         raise ModelError(f"unknown prior family {prior!r}; use 'vague' or 'hierarchical'")
     if signed_discrimination and not discrimination:
@@ -195,20 +231,26 @@ def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
     else:
         symmetries.append(Symmetry("shift", (("ability", 0.0, 1.0), ("difficulty", 0.0, 1.0))))
     params.append(ParamSpec("log_precision", "item", normal(0.0, 1.0)))
-    params += _inflation_params(resolved)
+    inflation_params = _inflation_params(resolved, owner)
+    params += inflation_params
     name = "beta" if discrimination else "beta-1pl"
-    linear = _beta_linear(disc=discrimination,
-                          inflation=tuple(p.name for p in _inflation_params(resolved)))
+    per_item = tuple(p.name for p in inflation_params if p.owner == "item")
+    linear = _beta_linear(disc=discrimination, inflation=per_item)
+    expected = partial(_beta_expected, linear)
+    by_subject = len(per_item) < len(inflation_params)
+    cells = ({"loglik": partial(_beta_subject_loglik, linear), "score": expected} if by_subject
+             else {"linear": linear})
     return ModelSpec(
         name=name + ("-signed" if signed_discrimination else ""),
         kind="unit",
         params=tuple(params),
         description=(f"Beta-IRT (Molenaar): E[y] = sigmoid({'alpha theta' if discrimination else 'theta'}"
-                     f" - beta), per-item log-precision; inflation {resolved}; {prior} priors"),
+                     f" - beta), per-item log-precision; {_inflation_note(resolved, owner)}; "
+                     f"{prior} priors"),
         symmetries=tuple(symmetries),
-        expected=partial(_beta_expected, linear),
-        adapt=_adapt(name, inflation, zero_allowed=True, one_allowed=True),
-        linear=linear,
+        expected=expected,
+        adapt=_adapt(name, inflation, zero_allowed=True, one_allowed=True, owner=inflation_owner),
+        **cells,
     )
 
 
@@ -233,6 +275,11 @@ def _gamma_expected(params):
     return (1.0 - params.get("zero", 0.0)) * mean
 
 
+def _gamma_score(params):
+    """Minus the expected error: higher is better (for MQM, the expected MQM score)."""
+    return -_gamma_expected(params)
+
+
 def _unit_interval_params(s0: float) -> list[ParamSpec]:
     """theta, delta ~ B(1, 1) (fitted as logits) and a ~ N(1, s0^2) (seed 001 eq. 4, 6)."""
     return [
@@ -251,28 +298,32 @@ def _no_prior_family(prior: str, signed_discrimination: bool, name: str) -> None
 
 
 def gamma_model(*, prior: str = "vague", signed_discrimination: bool = False,
-                s0: float = 1.0, inflation: str = "auto") -> ModelSpec:
+                s0: float = 1.0, inflation: str = "auto", inflation_owner: str = "auto") -> ModelSpec:
     """Gamma-IRT for non-negative errors (seed 001 eq. 6-9), fitted on the errors directly.
 
     ``scale`` is the per-item ``c_j`` (``log c ~ N(0, 10)``: errors come in any unit).
-    ``inflation``: ``auto``, ``none`` or ``zero`` (a hurdle for exact-zero errors).
+    ``inflation``: ``auto``, ``none`` or ``zero`` (a hurdle for exact-zero errors);
+    ``inflation_owner``: ``subject`` or ``item`` (module docstring).
     """
     _check(inflation, ("auto", "none", "zero"), "gamma")
+    owner = _resolve_owner(inflation_owner, "gamma")
     _no_prior_family(prior, signed_discrimination, "gamma")
     resolved = "none" if inflation == "auto" else inflation
     params = _unit_interval_params(s0)
     params.append(ParamSpec("scale", "item", normal(0.0, 10.0), transform="exp"))
-    params += _inflation_params(resolved)
+    params += _inflation_params(resolved, owner)
     return ModelSpec(
         name="gamma",
         kind="nonnegative",
         params=tuple(params),
         loglik=_gamma_loglik,
         description=f"Gamma-IRT on errors: E[e] = c (delta/(1-delta))^a ((1-theta)/theta)^a; "
-                    f"inflation {resolved}",
+                    f"{_inflation_note(resolved, owner)}",
         symmetries=(),  # shape and rate pin theta and delta separately: no continuous symmetry
         expected=_gamma_expected,
-        adapt=_adapt("gamma", inflation, zero_allowed=True, one_allowed=False),
+        score=_gamma_score if owner == "subject" and resolved != "none" else None,
+        adapt=_adapt("gamma", inflation, zero_allowed=True, one_allowed=False,
+                     owner=inflation_owner),
     )
 
 
@@ -291,23 +342,27 @@ def _beta3_expected(params):
 
 
 def beta3_model(*, prior: str = "vague", signed_discrimination: bool = False,
-                s0: float = 1.0, inflation: str = "auto") -> ModelSpec:
+                s0: float = 1.0, inflation: str = "auto", inflation_owner: str = "auto") -> ModelSpec:
     """Beta^3-IRT (seed 001 eq. 4, 10) for responses in (0, 1], e.g. ``1 / (1 + e / c)``.
 
     An error of exactly 0 maps to a response of exactly 1: ``inflation="auto"`` adds the
-    point mass (and one at 0 if present).
+    point mass (and one at 0 if present); ``inflation_owner`` as for ``beta``.
     """
     _check(inflation, INFLATIONS, "beta3")
+    owner = _resolve_owner(inflation_owner, "beta3")
     _no_prior_family(prior, signed_discrimination, "beta3")
     resolved = "none" if inflation == "auto" else inflation
-    params = _unit_interval_params(s0) + _inflation_params(resolved)
+    params = _unit_interval_params(s0) + _inflation_params(resolved, owner)
     return ModelSpec(
         name="beta3",
         kind="unit",
         params=tuple(params),
         loglik=_beta3_loglik,
-        description=f"Beta^3-IRT: Beta((theta/delta)^a, ((1-theta)/(1-delta))^a); inflation {resolved}",
+        description=f"Beta^3-IRT: Beta((theta/delta)^a, ((1-theta)/(1-delta))^a); "
+                    f"{_inflation_note(resolved, owner)}",
         symmetries=(),
         expected=_beta3_expected,
-        adapt=_adapt("beta3", inflation, zero_allowed=True, one_allowed=True),
+        score=_beta3_expected if owner == "subject" and resolved != "none" else None,
+        adapt=_adapt("beta3", inflation, zero_allowed=True, one_allowed=True,
+                     owner=inflation_owner),
     )

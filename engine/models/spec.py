@@ -169,6 +169,10 @@ class ModelSpec:
     linear : a :class:`Linear` declaration; ``loglik`` is then ``linear.loglik`` (leave
         ``loglik`` out), and inference takes the cheaper predictor path (same terms, fewer
         per-cell derivatives). A model declares one of ``loglik`` and ``linear``.
+    score : ``score(params) -> per-cell score``, higher is better (e.g. ``expected``, or
+        minus an expected error), for models whose ability alone does not order subjects
+        (a per-subject boundary probability): read-outs then rank subjects by its average
+        over the items (``engine.readout.expected.score_draws``).
     """
 
     name: str
@@ -183,6 +187,7 @@ class ModelSpec:
     adapt: Callable | None = field(default=None, compare=False, repr=False)
     initial: Callable | None = field(default=None, compare=False, repr=False)
     linear: Linear | None = field(default=None, compare=False, repr=False)
+    score: Callable | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if self.linear is not None:

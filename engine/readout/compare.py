@@ -62,9 +62,10 @@ def parse_models(text: str | Sequence[str], *,
                  q_matrix: tuple[np.ndarray, Sequence[str]] | None = None) -> list[ModelChoice]:
     """``1pl,2pl,mirt-comp:2,mirt-noncomp:q`` -> model choices.
 
-    A token is a registry name, ``name:D`` for ``D`` skills (``--dims D``) or ``name:q`` for
-    the skills of ``q_matrix`` (``(q, skill_names)``, ``--q-matrix``). Each choice is built
-    once here, so a bad token fails before any fit.
+    A token is a registry name, ``name:D`` for ``D`` skills (``--dims D``), ``name:q`` for
+    the skills of ``q_matrix`` (``(q, skill_names)``, ``--q-matrix``) or
+    ``name:KEY=VALUE[:KEY=VALUE]`` for builder options (``beta:inflation_owner=item``).
+    Each choice is built once here, so a bad token fails before any fit.
 
     Raises
     ------
@@ -91,6 +92,8 @@ def parse_models(text: str | Sequence[str], *,
                 raise SettingsError(f"--models: {token!r} asks for the Q-matrix's skills; "
                                     f"pass --q-matrix items_x_skills.csv")
             options = {"q_matrix": np.asarray(q_matrix[0]).tolist(), "skills": list(q_matrix[1])}
+        elif "=" in suffix:
+            options = _key_values(token, suffix)
         elif suffix:
             if not suffix.isdigit() or int(suffix) < 1:
                 raise SettingsError(f"--models: {token!r} has a bad skill count {suffix!r}; write "
@@ -99,6 +102,27 @@ def parse_models(text: str | Sequence[str], *,
         get_model(name, **options)  # options the builder does not take fail here
         out.append(ModelChoice(token, name, options))
     return out
+
+
+def _key_values(token: str, suffix: str) -> dict:
+    """``inflation_owner=item:s0=2.5`` -> ``{"inflation_owner": "item", "s0": 2.5}``."""
+    out: dict = {}
+    for part in suffix.split(":"):
+        key, eq, value = part.partition("=")
+        if not eq or not key.isidentifier() or not value:
+            raise SettingsError(f"--models: {token!r} has a bad option {part!r}; write "
+                                f"NAME:KEY=VALUE, e.g. beta:inflation_owner=item")
+        out[key] = _literal(value)
+    return out
+
+
+def _literal(value: str):
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
 
 
 def _check_fraction(fraction: float) -> None:

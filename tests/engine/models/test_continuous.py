@@ -270,11 +270,14 @@ def test_inflation_is_automatic_recorded_and_recovers_boundary_shares(tmp_path):
     run = save_run(res, tmp_path / "run", num_draws=200)
     info = json.loads((tmp_path / "run" / "fit.json").read_text())
     assert info["model_options"]["inflation"] == "zero-one"
+    assert info["model_options"]["inflation_owner"] == "subject"  # the default, on record
     assert info["data"]["boundary"]["zeros"] == int((y == 0).sum())
-    assert "inflation zero-one" in info["spec"]["description"]
+    assert "inflation zero-one per subject" in info["spec"]["description"]
+    assert info["readout"]["rank_by"] == "expected score"
     again = load_run(run.path)
     assert {"zero", "one"} <= set(again.spec.names)
-    assert "zero_mean" in again.items.columns
+    assert {"zero_mean", "one_q95", "score_mean", "score_q05"} <= set(again.subjects.columns)
+    assert "zero_mean" not in again.items.columns
 
 
 def _simulate_errors(s, n, *, seed):
@@ -347,3 +350,102 @@ def test_unused_density_cells_keep_finite_derivatives_at_extreme_draws():
             assert np.isfinite(g) and np.isfinite(h) and g == 0.0 and h == 0.0
     # an observed interior cell still has its density's derivatives
     assert jax.grad(cell)(0.3, 0.7, 1.0) != 0.0
+
+
+# ---- per-subject boundary probabilities (issue 17) --------------------------------------
+
+def test_subject_inflated_beta_matches_scipy_mixture():
+    """Each subject its own P(y = 0) and P(y = 1 | y > 0): a 3 x 4 block of cells against
+    scipy's beta density and Bernoulli masses, the subject's probabilities on every item."""
+    spec = get_model("beta", inflation="zero-one", inflation_owner="subject")
+    assert spec.param("zero").owner == spec.param("one").owner == "subject"
+    assert spec.linear is None and spec.score is not None  # the generic per-cell path
+    t = np.array([-1.0, 0.2, 2.0])[:, None]
+    zero, one = np.array([0.02, 0.2, 0.5])[:, None], np.array([0.7, 0.1, 0.3])[:, None]
+    b, a, o = np.array([[-0.5, 0.0, 0.3, 1.5]]), np.array([[0.5, 1.0, 1.0, 2.0]]), np.array([[0.0, 1.0, 2.0, 3.0]])
+    y = np.array([[0.0, 0.4, 1.0, 0.93], [1.0, 0.0, 0.02, 0.5], [0.61, 1.0, 0.0, 1e-3]])
+    values = dict(ability=t, difficulty=b, discrimination=a, log_precision=o, zero=zero, one=one)
+    got = _call(spec, {k: v.astype(np.float32) for k, v in values.items()}, y)
+    eta = a * t - b
+    density = stats.beta.logpdf(np.clip(y, 1e-9, 1 - 1e-9), np.exp((eta + o) / 2), np.exp((o - eta) / 2))
+    want = _inflated_reference(y, zero, one, density)  # (3, 1) masses broadcast over items
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3)
+    # the score is the expected response: scipy's beta mean under the two masses
+    vals = {k: jnp.asarray(v, jnp.float32) for k, v in values.items()}
+    mean = stats.beta.mean(np.exp((eta + o) / 2), np.exp((o - eta) / 2))
+    np.testing.assert_allclose(np.asarray(spec.score(vals)), (1 - zero) * (one + (1 - one) * mean),
+                               rtol=1e-4)
+    item = get_model("beta", inflation="zero-one", inflation_owner="item")
+    assert item.param("zero").owner == "item" and item.linear is not None and item.score is None
+
+
+def test_subject_hurdle_gamma_matches_scipy():
+    spec = get_model("gamma", inflation="zero", inflation_owner="subject")
+    assert spec.param("zero").owner == "subject" and spec.score is not None
+    t, zero = np.array([0.2, 0.5, 0.9])[:, None], np.array([0.05, 0.3, 0.6])[:, None]
+    d, a, c = np.array([[0.1, 0.4, 0.6, 0.8]]), np.array([[-0.5, 0.8, 1.0, 2.0]]), np.array([[0.5, 1.0, 2.0, 4.0]])
+    e = np.array([[0.0, 0.3, 2.5, 10.0], [1.2, 0.0, 0.0, 0.05], [4.0, 0.01, 0.7, 0.0]])
+    vals = {k: v.astype(np.float32) for k, v in
+            dict(ability=t, difficulty=d, discrimination=a, scale=c, zero=zero).items()}
+    got = _call(spec, vals, e)
+    shape, rate = c * (d / t) ** a, ((1 - d) / (1 - t)) ** a
+    density = stats.gamma.logpdf(np.where(e > 0, e, 1.0), shape, scale=1.0 / rate)
+    want = np.where(e == 0, stats.bernoulli.logpmf(1, zero), stats.bernoulli.logpmf(0, zero) + density)
+    np.testing.assert_allclose(got, want, rtol=5e-4, atol=5e-3)
+    # the score is minus the expected error: the hurdle's mass times scipy's gamma mean
+    score = np.asarray(spec.score({k: jnp.asarray(v) for k, v in vals.items()}))
+    np.testing.assert_allclose(score, -(1 - zero) * stats.gamma.mean(shape, scale=1.0 / rate), rtol=1e-4)
+
+
+def test_inflation_owner_options_and_defaults():
+    # built without data (or rebuilt from a run written before the option): per item
+    assert get_model("beta", inflation="zero-one").param("one").owner == "item"
+    # the data resolves "auto" to per subject and records it; an explicit owner is kept
+    spec = get_model("beta")
+    y = np.array([[0.0, 0.3, 1.0], [0.5, 1.0, 0.2]], np.float32)
+    assert spec.adapt(y) == {"inflation_owner": "subject", "inflation": "zero-one"}
+    assert get_model("beta", inflation_owner="item").adapt(y) == {"inflation": "zero-one"}
+    assert get_model("gamma", inflation_owner="subject", inflation="none").score is None
+    assert get_model("beta3", inflation="one", inflation_owner="subject").score is not None
+    for name in ("beta", "gamma", "beta3"):
+        with pytest.raises(ModelError, match=f"model '{name}': unknown inflation_owner 'row'.*subject, item"):
+            get_model(name, inflation_owner="row")
+
+
+def _simulate_boundary_shares(one_share, n, *, seed):
+    """Subjects alike in the density (one ability) and unlike only in P(y = 1)."""
+    rng = np.random.default_rng(seed)
+    s = len(one_share)
+    eta = np.zeros((s, 1)) - rng.normal(0.0, 1.0, n)  # same ability, item difficulties vary
+    y = rng.beta(np.exp((eta + 2.0) / 2), np.exp((2.0 - eta) / 2))
+    y = np.clip(y, 1e-4, 1 - 1e-4)
+    y[rng.random((s, n)) < np.asarray(one_share)[:, None]] = 1.0
+    return y.astype(np.float32)
+
+
+def test_subject_boundary_shares_recovered_and_ranked(tmp_path):
+    """Seeded recovery: the per-subject P(y = 1) is recovered, and the leaderboard (expected
+    score) follows it, where today's per-item masses cannot see it in the ranking."""
+    from scipy.stats import kendalltau
+
+    from engine.readout.leaderboard import format_leaderboard, leaderboard
+
+    share = np.array([0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6])
+    y = _simulate_boundary_shares(share, 250, seed=7)
+    res = fit(y, model="beta", settings=FitSettings(seed=0))
+    assert res.extra["model_options"] == {"prior": "vague", "signed_discrimination": False,
+                                          "inflation_owner": "subject", "inflation": "one"}
+    m = res.means()
+    print("one by subject", np.round(m["one"], 3), "truth", share)
+    np.testing.assert_allclose(m["one"], share, atol=0.07)
+    assert kendalltau(m["one"], share)[0] > 0.85
+    run = save_run(res, tmp_path / "run", num_draws=300)
+    sub = run.subjects
+    assert (sub.score_q05 < sub.score_mean).all() and (sub.score_mean < sub.score_q95).all()
+    # the expected score from the posterior matches each subject's observed mean response
+    np.testing.assert_allclose(sub.score_mean, y.mean(axis=1), atol=0.03)
+    board = leaderboard(sub)
+    order = [int(s) for s in board["subject"]]
+    assert kendalltau(np.arange(len(order)), share[order])[0] < -0.85  # rank 1 = largest share
+    text = format_leaderboard(board)
+    assert "score" in text.splitlines()[0] and "expected score averaged over the items" in text

@@ -172,6 +172,39 @@ def test_parse_models_tokens_and_errors():
         parse_models("mirt-noncomp")
 
 
+def test_model_option_tokens_put_per_item_and_per_subject_inflation_side_by_side():
+    got = parse_models("beta,beta:inflation_owner=item,gamma:inflation_owner=subject:s0=2.5")
+    assert [(c.label, c.name, c.options) for c in got] == [
+        ("beta", "beta", {}), ("beta:inflation_owner=item", "beta", {"inflation_owner": "item"}),
+        ("gamma:inflation_owner=subject:s0=2.5", "gamma", {"inflation_owner": "subject", "s0": 2.5})]
+    with pytest.raises(SettingsError, match="'beta:inflation_owner=' has a bad option"):
+        parse_models("beta:inflation_owner=")
+    with pytest.raises(ModelError, match="unknown inflation_owner 'row'"):
+        parse_models("beta:inflation_owner=row")
+    with pytest.raises(ModelError, match="'2pl'.*unexpected keyword.*inflation_owner"):
+        parse_models("2pl:inflation_owner=item")
+
+
+def test_heldout_loglik_with_per_subject_hurdle_matches_scipy_gamma():
+    from scipy.stats import gamma
+
+    rng = np.random.default_rng(5)
+    S, N, K = 4, 6, 3
+    spec = get_model("gamma", inflation="zero", inflation_owner="subject")
+    draws = {"ability": rng.uniform(0.2, 0.8, (K, S)), "difficulty": rng.uniform(0.2, 0.8, (K, N)),
+             "discrimination": rng.normal(1.0, 0.3, (K, N)), "scale": np.exp(rng.normal(0, 0.5, (K, N))),
+             "zero": rng.uniform(0.05, 0.6, (K, S))}
+    s, i = np.repeat(np.arange(S), N), np.tile(np.arange(N), S)
+    y = rng.gamma(1.0, 1.0, S * N)
+    y[::5] = 0.0
+    t, d, a = draws["ability"][:, s], draws["difficulty"][:, i], draws["discrimination"][:, i]
+    shape, rate, z = draws["scale"][:, i] * (d / t) ** a, ((1 - d) / (1 - t)) ** a, draws["zero"][:, s]
+    direct = np.where(y == 0, np.log(z), np.log1p(-z) + gamma.logpdf(np.where(y > 0, y, 1.0), shape,
+                                                                      scale=1 / rate))
+    ll = heldout_loglik_draws(spec, draws, s, i, y, num_subjects=S, num_items=N)
+    np.testing.assert_allclose(ll, direct, rtol=1e-4, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     y = _rasch_data(60, 80, seed=1)

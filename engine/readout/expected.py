@@ -1,0 +1,72 @@
+"""Expected-score read-out: each subject's model score averaged over the items.
+
+A model whose ability alone does not order subjects (a per-subject probability of an exact
+boundary value, e.g. error-free MT segments) declares ``ModelSpec.score``, a per-cell score
+where higher is better: the expected response, or minus the expected error. Each subject's
+*expected score* is its mean over every item of the fit (seen or not, so subjects that saw
+different items are compared on the same items), computed per joint posterior draw; the
+leaderboard ranks by it and reports its posterior mean and 90% interval.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engine.infer.guide import GuideState
+from engine.models.spec import ModelSpec
+from engine.readout.posterior import draw_posterior
+
+__all__ = ["score_draws", "score_summary"]
+
+_CELLS = 1 << 22  # draws x subjects x items evaluated together
+
+
+def _counts(spec: ModelSpec, guide: GuideState) -> tuple[int, int]:
+    size = lambda owner: next(int(np.shape(guide.loc[p.name])[0]) for p in spec.by_owner(owner))
+    return size("subject"), size("item")
+
+
+def score_draws(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key) -> np.ndarray:
+    """Per-draw expected score of every subject, ``(num_draws, S)``.
+
+    Raises
+    ------
+    ValueError : ``spec`` declares no ``score``.
+    """
+    if spec.score is None:
+        raise ValueError(f"model {spec.name!r} declares no score; rank by ability")
+    num_subjects, num_items = _counts(spec, guide)
+    lik = spec.likelihood_params
+    draws = draw_posterior(spec, guide, num_draws, rng_key=rng_key, names=tuple(p.name for p in lik))
+    consts = {k: jnp.asarray(v, jnp.float32)
+              for k, v in spec.constant_values(num_subjects, num_items).items()}
+    owner = {p.name: p.owner for p in lik} | {c.name: c.owner for c in spec.constants}
+    expand = {"subject": lambda v: v[:, None], "item": lambda v: v[None, :], "global": lambda v: v}
+
+    @jax.jit
+    def mean_over_items(chunk):
+        def one(params):
+            full = {k: expand[owner[k]](v) for k, v in {**params, **consts}.items()}
+            s = jnp.broadcast_to(spec.score(full), (num_subjects, num_items))
+            return jnp.mean(s, axis=1)
+
+        return jax.lax.map(one, chunk)
+
+    step = max(1, min(num_draws, _CELLS // max(1, num_subjects * num_items)))
+    out = np.empty((num_draws, num_subjects), np.float32)
+    for start in range(0, num_draws, step):
+        stop = min(num_draws, start + step)
+        pad = step - (stop - start)  # fixed shapes: one compile
+        chunk = {k: jnp.asarray(np.concatenate([v[start:stop]] + [v[:1]] * pad) if pad else
+                                v[start:stop]) for k, v in draws.items()}
+        out[start:stop] = np.asarray(mean_over_items(chunk))[: stop - start]
+    return out
+
+
+def score_summary(draws: np.ndarray) -> dict[str, np.ndarray]:
+    """``score_mean``, ``score_sd``, ``score_q05``, ``score_q95`` per subject from ``(T, S)``."""
+    return {"score_mean": draws.mean(axis=0), "score_sd": draws.std(axis=0),
+            "score_q05": np.quantile(draws, 0.05, axis=0),
+            "score_q95": np.quantile(draws, 0.95, axis=0)}
