@@ -167,8 +167,7 @@ def _scatter(run, flags: pd.DataFrame | None) -> bytes:
         top.set_ylabel("subjects")
         ax.hist(x[keep], bins=bins, color="tab:blue", alpha=0.8, label="items")
         if flagged.any():
-            ax.plot(x[flagged], np.zeros(int(flagged.sum())), "|", color="red", ms=14, mew=2,
-                    label=flag_label)
+            ax.hist(x[flagged], bins=bins, color="red", label=flag_label)
         ax.set_xlabel("ability / difficulty (same scale: P(correct) = 1/2 where they meet)")
         ax.set_ylabel("items")
         ax.legend(fontsize=7)
@@ -395,7 +394,8 @@ intervals overlap the group leader's.</p>
 <h2 id="sec-p-beats">P(beats)</h2>{img("p_beats")}{heat_note}
 <h2 id="sec-items">Items for review</h2>{review}
 <h2 id="sec-item-curves">Item characteristic curves</h2>{img("item_curves")}
-<h2 id="sec-item-map">Difficulty and discrimination</h2>{img("items_scatter")}
+<h2 id="sec-item-map">{"Difficulty and discrimination" if "discrimination_mean" in run.items
+                         else "Abilities and difficulties"}</h2>{img("items_scatter")}
 <h2 id="sec-compare">Model comparison</h2>{_compare_section(compare)}
 <h2 id="sec-stability">Ranking stability</h2>{img("stability")}{note("stability")}
 <h2 id="sec-scree">Dimensions (scree)</h2>{img("scree")}{note("scree")}
