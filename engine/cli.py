@@ -686,7 +686,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the reference, for matrices that fit in memory")
     p.add_argument("--chains", type=int, default=4, help="NUTS chains (R-hat needs >= 2)")
     p.add_argument("--warmup", type=int, default=500, help="NUTS adaptation steps per chain")
-    p.add_argument("--samples", type=int, default=500, help="NUTS draws kept per chain")
+    p.add_argument("--samples", type=int, default=1000, help="NUTS draws kept per chain")
     _fit_options(p)
     p.set_defaults(func=cmd_fit)
 

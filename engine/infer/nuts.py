@@ -45,7 +45,8 @@ class NutsSettings:
 
     num_chains : chains run side by side (``jax.vmap``); R-hat needs at least 2.
     num_warmup : window-adaptation steps per chain (step size, diagonal mass matrix).
-    num_samples : draws kept per chain after warm-up.
+    num_samples : draws kept per chain after warm-up (1,000: with 500, the largest of a
+        thousand abilities' R-hats passed 1.01 by chance on LSAT7).
     target_accept : the acceptance rate the step size is adapted to.
     max_tree_depth : at most ``2^max_tree_depth - 1`` leapfrog steps per draw.
     max_rhat : a run is converged only when every parameter's R-hat is at most this.
@@ -57,7 +58,7 @@ class NutsSettings:
 
     num_chains: int = 4
     num_warmup: int = 500
-    num_samples: int = 500
+    num_samples: int = 1000
     target_accept: float = 0.8
     max_tree_depth: int = 10
     max_rhat: float = 1.01
