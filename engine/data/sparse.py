@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.data.blocks import Block, missing_of
+from engine.errors import DataFormatError
 
 __all__ = ["SparseSource"]
 
@@ -24,7 +25,7 @@ class SparseSource:
     layout = "sparse"
 
     def __init__(self, subject_idx, item_idx, response, num_subjects: int, num_items: int, *,
-                 batch_size: int = 1 << 20):
+                 batch_size: int = 1 << 20, store=None):
         if not (len(subject_idx) == len(item_idx) == len(response)):
             raise ValueError("subject_idx, item_idx and response must have equal lengths")
         self.arrays = (subject_idx, item_idx, response)
@@ -40,6 +41,14 @@ class SparseSource:
             self.num_observed = int((self.arrays[2] >= 0).sum())
         else:
             self.num_observed = self.length  # stored observations are all observed
+        self.guard = None
+        if store is not None:
+            if self.resident:
+                store.check_observed(self.num_observed)
+            else:
+                from engine.data.streaming import ReadGuard
+
+                self.guard = ReadGuard(store, len(self.keys()))
 
     @classmethod
     def from_store(cls, store, batch_size: int = 1 << 20, *, in_memory: bool = True) -> "SparseSource":
@@ -51,7 +60,8 @@ class SparseSource:
         else:
             chunk = arrays[2].chunks[0][0]
             batch_size = max(chunk, batch_size // chunk * chunk)
-        return cls(*arrays, store.num_subjects, store.num_items, batch_size=batch_size)
+        return cls(*arrays, store.num_subjects, store.num_items, batch_size=batch_size,
+                   store=store)
 
     @classmethod
     def from_dense(cls, responses: np.ndarray, batch_size: int = 1 << 20) -> "SparseSource":
@@ -70,6 +80,13 @@ class SparseSource:
 
             parts = dask.compute(*parts, scheduler="synchronous")
         s, i, v = (np.asarray(p) for p in parts)
+        if self.guard is not None:
+            self.guard.check(start, v)
+            if len(s) and (s.min() < 0 or s.max() >= self.num_subjects or i.min() < 0
+                           or i.max() >= self.num_items):
+                raise DataFormatError(f"{self.guard.store.path}: an observation index is out of "
+                                      f"range in the batch at {start}; the store is damaged, "
+                                      f"re-run `irt-engine ingest`")
         out = self.empty_block()
         out.subject_idx[: len(s)], out.item_idx[: len(i)], out.y[: len(v)] = s, i, v
         return out

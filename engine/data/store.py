@@ -20,14 +20,22 @@ The response kind (:data:`KINDS`) is ``binary`` (0/1), ``unit`` (scores in [0, 1
 binary stores, 2 for float ones, so older readers refuse those), ``kind``, ``dtype``, ``missing``,
 ``layout``, ``num_subjects``, ``num_items``, ``num_observed``, ``source`` (input file
 names), ``input_format``, ``checksum`` (see :func:`store_checksum` and
-:func:`sparse_checksum`), ``created`` (ISO 8601) and, for float kinds, ``boundary`` (counts
+:func:`sparse_checksum`), ``created`` (ISO 8601), ``integrity`` and, for float kinds, ``boundary`` (counts
 of observed values exactly 0 and exactly 1, and the first such cell).
+
+Integrity (``integrity`` "crc32c-chunks"): every array chunk ends with a CRC-32C of its
+encoded bytes (zarr's ``crc32c`` codec) and every chunk file is written, even one holding
+only missing cells. :func:`open_store` checks the attributes, every array's shape and dtype
+against them and that every chunk file is present (a ``stat`` per shard file, no data
+read); each read checks the CRCs of the chunks it decodes and names a damaged file. Stores
+written before this marker have no chunk CRCs: opening one recomputes the whole checksum.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import math
 import json
 import os
 import secrets
@@ -45,7 +53,8 @@ import zarr
 
 from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
 
-__all__ = ["FORMAT_VERSION", "KINDS", "LAYOUTS", "SPARSE_DENSITY", "ResponseKind", "Store",
+__all__ = ["FORMAT_VERSION", "INTEGRITY", "KINDS", "LAYOUTS", "SPARSE_DENSITY", "ResponseKind", "Store",
+           "CheckedArray", "array_options",
            "open_store", "write_store", "store_checksum", "sparse_checksum", "check_writable",
            "resolve_layout", "format_version", "observed", "check_values", "Boundary"]
 
@@ -57,6 +66,18 @@ LAYOUTS = ("auto", "dense", "sparse")
 # 9 bytes per observation against 1 byte per cell, so about where COO becomes smaller.
 SPARSE_DENSITY = 0.1
 COO_FIELDS = ("subject_idx", "item_idx", "response")
+# Every chunk carries a CRC-32C and every chunk file exists (see the module doc).
+INTEGRITY = "crc32c-chunks"
+_REPAIR = "the store is damaged; re-run `irt-engine ingest` to rebuild it"
+
+
+def array_options() -> dict:
+    """``create_array`` keywords of every store array: zstd then a CRC-32C per chunk, and
+    chunks holding only the fill value written too (so a missing file is always damage)."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    return {"compressors": [ZstdCodec(level=0), Crc32cCodec()],
+            "config": {"write_empty_chunks": True}}
 
 
 def resolve_layout(layout: str, num_observed: int, num_subjects: int, num_items: int) -> str:
@@ -148,6 +169,85 @@ class Boundary:
                 "first_one": self.first_one}
 
 
+class CheckedArray:
+    """A read-only zarr array whose reads name the damaged chunk file on a decode error (a CRC
+    mismatch, a garbled or truncated chunk) instead of raising from inside zarr."""
+
+    def __init__(self, array: zarr.Array, path: Path):
+        self.array, self.path = array, Path(path)
+        self.shape, self.dtype, self.ndim = tuple(array.shape), array.dtype, array.ndim
+        self.chunks = tuple(array.chunks)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        try:
+            return self.array[key]
+        except Exception as err:  # zarr, numcodecs and the codecs raise many types
+            raise DataFormatError(f"{self._damaged(key)}: cannot decode it "
+                                  f"({_brief(err)}); {_REPAIR}") from None
+
+    def _damaged(self, key) -> Path:
+        """The first chunk (shard) file under ``key`` that fails to decode on its own."""
+        outer = tuple(self.array.shards or self.array.chunks)
+        key = key if isinstance(key, tuple) else (key,)
+        spans = []
+        for d, n in enumerate(self.shape):
+            part = key[d] if d < len(key) and isinstance(key[d], slice) else slice(None)
+            start, stop, _ = part.indices(n)
+            spans.append(range(start // outer[d], -(-stop // outer[d])))
+        for coords in _product(spans):
+            region = tuple(slice(c * o, min((c + 1) * o, n))
+                           for c, o, n in zip(coords, outer, self.shape))
+            try:
+                self.array[region]
+            except Exception:
+                return self.path / self.array.metadata.encode_chunk_key(coords)
+        return self.path
+
+
+def _brief(err: Exception) -> str:
+    """One line naming an exception from inside zarr, at most ~120 characters."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:120]}"
+
+
+def _product(spans):
+    if not spans:
+        yield ()
+        return
+    for head in spans[0]:
+        for tail in _product(spans[1:]):
+            yield (head, *tail)
+
+
+def _open_checked(path: Path, name: str, shape: tuple[int, ...], dtype: str,
+                  integrity: bool) -> CheckedArray:
+    """Open array ``name`` of the store at ``path``, checking its metadata file, shape, dtype
+    and (stores with ``integrity``) that each chunk file exists."""
+    meta_file = path / name / "zarr.json"
+    if not meta_file.is_file():
+        raise DataFormatError(f"{meta_file}: missing; {_REPAIR}")
+    try:
+        array = zarr.open_array(path / name, mode="r", zarr_format=3)
+    except Exception as err:
+        raise DataFormatError(f"{meta_file}: unreadable array metadata ({_brief(err)}); "
+                              f"{_REPAIR}") from None
+    if tuple(array.shape) != tuple(shape):
+        raise DataFormatError(f"{meta_file}: shape {list(array.shape)}, but the store's "
+                              f"attributes ({path / 'zarr.json'}) say {list(shape)}; {_REPAIR}")
+    if dtype != "str" and np.dtype(array.dtype) != np.dtype(dtype):
+        raise DataFormatError(f"{meta_file}: dtype {array.dtype}, expected {dtype}; {_REPAIR}")
+    if integrity:
+        outer = tuple(array.shards or array.chunks)
+        grid = [range(-(-n // o)) for n, o in zip(array.shape, outer)]
+        for coords in _product(grid):
+            chunk = path / name / array.metadata.encode_chunk_key(coords)
+            if not chunk.is_file():
+                raise DataFormatError(f"{chunk}: chunk file missing; {_REPAIR}")
+    return CheckedArray(array, path / name)
+
+
 @dataclass(frozen=True, eq=False)
 class Store:
     """An opened response store (read-only view).
@@ -170,13 +270,15 @@ class Store:
     items: np.ndarray = field(repr=False)
     kind: str
     meta: dict[str, Any] = field(repr=False)
+    arrays: dict[str, CheckedArray] = field(default_factory=dict, repr=False)
+    stamp: tuple = field(default=(), repr=False)
 
     @cached_property
-    def _array(self) -> zarr.Array:
+    def _array(self) -> CheckedArray:
         if self.layout == "sparse":
             raise DataFormatError(f"{self.path}: a sparse store has no dense response array; "
                                   f"use Store.observations()")
-        return zarr.open_array(self.path / "responses", mode="r", zarr_format=3)
+        return self.arrays["responses"]
 
     @property
     def layout(self) -> str:
@@ -187,7 +289,13 @@ class Store:
     def chunks(self) -> tuple[int, ...]:
         """Inner chunk shape: (rows, items) for dense stores, (observations,) for sparse ones."""
         name = "responses" if self.layout == "dense" else "response"
-        return tuple(zarr.open_array(self.path / name, mode="r", zarr_format=3).chunks)
+        return tuple(self.arrays[name].chunks)
+
+    def _dask(self, name: str) -> da.Array:
+        array = self.arrays[name]
+        token = f"irt-store-{name}-{self.meta.get('checksum')}-{self.path.resolve()}"
+        return da.from_array(array, chunks=array.chunks, name=token, lock=False, asarray=True,
+                             fancy=False, meta=np.empty((0,) * array.ndim, array.dtype))
 
     @property
     def responses(self) -> da.Array:
@@ -201,7 +309,7 @@ class Store:
 
             return da.from_delayed(dask.delayed(self.load)(), self.shape,
                                    dtype=np.dtype(KINDS[self.kind].dtype))
-        return da.from_zarr(self._array)
+        return self._dask("responses")
 
     def observations(self) -> tuple[da.Array, da.Array, da.Array]:
         """Lazy COO arrays ``(subject_idx int32, item_idx int32, response)`` of a sparse
@@ -209,8 +317,7 @@ class Store:
         if self.layout != "sparse":
             raise DataFormatError(f"{self.path}: a dense store has no observation arrays; use "
                                   f"Store.responses, or ingest with --layout sparse")
-        return tuple(da.from_zarr(zarr.open_array(self.path / name, mode="r", zarr_format=3))
-                     for name in COO_FIELDS)
+        return tuple(self._dask(name) for name in COO_FIELDS)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -233,14 +340,43 @@ class Store:
         """Fraction of observed cells."""
         return self.num_observed / max(1, self.num_subjects * self.num_items)
 
-    def load(self) -> np.ndarray:
-        """Read the whole response matrix into memory in the stored dtype (see ``responses``)."""
+    @property
+    def nbytes(self) -> int:
+        """Bytes the responses take in memory: the dense matrix, or the observations."""
         if self.layout == "sparse":
-            s, i, v = (np.asarray(a) for a in self.observations())
+            return self.num_observed * (8 + np.dtype(KINDS[self.kind].dtype).itemsize)
+        return self.num_subjects * self.num_items * np.dtype(KINDS[self.kind].dtype).itemsize
+
+    def load(self) -> np.ndarray:
+        """Read the whole response matrix into memory in the stored dtype (see ``responses``);
+        checks the observed count against the metadata."""
+        if self.layout == "sparse":
+            s, i, v = (self.arrays[name][...] for name in COO_FIELDS)
+            if len(s) and (s.min() < 0 or s.max() >= self.num_subjects or i.min() < 0
+                           or i.max() >= self.num_items):
+                raise DataFormatError(f"{self.path / 'subject_idx'}: an observation index is out "
+                                      f"of range for {self.num_subjects} x {self.num_items}; "
+                                      f"{_REPAIR}")
             y = np.full(self.shape, KINDS[self.kind].fill, np.dtype(KINDS[self.kind].dtype))
             y[s, i] = v
-            return y
-        return np.asarray(self._array[...])
+        else:
+            y = np.asarray(self._array[...])
+        self.check_observed(int(observed(y).sum()))
+        return y
+
+    def check_observed(self, count: int) -> None:
+        """Raise unless ``count`` observed cells (read from the data) match the metadata."""
+        if count != self.num_observed:
+            raise DataFormatError(f"{self.path}: the data holds {count} observed responses but "
+                                  f"the store's attributes ({self.path / 'zarr.json'}) say "
+                                  f"{self.num_observed}; {_REPAIR}")
+
+    def check_unchanged(self) -> None:
+        """Raise if the store's metadata file was replaced or rewritten since it was opened."""
+        if self.stamp and _stamp(self.path) != self.stamp:
+            raise DataFormatError(f"{self.path}: the store changed while it was being read "
+                                  f"(zarr.json replaced or rewritten); do not rewrite a store "
+                                  f"during a fit, then run the fit again")
 
     @property
     def boundary(self) -> dict | None:
@@ -249,51 +385,98 @@ class Store:
         return self.meta.get("boundary")
 
 
-def open_store(path: str | Path, *, verify: bool = False) -> Store:
-    """Open a response store written by ``ingest`` or ``write_store``.
-
-    Parameters
-    ----------
-    path : str or Path
-        The store directory.
-    verify : bool
-        Recompute the checksum and compare it with the stored one.
-
-    Raises
-    ------
-    StoreNotFoundError
-        If ``path`` does not exist or is not an irt-engine store.
-    DataFormatError
-        If the store is from a newer format version or fails verification.
-    """
-    path = Path(path)
-    hint = "run `irt-engine ingest INPUT --out STORE` to create one"
-    if not path.exists():
-        raise StoreNotFoundError(f"{path}: no such response store; {hint}")
+def _stamp(path: Path) -> tuple:
     try:
-        group = zarr.open_group(path, mode="r", zarr_format=3)
-        meta = dict(group.attrs[_ATTR])
-        subjects, items = group["subjects"][...], group["items"][...]
-    except Exception as err:  # zarr raises several types for "not a group"
-        raise StoreNotFoundError(f"{path}: not an irt-engine response store ({err}); "
-                                 f"{hint}") from err
-    if int(meta.get("format_version", 0)) > FORMAT_VERSION:
+        st = os.stat(path / "zarr.json")
+    except OSError:
+        return ("missing",)
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+
+
+def _check_meta(path: Path, meta: Any) -> dict:
+    """The ``irt_engine`` attributes, each required one present and of the right type."""
+    where = path / "zarr.json"
+    if not isinstance(meta, dict):
+        raise DataFormatError(f"{where}: attribute {_ATTR!r} is not an object; {_REPAIR}")
+    if int(meta.get("format_version", 0) or 0) > FORMAT_VERSION:
         raise DataFormatError(f"{path}: store format_version {meta['format_version']} is "
                               f"newer than this irt-engine supports ({FORMAT_VERSION}); "
                               f"upgrade irt-engine")
     if meta.get("kind") not in KINDS:
         raise DataFormatError(f"{path}: store response kind {meta.get('kind')!r} is not known "
                               f"to this irt-engine (known: {', '.join(KINDS)}); upgrade irt-engine")
-    store = Store(path=path, subjects=subjects, items=items, kind=meta["kind"], meta=meta)
-    if verify:
+    for key in ("num_subjects", "num_items", "num_observed"):
+        value = meta.get(key)
+        if type(value) is not int or value < 0:
+            raise DataFormatError(f"{where}: attribute {key!r} is {value!r}, not a count; "
+                                  f"{_REPAIR}")
+    if meta.get("layout", "dense") not in ("dense", "sparse"):
+        raise DataFormatError(f"{where}: attribute 'layout' is {meta.get('layout')!r}; {_REPAIR}")
+    if not isinstance(meta.get("checksum"), str):
+        raise DataFormatError(f"{where}: attribute 'checksum' is missing; {_REPAIR}")
+    if meta["num_observed"] > meta["num_subjects"] * meta["num_items"]:
+        raise DataFormatError(f"{where}: num_observed {meta['num_observed']} exceeds "
+                              f"{meta['num_subjects']} x {meta['num_items']} cells; {_REPAIR}")
+    return meta
+
+
+def open_store(path: str | Path, *, verify: bool = False) -> Store:
+    """Open a response store written by ``ingest`` or ``write_store``.
+
+    Checks the attributes, each array's shape and dtype against them and (stores with
+    per-chunk CRCs) that every chunk file exists; reads then check each chunk's CRC. A
+    store without per-chunk CRCs (written by an older version) has its whole checksum
+    recomputed here.
+
+    Parameters
+    ----------
+    path : str or Path
+        The store directory.
+    verify : bool
+        Also recompute the whole checksum and compare it with the stored one.
+
+    Raises
+    ------
+    StoreNotFoundError
+        If ``path`` does not exist or is not an irt-engine store.
+    DataFormatError
+        If the store is from a newer format version, or is damaged (the message names the
+        missing or damaged file or attribute).
+    """
+    path = Path(path)
+    hint = "run `irt-engine ingest INPUT --out STORE` to create one"
+    if not path.exists():
+        raise StoreNotFoundError(f"{path}: no such response store; {hint}")
+    stamp = _stamp(path)
+    try:
+        group = zarr.open_group(path, mode="r", zarr_format=3)
+        meta = group.attrs[_ATTR]
+    except Exception as err:  # zarr raises several types for "not a group"
+        raise StoreNotFoundError(f"{path}: not an irt-engine response store ({_brief(err)}); "
+                                 f"{hint}") from None
+    meta = _check_meta(path, dict(meta) if isinstance(meta, dict) else meta)
+    integrity = meta.get("integrity") == INTEGRITY
+    shape = (meta["num_subjects"], meta["num_items"])
+    dtype = KINDS[meta["kind"]].dtype
+    arrays = {"subjects": _open_checked(path, "subjects", shape[:1], "str", integrity),
+              "items": _open_checked(path, "items", shape[1:], "str", integrity)}
+    if meta.get("layout", "dense") == "sparse":
+        for name, dt in zip(COO_FIELDS, ("int32", "int32", dtype)):
+            arrays[name] = _open_checked(path, name, (meta["num_observed"],), dt, integrity)
+    else:
+        arrays["responses"] = _open_checked(path, "responses", shape, dtype, integrity)
+    subjects, items = arrays["subjects"][...], arrays["items"][...]
+    store = Store(path=path, subjects=subjects, items=items, kind=meta["kind"], meta=meta,
+                  arrays=arrays, stamp=stamp)
+    if verify or not integrity:
         if store.layout == "sparse":
-            got = sparse_checksum(*store.observations(), subjects, items, kind=store.kind,
-                                  shape=store.shape)
+            got = sparse_checksum(*(arrays[name] for name in COO_FIELDS), subjects, items,
+                                  kind=store.kind, shape=store.shape)
         else:
-            got = store_checksum(store._array, subjects, items, kind=store.kind)
+            got = store_checksum(arrays["responses"], subjects, items, kind=store.kind)
         if got != meta["checksum"]:
             raise DataFormatError(f"{path}: checksum mismatch (stored {meta['checksum']}, "
-                                  f"computed {got}); the store is corrupt, re-run ingest")
+                                  f"computed {got}); {_REPAIR}")
     return store
 
 
@@ -491,6 +674,7 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
             "num_items": len(items), "num_observed": num_observed,
             "source": [str(s) for s in source], "input_format": input_format,
             "checksum": store_checksum(responses, subjects, items, kind=kind),
+            "integrity": INTEGRITY,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         if spec.is_float:
@@ -510,11 +694,12 @@ def _write_group(tmp: Path, responses: np.ndarray, subjects: list[str], items: l
     group = zarr.open_group(tmp, mode="w-", zarr_format=3)
     inner, shards = _chunking(responses.shape, chunks)
     array = group.create_array("responses", shape=responses.shape, dtype=spec.dtype,
-                               chunks=inner, shards=shards, fill_value=spec.fill)
+                               chunks=inner, shards=shards, fill_value=spec.fill,
+                               **array_options())
     array[...] = responses
     for name, ids in (("subjects", subjects), ("items", items)):
         ids_array = group.create_array(name, shape=(len(ids),), dtype=str,
-                                       chunks=(max(1, len(ids)),))
+                                       chunks=(max(1, len(ids)),), **array_options())
         ids_array[...] = np.array(ids, dtype=object)
     group.attrs[_ATTR] = meta
 

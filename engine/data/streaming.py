@@ -4,16 +4,51 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterable, Iterator, TypeVar
+import zlib
+from typing import Hashable, Iterable, Iterator, TypeVar
 
 import dask.array as da
 import numpy as np
 
 from engine.data.blocks import Block, aligned_tile, empty_tile, tile_block
+from engine.errors import DataFormatError
 
-__all__ = ["StreamingSource", "prefetch"]
+__all__ = ["StreamingSource", "ReadGuard", "prefetch"]
 
 T = TypeVar("T")
+
+
+class ReadGuard:
+    """Checks the blocks a streaming fit reads from a store, pass after pass.
+
+    The first read of each block records its observed count and a CRC-32 of its bytes; once
+    every block was read, the counts must add up to the store's ``num_observed`` (the ELBO
+    scale), and every later read must give the same bytes. Each read also checks that the
+    store's metadata file was not replaced. A store changed under a fit is an error, never
+    a quietly different fit.
+    """
+
+    def __init__(self, store, num_keys: int):
+        self.store, self.num_keys = store, num_keys
+        self.seen: dict[Hashable, tuple[int, int]] = {}
+        self.total, self.lock = 0, threading.Lock()
+
+    def check(self, key: Hashable, values: np.ndarray) -> None:
+        self.store.check_unchanged()
+        count = int((values >= 0).sum())  # -1 and NaN are missing
+        crc = zlib.crc32(np.ascontiguousarray(values).view(np.uint8))
+        with self.lock:
+            before = self.seen.get(key)
+            if before is None:
+                self.seen[key] = (count, crc)
+                self.total += count
+                if len(self.seen) == self.num_keys:
+                    self.store.check_observed(self.total)
+            elif before != (count, crc):
+                raise DataFormatError(
+                    f"{self.store.path}: the store changed while the fit was reading it (block "
+                    f"{key} differs from its first read); do not rewrite a store during a fit, "
+                    f"then run the fit again")
 
 
 class StreamingSource:
@@ -29,13 +64,14 @@ class StreamingSource:
     num_observed : observed cells in the whole matrix (the ELBO scale).
     max_block_cells : cells per tile at most.
     tile : an explicit tile shape (overrides the chunk-aligned default).
+    store : the ``Store`` read, whose reads are then checked (:class:`ReadGuard`).
     """
 
     layout = "dense"
     resident = False
 
     def __init__(self, responses: da.Array, *, num_observed: int, max_block_cells: int = 1 << 22,
-                 tile: tuple[int, int] | None = None):
+                 tile: tuple[int, int] | None = None, store=None):
         if responses.ndim != 2:
             raise ValueError(f"responses must be 2-D (subjects x items), got {responses.shape}")
         self.responses = responses
@@ -46,11 +82,13 @@ class StreamingSource:
         chunks = (responses.chunks[0][0], responses.chunks[1][0])
         self.tile = tuple(min(int(t), n) for t, n in zip(
             tile or aligned_tile(self.shape, chunks, max_block_cells), self.shape))
+        self.guard = ReadGuard(store, len(self.keys())) if store is not None else None
 
     @classmethod
     def from_store(cls, store, max_block_cells: int = 1 << 22) -> "StreamingSource":
-        """A streaming source over a dense ``Store``."""
-        return cls(store.responses, num_observed=store.num_observed, max_block_cells=max_block_cells)
+        """A streaming source over a dense ``Store``; its reads are checked (:class:`ReadGuard`)."""
+        return cls(store.responses, num_observed=store.num_observed,
+                   max_block_cells=max_block_cells, store=store)
 
     def keys(self) -> list[tuple[int, int]]:
         rows, cols = self.tile
@@ -61,7 +99,10 @@ class StreamingSource:
         rows, cols = self.tile
         # The synchronous scheduler: this runs on the prefetch thread, beside the devices.
         part = self.responses[r : r + rows, c : c + cols].compute(scheduler="synchronous")
-        return tile_block(np.asarray(part, self.dtype), origin, self.tile)
+        part = np.asarray(part, self.dtype)
+        if self.guard is not None:
+            self.guard.check(origin, part)
+        return tile_block(part, origin, self.tile)
 
     def empty_block(self) -> Block:
         return empty_tile(self.tile, self.dtype)

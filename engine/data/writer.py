@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from engine.data.store import (COO_FIELDS, KINDS, Boundary, Store, _ATTR, _chunking,
-                               _move_into_place, canonical_bytes, check_values, check_writable,
-                               checksum_header, coo_bytes, format_version, hash_ids, observed,
+from engine.data.store import (COO_FIELDS, INTEGRITY, KINDS, Boundary, Store, _ATTR, _chunking,
+                               _move_into_place, array_options, canonical_bytes, check_values,
+                               check_writable, checksum_header, coo_bytes, format_version, hash_ids, observed,
                                open_store)
 from engine.errors import DataFormatError, SettingsError
 
@@ -60,7 +60,7 @@ class _Writer:
             self.group = zarr.open_group(self.tmp, mode="w-", zarr_format=3)
             for name, ids in (("subjects", self.subjects), ("items", self.items)):
                 arr = self.group.create_array(name, shape=(len(ids),), dtype=str,
-                                              chunks=(max(1, len(ids)),))
+                                              chunks=(max(1, len(ids)),), **array_options())
                 arr[...] = np.array(ids, dtype=object)
         except BaseException:
             self.abort()
@@ -97,6 +97,7 @@ class _Writer:
                 "num_observed": int(self.num_observed), "source": self.source,
                 "input_format": self.input_format,
                 "checksum": hash_ids(self.digest, self.subjects, self.items),
+                "integrity": INTEGRITY,
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             }
             if self.boundary is not None:
@@ -126,7 +127,7 @@ class DenseWriter(_Writer):
         try:
             self.array = self.group.create_array(
                 "responses", shape=self.shape, dtype=self.spec.dtype, chunks=inner,
-                shards=shards, fill_value=self.spec.fill)
+                shards=shards, fill_value=self.spec.fill, **array_options())
         except BaseException:
             self.abort()
             raise
@@ -187,7 +188,7 @@ class SparseWriter(_Writer):
         self.shard = chunk * 8
         try:
             self.arrays = [self.group.create_array(name, shape=(0,), dtype=dtype, chunks=(chunk,),
-                                                   shards=(self.shard,))
+                                                   shards=(self.shard,), **array_options())
                            for name, dtype in zip(COO_FIELDS, ("int32", "int32", self.spec.dtype))]
         except BaseException:
             self.abort()
