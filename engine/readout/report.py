@@ -166,8 +166,12 @@ def _scatter(run, flags: pd.DataFrame | None) -> bytes:
         top.hist(ability, bins=bins, color="tab:green")
         top.set_ylabel("subjects")
         ax.hist(x[keep], bins=bins, color="tab:blue", alpha=0.8, label="items")
-        if flagged.any():
-            ax.hist(x[flagged], bins=bins, color="red", label=flag_label)
+        if flagged.any():  # a red tick under the axis per flagged item, never hidden by a bar
+            top_count = ax.get_ylim()[1]
+            ax.plot(x[flagged], np.full(int(flagged.sum()), -0.05 * top_count), "|", color="red",
+                    ms=12, mew=1.5, label=flag_label)
+            ax.set_ylim(-0.1 * top_count, top_count)
+            ax.axhline(0, color="grey", lw=0.5)
         ax.set_xlabel("ability / difficulty (same scale: P(correct) = 1/2 where they meet)")
         ax.set_ylabel("items")
         ax.legend(fontsize=7)
