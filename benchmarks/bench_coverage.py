@@ -13,7 +13,11 @@ and discrimination) are also scored with the read-outs' within-item marginal sds
 (``engine.readout.posterior.within_owner_scales``, what ``items.parquet`` reports). Writes ``benchmarks/results/coverage.json`` and prints a
 Markdown table.
 
-    python benchmarks/bench_coverage.py [--seeds 5]
+    python benchmarks/bench_coverage.py [--seeds 5] [--ability-factor auto|gaussian|quadrature]
+        [--models 1pl,2pl] [--shapes 2000x12,1000x50,200x400,50x1000] [--out PATH]
+
+``raw_within_item`` scores the raw truth with the sds ``items.parquet`` reports (the
+quadrature fit's marginal sds; the mean-field fit's within-item marginal sds).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ sys.path.insert(0, str(HERE))
 
 from simulate import simulate_1pl, simulate_2pl  # noqa: E402
 
-SHAPES = [(200, 400), (50, 1000), (1000, 50)]
+SHAPES = [(2000, 12), (1000, 50), (200, 400), (50, 1000)]
 Z90 = 1.6448536
 
 
@@ -51,25 +55,28 @@ def _linking(sim: dict, model: str, fitted_ability: np.ndarray) -> tuple[float, 
     return k, float(np.mean(fitted_ability) - k * np.mean(sim["ability"]))
 
 
-def measure(model: str, shape: tuple[int, int], seed: int) -> dict:
+def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto") -> dict:
     import engine
     from engine.readout.posterior import within_owner_scales
 
     simulate = simulate_2pl if model == "2pl" else simulate_1pl
     sim = simulate(*shape, seed=seed)
     start = time.perf_counter()
-    res = engine.fit(sim["responses"], model=model, settings=engine.FitSettings(seed=seed))
+    res = engine.fit(sim["responses"], model=model,
+                     settings=engine.FitSettings(seed=seed, ability_factor=ability_factor))
     wall = time.perf_counter() - start
     out = {"model": model, "shape": list(shape), "seed": seed, "passes": res.num_passes,
-           "converged": bool(res.converged), "wall_s": wall, "blocks": {}}
+           "converged": bool(res.converged), "wall_s": wall, "blocks": {},
+           "ability_factor": res.extra["ability_factor"]["method"]}
     sds = res.sds()
     k, c = _linking(sim, model, np.asarray(res.guide.loc["ability"]))
     out["linking"] = {"k": k, "c": c}
     marginal = within_owner_scales(res.spec, res.guide, "item", res.cross)
-    for how, (kk, cc) in (("raw", (1.0, 0.0)), ("linked", (k, c)), ("linked_within_item", (k, c))):
+    for how, (kk, cc) in (("raw", (1.0, 0.0)), ("raw_within_item", (1.0, 0.0)),
+                          ("linked", (k, c)), ("linked_within_item", (k, c))):
         for block, truth in _truth_unconstrained(sim, model, kk, cc).items():
             loc, sd = np.asarray(res.guide.loc[block]), np.asarray(sds[block])
-            if how == "linked_within_item":
+            if how.endswith("within_item"):
                 sd = marginal.get(block, sd)
             err = loc - truth
             out["blocks"].setdefault(block, {"n": int(truth.size)})[how] = {
@@ -83,28 +90,45 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--out", default=str(HERE / "results" / "coverage.json"))
+    ap.add_argument("--ability-factor", default="auto", choices=["auto", "gaussian", "quadrature"])
+    ap.add_argument("--models", default="1pl,2pl")
+    ap.add_argument("--shapes", default=",".join(f"{a}x{b}" for a, b in SHAPES),
+                    help="comma-separated SUBJECTSxITEMS")
     args = ap.parse_args(argv)
-    runs = [measure(m, s, seed) for m in ("1pl", "2pl") for s in SHAPES for seed in range(args.seeds)]
-    lines = ["| model | subjects x items | block | 90% coverage, raw truth (mean; range) | RMSE / sd | "
-             "linked truth, mean-field sd | RMSE / sd | linked truth, within-item sd "
-             "(items.parquet) | RMSE / sd | linking k |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for m in ("1pl", "2pl"):
-        for s in SHAPES:
+    models = args.models.split(",")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    runs = []
+    for m in models:
+        for s in shapes:
+            for seed in range(args.seeds):
+                runs.append(measure(m, s, seed, args.ability_factor))
+                r = runs[-1]
+                print(m, s, seed, r["ability_factor"], f"{r['wall_s']:.1f} s", {
+                    b: round(v["raw_within_item"]["coverage90"], 3) for b, v in r["blocks"].items()},
+                    flush=True)
+    lines = ["| model | subjects x items | fit | block | 90% coverage, raw truth, items.parquet sd "
+             "(mean; range) | RMSE / sd | raw truth, guide sd | linked truth, items.parquet sd "
+             "| RMSE / sd | linking k | wall s (mean) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in models:
+        for s in shapes:
             group = [r for r in runs if r["model"] == m and r["shape"] == list(s)]
             ks = [r["linking"]["k"] for r in group]
             for block in group[0]["blocks"]:
                 cells = []
-                for how in ("raw", "linked", "linked_within_item"):
+                for how in ("raw_within_item", "raw", "linked_within_item"):
                     cov = [r["blocks"][block][how]["coverage90"] for r in group]
                     ratio = [r["blocks"][block][how]["rmse_over_sd"] for r in group]
-                    cells.append(f"{np.mean(cov):.3f} ({min(cov):.3f}-{max(cov):.3f}) | "
-                                 f"{np.mean(ratio):.2f}")
-                lines.append(f"| {m} | {s[0]} x {s[1]} | {block} | {' | '.join(cells)} | "
-                             f"{min(ks):.2f}-{max(ks):.2f} |")
+                    cells.append(f"{np.mean(cov):.3f} ({min(cov):.3f}-{max(cov):.3f})" +
+                                 ("" if how == "raw" else f" | {np.mean(ratio):.2f}"))
+                fits = "/".join(sorted({r["ability_factor"] for r in group}))
+                lines.append(f"| {m} | {s[0]} x {s[1]} | {fits} | {block} | {' | '.join(cells)} | "
+                             f"{min(ks):.2f}-{max(ks):.2f} | "
+                             f"{np.mean([r['wall_s'] for r in group]):.1f} |")
     table = "\n".join(lines)
     result = {"machine": {"platform": platform.platform(), "processor": platform.processor()},
-              "seeds": args.seeds, "runs": runs, "table": table}
+              "seeds": args.seeds, "ability_factor": args.ability_factor, "runs": runs,
+              "table": table}
     out = Path(args.out)
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")

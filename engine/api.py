@@ -18,6 +18,7 @@ from engine.errors import DataFormatError, ModelError
 from engine.infer.checkpoint import Checkpointer
 from engine.infer.fit import FitResult, fit_source
 from engine.infer.guide import GuideState, init_guide
+from engine.infer.marginal import choose_ability_factor, fit_marginal_result, pool_identical_rows
 from engine.infer.settings import FitSettings
 from engine.models.registry import get_model
 
@@ -230,6 +231,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         y_fit[:, constant] = -1
         source = source_for(y_fit, settings.max_block_cells)
         info["constant_items"] = int(constant.sum())
+    factor = choose_ability_factor(spec, y, settings.ability_factor, settings.quadrature_max_items,
+                                   frozen=bool(frozen), init=init is not None)
     if init is None and spec.initial is not None and y is not None:  # a model-declared start
         init = GuideState(spec.initial(y), {})
     if init is not None:
@@ -242,8 +245,14 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
                        "frozen": sorted(frozen), "shape": list(shape),
                        "checksum": info.get("checksum"), "init": init is not None}
         checkpointer = Checkpointer(Path(checkpoint_dir), settings.checkpoint_every, fingerprint)
-    result = fit_source(spec, source, settings, init=init, frozen=frozen, progress_fn=progress_fn,
-                        checkpointer=checkpointer, resume=resume)
+    if factor["method"] == "quadrature":  # abilities integrated out (engine.infer.marginal)
+        result = fit_marginal_result(spec, y_fit if constant.any() else y, settings)
+    else:
+        result = fit_source(spec, source, settings, init=init, frozen=frozen,
+                            progress_fn=progress_fn, checkpointer=checkpointer, resume=resume)
+        if y is not None and _one_scalar_ability(spec) and not frozen:
+            result.guide = pool_identical_rows(spec, result.guide, y)  # identical sheets
+    result.extra["ability_factor"] = factor
     result.extra.update(
         model=model, model_options=options, subjects=subjects, items=items,
         stats=stats, data=info,
@@ -289,6 +298,11 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str = "vague",
     result.extra.update(model=model, model_options=options, subjects=subjects, items=items,
                         stats=response_stats(y), data=info)
     return result
+
+
+def _one_scalar_ability(spec) -> bool:
+    subject = spec.by_owner("subject")
+    return len(subject) == 1 and subject[0].shape == ()
 
 
 def _constant_items(y, kind: str, spec, frozen) -> np.ndarray:

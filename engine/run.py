@@ -145,14 +145,18 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "num_passes": res.num_passes,
             "num_devices": res.num_devices,
             "mc_draws_per_step": res.extra.get("mc_draws"),
+            # gaussian (mean-field) or quadrature abilities, and why (engine.infer.marginal)
+            "ability_factor": res.extra.get("ability_factor"),
+            **({"quadrature": res.extra["quadrature"]} if "quadrature" in res.extra else {}),
             **res.extra.get("diagnostics", {"method": "vi"}),  # NUTS: R-hat, ESS, divergences
             "timings": {"wall_s": res.wall_time_s, "first_pass_with_compile_s": res.compile_time_s,
                         "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)},
             "elbo_trace": res.trace,
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
-                        "item_intervals": "within-item marginal (linear response)" if res.cross
-                        else "mean-field"},
+                        "item_intervals": "marginal (Louis information at the marginal mode)"
+                        if "quadrature" in res.extra else
+                        "within-item marginal (linear response)" if res.cross else "mean-field"},
             "versions": _versions(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

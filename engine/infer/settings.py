@@ -35,6 +35,7 @@ def parse_bytes(text: str | int) -> int:
     return value
 
 OPTIMIZERS = ("newton", "adam")
+ABILITY_FACTORS = ("auto", "gaussian", "quadrature")
 # mc_draws = 0: draws per step until a step evaluates about this many cells, at most
 # _MAX_AUTO_DRAWS (a 10 x 1,418 leaderboard takes 16; 161 x 11,873 takes 1)
 _AUTO_DRAW_CELLS = 1 << 20
@@ -71,6 +72,13 @@ class FitSettings:
     memory_budget : bytes the response data may occupy in memory (None = a share of the
         machine's available memory); larger stores are streamed from disk.
     prefetch : block groups read ahead of the devices when streaming.
+    ability_factor : ``quadrature`` integrates each scalar ability out on adaptive
+        quadrature and fits the items at their marginal posterior mode
+        (:mod:`engine.infer.marginal`; binary models with one scalar ability and vague
+        priors, matrices held in memory); ``gaussian`` is the mean-field variational fit;
+        ``auto`` takes quadrature where it applies and subjects have at most
+        ``quadrature_max_items`` observed responses (median), gaussian otherwise.
+    quadrature_max_items : the ``auto`` switch's bound on responses per subject.
     """
 
     optimizer: str = "newton"
@@ -93,8 +101,13 @@ class FitSettings:
     checkpoint_every: int = 0
     memory_budget: int | None = None
     prefetch: int = 2
+    ability_factor: str = "auto"
+    quadrature_max_items: int = 1000
 
     def __post_init__(self):
+        if self.ability_factor not in ABILITY_FACTORS:
+            raise SettingsError(f"ability_factor={self.ability_factor!r}; use one of "
+                                f"{', '.join(ABILITY_FACTORS)}")
         if self.optimizer not in OPTIMIZERS:
             raise SettingsError(f"optimizer={self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
         if not 1 <= self.min_passes <= self.max_passes:
@@ -106,7 +119,8 @@ class FitSettings:
             raise SettingsError("tol, learning_rate and max_step must be positive")
         if self.patience < 1 or self.steps_per_pass < 1 or self.max_block_cells < 1:
             raise SettingsError("patience, steps_per_pass and max_block_cells must be >= 1")
-        for name in ("checkpoint_every", "prefetch", "unbiased_after", "mc_draws"):
+        for name in ("checkpoint_every", "prefetch", "unbiased_after", "mc_draws",
+                     "quadrature_max_items"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.memory_budget is not None and self.memory_budget < 1:

@@ -17,16 +17,42 @@ Z90 = 1.6448536269514722  # standard normal 95th percentile: a central 90% inter
 
 def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key,
                    names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
-    """Joint draws of constrained parameters, ``(num_draws, *block_shape)`` per name."""
+    """Joint draws of constrained parameters, ``(num_draws, *block_shape)`` per name.
+
+    Subjects whose factors are identical (location and scale, to the bit: e.g. the same
+    answer sheet) share their draws, so they tie in every draw and get identical
+    rank statistics; without such duplicates the draws are as before.
+    """
     names = names or spec.names
     keys = jax.random.split(rng_key, len(names))
     out = {}
     for key, name in zip(keys, names):
         p = spec.param(name)
         loc, scale = jnp.asarray(guide.loc[name]), jnp.exp(jnp.asarray(guide.log_scale[name]))
-        eps = jax.random.normal(key, (num_draws,) + loc.shape, jnp.float32)
+        first, inverse = _identical_owners(guide, name) if p.owner == "subject" else (None, None)
+        if first is None:
+            eps = jax.random.normal(key, (num_draws,) + loc.shape, jnp.float32)
+        else:  # one draw per distinct factor, shared by its owners
+            eps = jax.random.normal(key, (num_draws, first.size) + loc.shape[1:],
+                                    jnp.float32)[:, inverse]
         out[name] = np.asarray(p.constrain(loc + scale * eps))
     return out
+
+
+def _identical_owners(guide: GuideState, name: str):
+    """``(first, inverse)`` of the distinct (location, scale) rows of a block, or
+    ``(None, None)`` when every owner's factor is distinct."""
+    loc = np.asarray(guide.loc[name])
+    if loc.ndim == 0 or loc.shape[0] < 2:
+        return None, None
+    both = np.concatenate([loc.reshape(loc.shape[0], -1),
+                           np.asarray(guide.log_scale[name]).reshape(loc.shape[0], -1)], axis=1)
+    both = np.ascontiguousarray(both)
+    rows = both.view(np.dtype((np.void, both.shape[1] * both.itemsize))).reshape(-1)
+    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    if first.size == loc.shape[0]:
+        return None, None
+    return first, np.asarray(inverse).reshape(-1)
 
 
 def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,

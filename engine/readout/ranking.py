@@ -8,11 +8,20 @@ __all__ = ["ranks_from_draws", "rank_stats", "pairwise_beats", "tie_groups"]
 
 
 def ranks_from_draws(draws: np.ndarray) -> np.ndarray:
-    """Rank of each subject in each draw, 1 = highest ability: ``(T, S)`` -> ``(T, S)``."""
+    """Rank of each subject in each draw, 1 = highest ability: ``(T, S)`` -> ``(T, S)``.
+
+    Equal values share the best rank among them (1 + the number of strictly higher values),
+    so subjects that tie in a draw (identical answer sheets share draws) rank alike.
+    """
     order = np.argsort(-draws, axis=1, kind="stable")
-    ranks = np.empty_like(order)
     rows = np.arange(draws.shape[0])[:, None]
-    ranks[rows, order] = np.arange(1, draws.shape[1] + 1)[None, :]
+    ordered = draws[rows, order]
+    position = np.broadcast_to(np.arange(draws.shape[1])[None, :], order.shape)
+    starts = np.ones(order.shape, bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    best = np.maximum.accumulate(np.where(starts, position, 0), axis=1)
+    ranks = np.empty_like(order)
+    ranks[rows, order] = best + 1
     return ranks
 
 

@@ -37,3 +37,14 @@ def test_tie_groups_split_where_intervals_separate():
     mean = np.array([3.0, 2.9, 1.0, 0.95, -2.0])
     q05, q95 = mean - 0.2, mean + 0.2
     np.testing.assert_array_equal(tie_groups(mean, q05, q95), [1, 1, 2, 2, 3])
+
+
+def test_tied_draws_share_the_best_rank():
+    rng = np.random.default_rng(1)
+    draws = np.round(rng.normal(size=(300, 9)), 1)  # many ties within each draw
+    draws[:, 5] = draws[:, 2]  # two subjects tied in every draw (one answer sheet)
+    expected = np.stack([rankdata(-row, method="min") for row in draws])
+    np.testing.assert_array_equal(ranks_from_draws(draws), expected)
+    st = rank_stats(draws, top_k=3)
+    for k, v in st.items():
+        assert v[5] == v[2], k

@@ -1,0 +1,122 @@
+"""The quadrature (marginal) fit beside the mean-field fit and NUTS, on LSAT7 and simulated 2PL.
+
+For each data set: the default fit (``ability_factor=auto``, which takes quadrature on these
+shapes), the mean-field fit (``ability_factor=gaussian``) and NUTS (``engine.fit_nuts``, the
+exact posterior of the same model). Per block it reports the median and largest
+``|mean - NUTS mean| / NUTS sd`` and the median sd ratio (fit / NUTS), on the unconstrained
+scale (log-discrimination), with items' sds as ``items.parquet`` reports them. For LSAT7 the
+items' discriminations are printed beside R mirt's marginal ML estimates and Oakes standard
+errors as quoted in issue 16 (mirt itself is not run here), and the spread of the abilities of
+the 308 subjects who answered 11111.
+
+    python benchmarks/bench_marginal.py [--data lsat7,2000x12] [--no-nuts] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from simulate import simulate_2pl  # noqa: E402
+
+LSAT7 = Path("/work/shared/data/psych_human_r/lsat7.parquet")
+# issue 16: R mirt's 2PL on LSAT7 (marginal ML, Oakes standard errors), items 3 and 5
+MIRT_QUOTED = {"item": [3, 5], "a": [1.70, 0.74], "a_se": [0.32, 0.15]}
+
+
+def _load(name: str, seed: int = 0) -> np.ndarray:
+    if name == "lsat7":
+        import pandas as pd
+
+        df = pd.read_parquet(LSAT7)
+        return df[[c for c in df.columns if c.startswith("Q")]].to_numpy().astype(np.int8)
+    s, n = (int(v) for v in name.split("x"))
+    return simulate_2pl(s, n, seed=seed)["responses"]
+
+
+def _scales(res) -> dict[str, np.ndarray]:
+    """Unconstrained sds as the read-outs report them (items: within-item marginal)."""
+    from engine.readout.posterior import within_owner_scales
+
+    sds = {k: np.exp(np.asarray(v, np.float64)) for k, v in res.guide.log_scale.items()}
+    if res.cross:
+        sds.update(within_owner_scales(res.spec, res.guide, "item", res.cross))
+    return sds
+
+
+def _agreement(res, ref) -> dict:
+    out = {}
+    sds, ref_sds = _scales(res), _scales(ref)
+    for block in ("ability", "difficulty", "discrimination"):
+        if block not in ref.guide.loc:
+            continue
+        z = np.abs(np.asarray(res.guide.loc[block], np.float64) - ref.guide.loc[block]) / ref_sds[block]
+        ratio = sds[block] / ref_sds[block]
+        out[block] = {"median_abs_z": float(np.median(z)), "max_abs_z": float(z.max()),
+                      "median_sd_ratio": float(np.median(ratio)),
+                      "sd_ratio_range": [float(ratio.min()), float(ratio.max())]}
+    return out
+
+
+def measure(name: str, nuts: bool) -> dict:
+    import engine
+    from engine.infer.nuts import NutsSettings
+
+    y = _load(name)
+    out = {"data": name, "shape": list(y.shape), "fits": {}}
+    fits = {}
+    for label, factor in (("default", "auto"), ("gaussian", "gaussian")):
+        t = time.perf_counter()
+        fits[label] = engine.fit(y, model="2pl", settings=engine.FitSettings(ability_factor=factor))
+        out["fits"][label] = {"wall_s": time.perf_counter() - t,
+                              "method": fits[label].extra["ability_factor"]["method"]}
+    if nuts:
+        t = time.perf_counter()
+        fits["nuts"] = engine.api.fit_nuts(y, model="2pl", settings=NutsSettings())
+        out["fits"]["nuts"] = {"wall_s": time.perf_counter() - t,
+                               "rhat_max": fits["nuts"].extra["diagnostics"]["rhat_max"]}
+        for label in ("default", "gaussian"):
+            out["fits"][label]["vs_nuts"] = _agreement(fits[label], fits["nuts"])
+    if name == "lsat7":
+        table = {}
+        for label, res in fits.items():
+            sds = _scales(res)
+            a = np.exp(np.asarray(res.guide.loc["discrimination"], np.float64))
+            table[label] = {"a": a.round(3).tolist(),
+                            "a_sd": (a * sds["discrimination"]).round(3).tolist(),
+                            "b": np.asarray(res.guide.loc["difficulty"]).round(3).tolist()}
+            top = (y == 1).all(axis=1)
+            theta = np.asarray(res.guide.loc["ability"])[top]
+            table[label]["abilities_11111"] = [float(theta.min()), float(theta.max())]
+        table["mirt_quoted"] = MIRT_QUOTED
+        out["lsat7"] = table
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="lsat7,2000x12")
+    ap.add_argument("--no-nuts", action="store_true")
+    ap.add_argument("--out", default=str(HERE / "results" / "marginal.json"))
+    args = ap.parse_args(argv)
+    runs = []
+    for name in args.data.split(","):
+        runs.append(measure(name, not args.no_nuts))
+        print(json.dumps(runs[-1], indent=1), flush=True)
+    out = Path(args.out)
+    out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,534 @@
+"""Marginal fit: abilities integrated out by adaptive quadrature, items at the marginal mode.
+
+For a model with one scalar ability per subject, binary responses and item blocks only
+(the logistic 1PL-4PL and IRT-feas under vague priors), the subjects are independent given
+the items, so each ability can be integrated out exactly (up to quadrature):
+
+    log p(items | y) = sum_s log int N(theta; 0, 1) prod_n p(y_sn | theta, item n) dtheta
+                       + sum_n log p(item n) + const.
+
+This is marginal maximum a posteriori estimation (Bock and Aitkin 1981, with the item
+priors): the items are placed at the mode of their *marginal* posterior, with covariance
+from its curvature (Louis 1982: the complete-data curvature minus the posterior variance of
+the scores, all items jointly when that fits in memory, per item otherwise), and the
+abilities are reported as their posterior mean and sd given the items (EAP). The ability
+population is the model's own prior N(0, 1), which fixes the scale the way marginal maximum
+likelihood does: the reported abilities do not change scale with the matrix's shape.
+
+The integral uses adaptive Gauss-Hermite quadrature (Schilling and Bock 2005): each
+subject's nodes sit at its current posterior mean, spread by its posterior sd, so a
+posterior of sd 0.05 (a thousand items) is integrated as accurately as one of sd 0.7
+(twelve items). The EM's M-step is one damped Newton step per item on the expected
+complete-data log posterior, from the model's own per-cell ``loglik`` (autodiff), and is
+only accepted where it raises that item's objective.
+
+Identical response patterns are computed once (the matrix's distinct rows, weighted by
+their counts), so subjects with identical answer sheets get identical read-outs by
+construction.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.linalg
+
+from engine.errors import ModelError, SettingsError
+from engine.infer.guide import GuideState
+from engine.models.spec import ModelSpec
+
+__all__ = ["MarginalSettings", "marginal_applies", "fit_marginal", "fit_marginal_result",
+           "distinct_rows", "items_per_subject", "pool_identical_rows", "choose_ability_factor"]
+
+
+@dataclass(frozen=True)
+class MarginalSettings:
+    """Settings of the marginal fit.
+
+    num_nodes : adaptive Gauss-Hermite nodes per subject.
+    max_iter, tol : EM iterations; converged when the marginal log posterior changes by less
+        than ``tol`` (relative, at least 1e-3 nats) and no item moves by more than 1e-3.
+    max_step : largest change of an item's unconstrained value per Newton step.
+    full_cov_max : the items' joint covariance is computed when the item vector has at most
+        this many values (and the score matrix fits ``score_cells_max``); per item otherwise.
+    """
+
+    num_nodes: int = 21
+    max_iter: int = 500
+    tol: float = 1e-8
+    max_step: float = 1.0
+    full_cov_max: int = 4000
+    score_cells_max: int = 60_000_000
+    cell_chunk: int = 8_000_000
+
+
+def marginal_applies(spec: ModelSpec) -> bool:
+    """True for binary models with one scalar ability whose prior is a fixed density (no
+    hyper-parameters), scalar item blocks and no globals or constants."""
+    subject = spec.by_owner("subject")
+    return (spec.kind == "binary" and len(subject) == 1 and subject[0].shape == ()
+            and subject[0].in_likelihood and not subject[0].prior.references()
+            and not spec.by_owner("global") and not spec.constants
+            and all(p.shape == () and not p.prior.references() for p in spec.by_owner("item")))
+
+
+def items_per_subject(y: np.ndarray) -> float:
+    """Median observed responses per subject (the information each ability gets)."""
+    return float(np.median((np.asarray(y) >= 0).sum(axis=1)))
+
+
+def distinct_rows(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(patterns (U, n), inverse (s,), counts (U,))``: the distinct rows of ``y``, compared
+    byte for byte (so missing cells, -1 or NaN, match each other)."""
+    y = np.ascontiguousarray(y)
+    rows = y.view(np.dtype((np.void, y.shape[1] * y.itemsize))).reshape(-1)
+    _, first, inverse, counts = np.unique(rows, return_index=True, return_inverse=True,
+                                          return_counts=True)
+    return y[first], np.asarray(inverse).reshape(-1), counts
+
+
+def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray) -> GuideState:
+    """The guide with every subject block's factor shared by subjects with identical rows of
+    ``y``: the mean location and the root-mean-square scale of the group.
+
+    The exact posterior of two identical answer sheets is the same; a stochastic fit gives
+    them factors that differ by Monte Carlo noise, which their average reduces. Subjects
+    with a row of their own keep their factor to the bit.
+    """
+    _, inverse, counts = distinct_rows(y)
+    if counts.max(initial=1) == 1:
+        return guide
+    loc, log_scale = dict(guide.loc), dict(guide.log_scale)
+    for p in spec.by_owner("subject"):
+        m = np.asarray(loc[p.name], np.float64)
+        v = np.exp(2.0 * np.asarray(log_scale[p.name], np.float64))
+        flat = (-1,) + m.shape[1:]
+        mean = np.zeros((counts.size,) + m.shape[1:])
+        var = np.zeros_like(mean)
+        np.add.at(mean, inverse, m.reshape(flat))
+        np.add.at(var, inverse, v.reshape(flat))
+        c = counts.reshape((-1,) + (1,) * (m.ndim - 1))
+        shared = counts[inverse] > 1
+        pooled_loc = (mean / c)[inverse].astype(np.float32)
+        pooled_log = (0.5 * np.log(var / c))[inverse].astype(np.float32)
+        keep = shared.reshape((-1,) + (1,) * (m.ndim - 1))
+        loc[p.name] = np.where(keep, pooled_loc, np.asarray(loc[p.name]))
+        log_scale[p.name] = np.where(keep, pooled_log, np.asarray(log_scale[p.name]))
+    return GuideState(loc, log_scale)
+
+
+def choose_ability_factor(spec: ModelSpec, y: np.ndarray | None, ability_factor: str,
+                          max_items: int, *, frozen: bool = False,
+                          init: bool = False) -> dict:
+    """How the abilities are fitted, read from the model and the data, for fit.json.
+
+    ``quadrature`` where :func:`marginal_applies`, the matrix is in memory, no block is
+    frozen and no start is given, and (``auto``) the median subject has at most
+    ``max_items`` observed responses; ``gaussian`` (mean-field) otherwise.
+
+    Raises
+    ------
+    SettingsError : ``quadrature`` was asked for where it does not apply.
+    """
+    record = {"requested": ability_factor, "max_items_per_subject": max_items}
+    if y is not None:
+        record["items_per_subject"] = items_per_subject(y)
+    reasons = []
+    if not marginal_applies(spec):
+        reasons.append(f"model {spec.name!r} is not binary with one scalar ability and "
+                       "vague priors")
+    if y is None:
+        reasons.append("the matrix is not held in memory (streamed or sparse store)")
+    if frozen or init:
+        reasons.append("blocks are frozen or a start is given")
+    if ability_factor == "quadrature" and reasons:
+        raise SettingsError(f"ability_factor='quadrature': {'; '.join(reasons)}; use "
+                            "--ability-factor gaussian or auto")
+    if ability_factor == "gaussian" or reasons:
+        method = "gaussian"
+    elif ability_factor == "quadrature":
+        method = "quadrature"
+    else:
+        method = "quadrature" if record["items_per_subject"] <= max_items else "gaussian"
+    return record | {"method": method}
+
+
+def _item_blocks(spec: ModelSpec):
+    return [p for p in spec.params if p.owner == "item"]
+
+
+def _cell_loglik(spec: ModelSpec, x, theta, y, mask):
+    """Per-cell log-likelihood ``(U, Q, n)``: items ``x`` ``(n, k)`` unconstrained, nodes
+    ``theta`` ``(U, Q)``, responses ``y`` and ``mask`` ``(U, n)``."""
+    blocks = _item_blocks(spec)
+    (subject,) = spec.by_owner("subject")
+    params = {subject.name: subject.constrain(theta)[:, :, None]}
+    for j, p in enumerate(blocks):
+        if p.in_likelihood:
+            params[p.name] = p.constrain(x[:, j])[None, None, :]
+    return spec.loglik(params, y[:, None, :], mask[:, None, :]) * mask[:, None, :]
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def _node_loglik(spec, x, theta, y, mask):
+    """``(U, Q)``: each pattern's log-likelihood at each of its nodes."""
+    return jnp.sum(_cell_loglik(spec, x, theta, y, mask), axis=-1)
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def _item_terms(spec, x, theta, y, mask, w):
+    """Expected complete-data log-likelihood of each item under node weights ``w`` ``(U, Q)``
+    (pattern counts folded in) with its gradient ``(n, k)`` and Hessian ``(n, k, k)``."""
+    def per_item(xn, yn, mn):  # one item: xn (k,), yn / mn (U,)
+        ll = _cell_loglik(spec, xn[None, :], theta, yn[:, None], mn[:, None])[..., 0]
+        return jnp.sum(w * ll)
+
+    value = jax.vmap(per_item, in_axes=(0, 1, 1))(x, y, mask)
+    grad = jax.vmap(jax.grad(per_item), in_axes=(0, 1, 1))(x, y, mask)
+    hess = jax.vmap(jax.hessian(per_item), in_axes=(0, 1, 1))(x, y, mask)
+    return value, grad, hess
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def _item_values(spec, x, theta, y, mask, w):
+    """``(n,)``: the expected complete-data log-likelihood of each item (no derivatives)."""
+    return jnp.einsum("uq,uqn->n", w, _cell_loglik(spec, x, theta, y, mask))
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def _cell_scores(spec, x, theta, y, mask):
+    """``(U, Q, n, k)``: each cell's score with respect to its item's values."""
+    def cell(xn, t, yn, mn):
+        return _cell_loglik(spec, xn[None, :], t[None, None], yn[None, None], mn[None, None])[0, 0, 0]
+
+    g = jax.grad(cell)
+    over_items = jax.vmap(g, in_axes=(0, None, 0, 0))
+    over_nodes = jax.vmap(over_items, in_axes=(None, 0, None, None))
+    return jax.vmap(over_nodes, in_axes=(None, 0, 0, 0))(x, theta, y, mask)
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def _item_prior_terms(spec, x):
+    blocks = _item_blocks(spec)
+
+    def lp(xn):  # one item's log prior, xn (k,)
+        return sum(p.prior.log_prob(xn[j], {}) for j, p in enumerate(blocks))
+
+    return (jax.vmap(lp)(x), jax.vmap(jax.grad(lp))(x),
+            jax.vmap(lambda xn: jnp.diag(jax.hessian(lp)(xn)))(x))
+
+
+def _item_prior(spec: ModelSpec, x: np.ndarray):
+    """Log prior of each item ``(n,)`` with gradient ``(n, k)`` and diagonal Hessian ``(n, k)``
+    (the priors of an item's blocks are independent)."""
+    return tuple(np.asarray(a, np.float64) for a in _item_prior_terms(spec, jnp.asarray(x, jnp.float32)))
+
+
+class _Quadrature:
+    """Adaptive Gauss-Hermite nodes per pattern and the posterior weights on them."""
+
+    def __init__(self, spec: ModelSpec, num_nodes: int, num_patterns: int):
+        z, w = np.polynomial.hermite_e.hermegauss(num_nodes)  # weight exp(-z^2 / 2)
+        self.z, self.log_w = z, np.log(w) + 0.5 * z ** 2
+        (self.subject,) = spec.by_owner("subject")
+        self.mean = np.zeros(num_patterns)
+        self.sd = np.ones(num_patterns)
+
+    def nodes(self) -> np.ndarray:
+        return self.mean[:, None] + self.sd[:, None] * self.z[None, :]
+
+    def posterior(self, spec, x, y, mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(nodes, normalised weights (U, Q), log marginal likelihood (U,))`` at items ``x``."""
+        theta = self.nodes()
+        ll = _chunked_node_loglik(spec, x, theta, y, mask)
+        prior = np.asarray(self.subject.prior.log_prob(jnp.asarray(theta), {}), np.float64)
+        lw = ll + prior + self.log_w[None, :] + np.log(self.sd)[:, None]
+        top = lw.max(axis=1, keepdims=True)
+        w = np.exp(lw - top)
+        total = w.sum(axis=1, keepdims=True)
+        return theta, w / total, (top + np.log(total))[:, 0]
+
+    def adapt(self, theta: np.ndarray, w: np.ndarray) -> None:
+        """Recentre each pattern's nodes on its posterior mean and sd."""
+        mean = (w * theta).sum(axis=1)
+        sd = np.sqrt(np.maximum((w * (theta - mean[:, None]) ** 2).sum(axis=1), 1e-12))
+        self.mean, self.sd = mean, np.clip(sd, 1e-3, 10.0)
+
+
+def _chunks(num_patterns: int, num_nodes: int, num_items: int, limit: int) -> list[slice]:
+    per = max(1, limit // max(num_patterns * num_nodes, 1))
+    return [slice(a, min(a + per, num_items)) for a in range(0, num_items, per)]
+
+
+def _chunked_node_loglik(spec, x, theta, y, mask) -> np.ndarray:
+    U, Q = theta.shape
+    out = np.zeros((U, Q))
+    th = jnp.asarray(theta, jnp.float32)
+    for sl in _chunks(U, Q, x.shape[0], 8_000_000):
+        out += np.asarray(_node_loglik(spec, jnp.asarray(x[sl], jnp.float32), th,
+                                       jnp.asarray(y[:, sl]), jnp.asarray(mask[:, sl])), np.float64)
+    return out
+
+
+def _expected_values(spec, x, theta, y, mask, w, limit) -> np.ndarray:
+    U, Q = theta.shape
+    th, ww = jnp.asarray(theta, jnp.float32), jnp.asarray(w, jnp.float32)
+    return np.concatenate([
+        np.asarray(_item_values(spec, jnp.asarray(x[sl], jnp.float32), th, jnp.asarray(y[:, sl]),
+                                jnp.asarray(mask[:, sl]), ww), np.float64)
+        for sl in _chunks(U, Q, x.shape[0], limit)])
+
+
+def _expected_terms(spec, x, theta, y, mask, w, limit):
+    U, Q = theta.shape
+    th, ww = jnp.asarray(theta, jnp.float32), jnp.asarray(w, jnp.float32)
+    parts = [_item_terms(spec, jnp.asarray(x[sl], jnp.float32), th, jnp.asarray(y[:, sl]),
+                         jnp.asarray(mask[:, sl]), ww)
+             for sl in _chunks(U, Q * 4, x.shape[0], limit)]
+    return tuple(np.concatenate([np.asarray(p[i], np.float64) for p in parts]) for i in range(3))
+
+
+def _newton_direction(grad: np.ndarray, hess: np.ndarray, max_step: float) -> np.ndarray:
+    """Per-item Newton ascent direction ``-H^-1 g``, with the Hessian shifted until it is
+    negative definite, each step capped at ``max_step``."""
+    k = grad.shape[1]
+    eye = np.eye(k)
+    top = np.linalg.eigvalsh(hess).max(axis=1)  # ascent needs H < 0
+    shift = np.where(top > -1e-6, top + 1e-3 + 0.1 * np.abs(hess).max(axis=(1, 2)), 0.0)
+    step = np.linalg.solve(-(hess - shift[:, None, None] * eye), grad[..., None])[..., 0]
+    size = np.abs(step).max(axis=1, keepdims=True)
+    return step * np.minimum(1.0, max_step / np.maximum(size, 1e-12))
+
+
+def _joint_fits(n: int, k: int, U: int, Q: int, settings: MarginalSettings) -> bool:
+    return n * k <= settings.full_cov_max and U * Q * n * k <= settings.score_cells_max
+
+
+def _louis(spec, x, theta, w, counts, y, mask, hess, joint: bool, settings: MarginalSettings,
+           with_sensitivity: bool = False):
+    """The items' marginal posterior information (Louis 1982) and, optionally, each
+    pattern's ability sensitivity ``d E[theta | y, items] / d items`` ``(U, n, k)``.
+
+    information = -(E_w[complete-data Hessian] + prior Hessian) - sum_s Var_w[score_s]:
+    ``(n k, n k)`` when ``joint``, its ``(n, k, k)`` within-item blocks otherwise. ``hess``
+    is ``(n, k, k)``, complete-data plus prior.
+    """
+    n, k = x.shape
+    U, Q = theta.shape
+    if joint:
+        info = np.zeros((n * k, n * k))
+        for i in range(n):
+            info[i * k:(i + 1) * k, i * k:(i + 1) * k] = -hess[i]
+    else:
+        info = -hess.copy()
+    sens = np.zeros((U, n, k)) if with_sensitivity else None
+    th = jnp.asarray(theta, jnp.float32)
+    xj = jnp.asarray(x, jnp.float32)
+    per = max(1, settings.score_cells_max // max(Q * n * k, 1))
+    for start in range(0, U, per):
+        sl = slice(start, min(start + per, U))
+        g = np.asarray(_cell_scores(spec, xj, th[sl], jnp.asarray(y[sl]), jnp.asarray(mask[sl])),
+                       np.float64)
+        ws = w[sl]
+        centred = g - np.einsum("uq,uqnk->unk", ws, g)[:, None]
+        if with_sensitivity:
+            dev = theta[sl] - (ws * theta[sl]).sum(axis=1, keepdims=True)
+            sens[sl] = np.einsum("uq,uq,uqnk->unk", ws, dev, centred)
+        scaled = centred * np.sqrt(ws * counts[sl, None])[:, :, None, None]
+        if joint:
+            flat = scaled.reshape(-1, n * k)
+            info -= flat.T @ flat
+        else:
+            info -= np.einsum("uqni,uqnj->nij", scaled, scaled)
+    return info, sens
+
+
+def _covariance(info: np.ndarray, joint: bool) -> np.ndarray:
+    """The inverse of the information (pseudo-inverse where singular)."""
+    try:
+        if joint:
+            factor = scipy.linalg.cho_factor(info, check_finite=False)
+            return scipy.linalg.cho_solve(factor, np.eye(info.shape[0]), check_finite=False)
+        return np.linalg.inv(info)
+    except np.linalg.LinAlgError:
+        return np.linalg.pinv(info)
+
+
+def _em_step(spec, x, theta, yy, mask, wc, grad, hess, base, settings) -> np.ndarray:
+    """One damped Newton step per item on the expected complete-data log posterior, halved
+    per item until that item's objective does not fall."""
+    n = x.shape[0]
+    x = x.copy()
+    step = _newton_direction(grad, hess, settings.max_step)
+    accepted = np.zeros(n, bool)
+    for _half in range(8):
+        trial = x + step
+        t_val = _expected_values(spec, trial, theta, yy, mask, wc, settings.cell_chunk) + \
+            _item_prior(spec, trial)[0]
+        ok = (t_val >= base - 1e-9 * np.abs(base)) & ~accepted
+        x[ok] = trial[ok]
+        accepted |= ok
+        step = np.where(accepted[:, None], 0.0, 0.5 * step)
+        if accepted.all():
+            break
+    return x
+
+
+def _marginal_newton(info: np.ndarray, grad: np.ndarray, max_step: float) -> np.ndarray | None:
+    """``info^-1 grad`` reshaped to ``(n, k)``, capped at ``max_step``; None where the
+    information is not positive definite (far from the mode)."""
+    try:
+        factor = scipy.linalg.cho_factor(info, check_finite=False)
+    except np.linalg.LinAlgError:
+        return None
+    step = scipy.linalg.cho_solve(factor, grad.reshape(-1), check_finite=False).reshape(grad.shape)
+    if not np.isfinite(step).all():
+        return None
+    size = float(np.abs(step).max())
+    return step * min(1.0, max_step / max(size, 1e-12))
+
+
+def fit_marginal(spec: ModelSpec, y: np.ndarray,
+                 settings: MarginalSettings = MarginalSettings()) -> tuple[GuideState, dict, dict]:
+    """Fit ``spec`` to binary responses ``y`` (int8 ``(s, n)``, -1 missing) by marginal MAP.
+
+    Each iteration takes the E-step (posterior weights on every pattern's nodes), then a
+    Newton step on the marginal log posterior with the Louis information where the items'
+    joint information fits in memory and is positive definite and the step raises the
+    marginal log posterior, and an EM step (one Newton step per item) otherwise.
+
+    Returns
+    -------
+    ``(guide, cross, info)``: the guide holds the items' marginal modes with their conditional
+    sds (``1 / sqrt`` of the marginal precision's diagonal) and the abilities' posterior means
+    and sds; ``cross`` holds the within-item off-diagonal curvatures (``"a|b"`` -> ``(n,)``)
+    so that the read-outs' within-item marginal sds (``within_owner_scales``) are the marginal
+    covariance's; ``info`` holds the trace, convergence and counts.
+
+    The ability sd adds the items' uncertainty to the posterior sd at the fitted items (delta
+    method through each pattern's sensitivity, with the items' joint covariance where it is
+    computed: a common error of the scale moves every ability together).
+
+    Raises
+    ------
+    ModelError : the model is not one ``marginal_applies`` accepts.
+    """
+    if not marginal_applies(spec):
+        raise ModelError(f"model {spec.name!r}: the marginal fit needs binary responses, one "
+                         f"scalar ability and fixed (vague) priors; use ability_factor='gaussian'")
+    t0 = time.perf_counter()
+    blocks = _item_blocks(spec)
+    (subject,) = spec.by_owner("subject")
+    y = np.asarray(y)
+    patterns, inverse, counts = distinct_rows(y)
+    mask = (patterns >= 0).astype(np.float32)
+    yy = np.where(patterns >= 0, patterns, 0).astype(np.float32)
+    counts_f = counts.astype(np.float64)
+    n, k, U, Q = y.shape[1], len(blocks), patterns.shape[0], settings.num_nodes
+    joint = _joint_fits(n, k, U, Q, settings)
+    x = np.stack([np.full(n, p.init if np.isscalar(p.init) else 0.0, np.float64)
+                  for p in blocks], -1)
+    if spec.initial is not None:
+        start = spec.initial(y)
+        for j, p in enumerate(blocks):
+            if p.name in start and np.shape(start[p.name]) == (n,):
+                x[:, j] = np.asarray(start[p.name], np.float64)
+    quad = _Quadrature(spec, Q, U)
+    trace, converged, previous, newton_steps = [], False, None, 0
+    for _ in range(3):  # place the nodes before the first M-step
+        theta, w, _ = quad.posterior(spec, x, yy, mask)
+        quad.adapt(theta, w)
+    for it in range(settings.max_iter):
+        t_it = time.perf_counter()
+        theta, w, log_marg = quad.posterior(spec, x, yy, mask)
+        prior_val, prior_grad, prior_hess = _item_prior(spec, x)
+        objective = float(counts_f @ log_marg + prior_val.sum())
+        wc = w * counts_f[:, None]
+        value, grad, hess = _expected_terms(spec, x, theta, yy, mask, wc, settings.cell_chunk)
+        grad = grad + prior_grad  # the gradient of the marginal log posterior (Fisher)
+        hess = hess + prior_hess[:, :, None] * np.eye(k)
+        full_step = float(np.abs(_newton_direction(grad, hess, settings.max_step)).max())
+        moved = False
+        if joint and it >= 2:
+            info_mat, _ = _louis(spec, x, theta, w, counts_f, yy, mask, hess, True, settings)
+            step = _marginal_newton(info_mat, grad, settings.max_step)
+            if step is not None:
+                trial = x + step
+                _, _, trial_marg = quad.posterior(spec, trial, yy, mask)
+                trial_obj = float(counts_f @ trial_marg + _item_prior(spec, trial)[0].sum())
+                if trial_obj >= objective:
+                    x, moved, newton_steps = trial, True, newton_steps + 1
+                    full_step = float(np.abs(step).max())
+        if not moved:
+            x = _em_step(spec, x, theta, yy, mask, wc, grad, hess, value + prior_val, settings)
+        trace.append({"pass": it + 1, "elbo": objective, "elbo_smooth": objective,
+                      "max_step": full_step, "seconds": time.perf_counter() - t_it})
+        quad.adapt(theta, w)
+        change = abs(objective - previous) if previous is not None else np.inf
+        previous = objective
+        if it >= 2 and change < max(settings.tol * abs(objective), 1e-3) and full_step < 1e-3:
+            converged = True
+            break
+    # final posterior at the fitted items, with the nodes recentred once more
+    theta, w, _ = quad.posterior(spec, x, yy, mask)
+    quad.adapt(theta, w)
+    theta, w, log_marg = quad.posterior(spec, x, yy, mask)
+    prior_val, _, prior_hess = _item_prior(spec, x)
+    _, _, hess = _expected_terms(spec, x, theta, yy, mask, w * counts_f[:, None],
+                                 settings.cell_chunk)
+    hess = hess + prior_hess[:, :, None] * np.eye(k)
+    info_mat, sens = _louis(spec, x, theta, w, counts_f, yy, mask, hess, joint, settings,
+                            with_sensitivity=True)
+    full_cov = _covariance(info_mat, joint)
+    mean = (w * theta).sum(axis=1)
+    var = np.maximum((w * (theta - mean[:, None]) ** 2).sum(axis=1), 1e-24)
+    if joint:
+        cov = np.stack([full_cov[i * k:(i + 1) * k, i * k:(i + 1) * k] for i in range(n)])
+        flat = sens.reshape(U, n * k)
+        item_var = np.einsum("ui,ij,uj->u", flat, full_cov, flat)
+    else:
+        cov = full_cov
+        item_var = np.einsum("uni,nij,unj->u", sens, cov, sens)
+    sd = np.sqrt(var + np.maximum(item_var, 0.0))
+    # items: conditional sds in the guide, within-item couplings in cross, so that the
+    # read-outs' within-item marginal sds are this covariance's diagonal
+    prec = np.linalg.pinv(cov)
+    loc = {p.name: x[:, j].astype(np.float32) for j, p in enumerate(blocks)}
+    log_scale = {p.name: (-0.5 * np.log(np.maximum(prec[:, j, j], 1e-12))).astype(np.float32)
+                 for j, p in enumerate(blocks)}
+    cross = {f"{blocks[i].name}|{blocks[j].name}": (-prec[:, i, j]).astype(np.float32)
+             for i in range(k) for j in range(i + 1, k)}
+    loc[subject.name] = mean[inverse].astype(np.float32)
+    log_scale[subject.name] = np.log(sd[inverse]).astype(np.float32)
+    info = {"trace": trace, "converged": converged, "num_patterns": int(U),
+            "num_nodes": Q, "joint_item_covariance": joint, "newton_steps": newton_steps,
+            "log_marginal_posterior": float(counts_f @ log_marg + prior_val.sum()),
+            "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
+            "wall_s": time.perf_counter() - t0}
+    return GuideState(loc, log_scale), cross, info
+
+
+def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
+                        settings: MarginalSettings = MarginalSettings()):
+    """:func:`fit_marginal` as a :class:`~engine.infer.fit.FitResult` (the trace's ``elbo``
+    is the marginal log posterior), for the same run directory and read-outs."""
+    from engine.infer.fit import FitResult
+
+    guide, cross, info = fit_marginal(spec, y, settings)
+    y = np.asarray(y)
+    return FitResult(
+        spec=spec, guide=guide, settings=fit_settings, trace=info["trace"],
+        converged=info["converged"], wall_time_s=info["wall_s"],
+        compile_time_s=info["trace"][0]["seconds"] if info["trace"] else 0.0,
+        num_subjects=y.shape[0], num_items=y.shape[1], num_observed=int((y >= 0).sum()),
+        num_devices=1, frozen=(),
+        extra={"source": "quadrature", "layout": "dense", "mc_draws": 0,
+               "quadrature": {k: info[k] for k in ("num_patterns", "num_nodes",
+                                                   "joint_item_covariance", "newton_steps",
+                                                   "log_marginal_posterior")}},
+        cross=cross)

@@ -1,0 +1,185 @@
+"""The marginal (quadrature) fit against direct numerical integration with scipy."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from engine.api import fit
+from engine.errors import SettingsError
+from engine.infer.marginal import (MarginalSettings, _Quadrature, choose_ability_factor,
+                                   distinct_rows, fit_marginal, pool_identical_rows)
+from engine.infer.settings import FitSettings
+from engine.models import get_model
+from engine.readout.posterior import within_owner_scales
+from engine.run import save_run
+
+
+def _simulate(S, N, seed, log_a_sd=0.3):
+    rng = np.random.default_rng(seed)
+    theta, b = rng.normal(size=S), rng.normal(size=N)
+    a = np.exp(log_a_sd * rng.normal(size=N))
+    p = 1 / (1 + np.exp(-a * (theta[:, None] - b)))
+    return (rng.random((S, N)) < p).astype(np.int8), theta, b, a
+
+
+def _row_loglik(theta, row, b, a):
+    """log p(row | theta) for a 2PL, cell by cell with scipy.stats.bernoulli."""
+    p = 1 / (1 + np.exp(-a * (theta - b)))
+    seen = row >= 0
+    return stats.bernoulli.logpmf(row[seen], p[seen]).sum()
+
+
+def _scipy_posterior(row, b, a, moments=True):
+    """(log marginal likelihood, posterior mean, sd) of one row by adaptive scipy quadrature."""
+    grid = np.linspace(-8, 8, 801)
+    seen = row >= 0
+    p = 1 / (1 + np.exp(-a[seen] * (grid[:, None] - b[seen])))
+    lp = stats.bernoulli.logpmf(row[seen], p).sum(1) + stats.norm.logpdf(grid)
+    peak, mode = lp.max(), grid[np.argmax(lp)]
+    f = lambda t, k: t ** k * np.exp(_row_loglik(t, row, b, a) + stats.norm.logpdf(t) - peak)
+    pts = [mode - 0.5, mode, mode + 0.5]
+    z = integrate.quad(f, -10, 10, args=(0,), points=pts, limit=200, epsabs=0)[0]
+    if not moments:
+        return peak + np.log(z), None, None
+    m = integrate.quad(f, -10, 10, args=(1,), points=pts, limit=200, epsabs=0)[0] / z
+    m2 = integrate.quad(f, -10, 10, args=(2,), points=pts, limit=200, epsabs=0)[0] / z
+    return peak + np.log(z), m, np.sqrt(m2 - m * m)
+
+
+@pytest.mark.parametrize("num_items", [6, 400])
+def test_adaptive_quadrature_matches_scipy(num_items):
+    """Log marginal likelihood, mean and sd of each pattern's ability posterior, with a few
+    items (broad) and with hundreds (sd ~0.1), against scipy.integrate.quad."""
+    spec = get_model("2pl")
+    y, _, b, a = _simulate(5, num_items, seed=num_items)
+    y[0, :3] = -1  # missing cells are left out
+    x = np.stack([b, np.log(a)], -1)
+    patterns, inverse, counts = distinct_rows(y)
+    mask, yy = (patterns >= 0).astype(np.float32), np.maximum(patterns, 0).astype(np.float32)
+    quad = _Quadrature(spec, 21, len(patterns))
+    for _ in range(4):
+        theta, w, log_marg = quad.posterior(spec, x, yy, mask)
+        quad.adapt(theta, w)
+    theta, w, log_marg = quad.posterior(spec, x, yy, mask)
+    mean = (w * theta).sum(1)
+    sd = np.sqrt((w * (theta - mean[:, None]) ** 2).sum(1))
+    for u, row in enumerate(patterns):
+        ref_z, ref_m, ref_sd = _scipy_posterior(row, b, a)
+        assert log_marg[u] == pytest.approx(ref_z, abs=2e-3 + 1e-5 * abs(ref_z))
+        assert mean[u] == pytest.approx(ref_m, abs=2e-3 * ref_sd + 1e-5)
+        assert sd[u] == pytest.approx(ref_sd, rel=3e-3)
+
+
+def _scipy_log_post(vec, patterns, counts):
+    """The 2PL's marginal log posterior (vague priors) by scipy integration, per pattern."""
+    b, log_a = vec[0::2], vec[1::2]
+    lp = sum(c * _scipy_posterior(row, b, np.exp(log_a), False)[0] for row, c in zip(patterns, counts))
+    return lp + stats.norm.logpdf(b, 0, np.sqrt(1e3)).sum() + stats.norm.logpdf(log_a).sum()
+
+
+def test_marginal_mode_and_covariance_match_scipy():
+    """At the fitted items the scipy-integrated marginal log posterior is flat, and its
+    finite-difference curvature inverts to the fit's item covariance (Louis)."""
+    spec = get_model("2pl")
+    y, _, _, _ = _simulate(300, 3, seed=3, log_a_sd=0.2)
+    guide, cross, info = fit_marginal(spec, y)
+    assert info["converged"] and info["joint_item_covariance"]
+    patterns, _, counts = distinct_rows(y)
+    x0 = np.stack([guide.loc["difficulty"], guide.loc["discrimination"]], -1).reshape(-1)
+    x0 = x0.astype(np.float64)
+    h, P = 1e-3, x0.size
+    f = lambda v: _scipy_log_post(v, patterns, counts)
+    grad = np.array([(f(x0 + h * e) - f(x0 - h * e)) / (2 * h) for e in np.eye(P)])
+    assert np.abs(grad).max() < 0.05  # vs ~10-100 per unit a step of 0.1 away
+    hess = np.empty((P, P))
+    for i, ei in enumerate(np.eye(P)):
+        for j, ej in enumerate(np.eye(P)[:i + 1]):
+            hess[i, j] = hess[j, i] = (f(x0 + h * ei + h * ej) - f(x0 + h * ei - h * ej)
+                          - f(x0 - h * ei + h * ej) + f(x0 - h * ei - h * ej)) / (4 * h * h)
+    cov = np.linalg.inv(-hess)
+    for n in range(3):
+        np.testing.assert_allclose(info["item_covariance"][n], cov[2 * n:2 * n + 2, 2 * n:2 * n + 2],
+                                   rtol=0.03, atol=1e-4)
+    # the read-outs' within-item marginal sds are this covariance's diagonal
+    sds = within_owner_scales(spec, guide, "item", cross)
+    np.testing.assert_allclose(sds["difficulty"], np.sqrt(np.diag(cov)[0::2]), rtol=0.03)
+    np.testing.assert_allclose(sds["discrimination"], np.sqrt(np.diag(cov)[1::2]), rtol=0.03)
+
+
+def test_marginal_recovers_simulated_2pl():
+    """Seeded recovery at a short-test shape: estimates near the truth, intervals that cover."""
+    y, theta, b, a = _simulate(1500, 10, seed=7)
+    spec = get_model("2pl")
+    guide, cross, info = fit_marginal(spec, y)
+    sds = within_owner_scales(spec, guide, "item", cross)
+    assert np.abs(guide.loc["difficulty"] - b).max() < 4 * sds["difficulty"].max()
+    z_b = (guide.loc["difficulty"] - b) / sds["difficulty"]
+    z_a = (guide.loc["discrimination"] - np.log(a)) / sds["discrimination"]
+    assert np.mean(np.abs(np.concatenate([z_b, z_a])) < 1.645) >= 0.7
+    z_t = (guide.loc["ability"] - theta) / np.exp(guide.log_scale["ability"])
+    assert 0.86 <= np.mean(np.abs(z_t) < 1.645) <= 0.94
+    assert np.corrcoef(guide.loc["ability"], theta)[0, 1] > 0.7  # ten items: reliability ~0.6
+
+
+@pytest.mark.parametrize("model", ["1pl", "2pl", "3pl"])
+def test_identical_patterns_identical_readouts(tmp_path, model):
+    """Subjects with the same answer sheet get the same ability, interval, rank statistics
+    and tie group, to the bit."""
+    from engine.readout.leaderboard import leaderboard
+
+    y, *_ = _simulate(120, 6, seed=11)
+    y[40:60] = y[5]  # twenty-one copies of one sheet
+    y[61, 2] = -1
+    y[62] = y[61]  # and two with a missing cell
+    res = fit(y, model=model, settings=FitSettings(seed=0))
+    assert res.extra["ability_factor"]["method"] == "quadrature"
+    run = save_run(res, tmp_path / "run", num_draws=300)
+    subjects = run.subjects.drop(columns=["subject"])
+    for group in ([5] + list(range(40, 60)), [61, 62]):
+        rows = subjects.iloc[group]
+        assert (rows.nunique() == 1).all(), rows.nunique()[rows.nunique() > 1]
+    board = leaderboard(run.subjects, None)
+    tie = board.set_index("subject")["tie_group"]
+    assert tie.loc[[str(s) for s in [5] + list(range(40, 60))]].nunique() == 1
+
+
+def test_mean_field_fits_pool_identical_patterns(tmp_path):
+    """The gaussian (mean-field) fit shares the factor of identical sheets too."""
+    y, *_ = _simulate(40, 8, seed=12)
+    y[10:15] = y[3]
+    res = fit(y, model="2pl", settings=FitSettings(seed=0, ability_factor="gaussian"))
+    assert res.extra["ability_factor"]["method"] == "gaussian"
+    run = save_run(res, tmp_path / "run", num_draws=200)
+    rows = run.subjects.drop(columns=["subject"]).iloc[[3, 10, 11, 12, 13, 14]]
+    assert (rows.nunique() == 1).all()
+    alone = pool_identical_rows(res.spec, res.guide, np.arange(40 * 8).reshape(40, 8))
+    assert alone is res.guide  # nothing shared: the factors are kept
+
+
+def test_switch_reads_items_per_subject(tmp_path):
+    """auto: quadrature up to the bound on responses per subject, mean-field above it; the
+    choice and the count it was read from are in fit.json."""
+    y, *_ = _simulate(30, 12, seed=13)
+    below = fit(y, model="1pl", settings=FitSettings(seed=0, quadrature_max_items=12))
+    above = fit(y, model="1pl", settings=FitSettings(seed=0, quadrature_max_items=11))
+    assert below.extra["ability_factor"]["method"] == "quadrature"
+    assert above.extra["ability_factor"]["method"] == "gaussian"
+    info = json.loads((save_run(below, tmp_path / "q").path / "fit.json").read_text())
+    assert info["ability_factor"] == {"requested": "auto", "max_items_per_subject": 12,
+                                      "items_per_subject": 12.0, "method": "quadrature"}
+    assert info["quadrature"]["num_patterns"] == len(distinct_rows(y)[0])
+    info = json.loads((save_run(above, tmp_path / "g").path / "fit.json").read_text())
+    assert info["ability_factor"]["method"] == "gaussian"
+
+
+def test_quadrature_refused_where_it_does_not_apply():
+    spec = get_model("2pl", prior="hierarchical")
+    with pytest.raises(SettingsError, match="hierarchical|vague priors"):
+        choose_ability_factor(spec, np.zeros((3, 2), np.int8), "quadrature", 1000)
+    with pytest.raises(SettingsError, match="ability_factor"):
+        FitSettings(ability_factor="grid")
+    # auto falls back to the mean-field fit, and says so
+    assert choose_ability_factor(spec, np.zeros((3, 2), np.int8), "auto", 1000)["method"] == \
+        "gaussian"
