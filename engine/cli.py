@@ -98,7 +98,8 @@ def cmd_ingest(args) -> int:
 
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
     store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite,
-                   layout=args.layout, memory_budget=budget, kind=args.kind)
+                   layout=args.layout, memory_budget=budget, kind=args.kind,
+                   id_column=args.id_column)
     print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
           f"{store.num_observed} observed ({store.density:.1%}), kind {store.kind}, "
           f"layout {store.layout}")
@@ -135,7 +136,7 @@ def _check_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
 
 def _fit_and_save(store_path, out, args) -> "object":
     from engine.api import fit
-    from engine.infer.checkpoint import Checkpointer
+    from engine.infer.checkpoint import Checkpointer, has_checkpoint
     from engine.run import save_run
 
     settings = _settings(args)
@@ -144,6 +145,9 @@ def _fit_and_save(store_path, out, args) -> "object":
     _check_run_dir(out, resume, args.overwrite)
     if args.overwrite and not resume:
         Checkpointer(out, 0, {}).clear()
+    if resume and not has_checkpoint(out):
+        print(f"note: --resume found no checkpoint in {out}; the fit starts from pass 0",
+              file=sys.stderr)
     update, bar = _progress(settings.progress, settings.max_passes)
     try:
         res = fit(store_path, model=args.model, settings=settings, prior=args.prior,
@@ -185,10 +189,13 @@ def _skill_options(store_path, args) -> dict:
 
 
 def cmd_fit(args) -> int:
-    if getattr(args, "method", "vi") == "nuts":
-        _nuts_and_save(args)
-        return 0
-    _fit_and_save(args.store, args.out, args)
+    from engine.atomic import exclusive_lock
+
+    with exclusive_lock(Path(args.out)):  # a second fit into the same --out fails at once
+        if getattr(args, "method", "vi") == "nuts":
+            _nuts_and_save(args)
+            return 0
+        _fit_and_save(args.store, args.out, args)
     return 0
 
 
@@ -675,7 +682,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dense matrix or sparse (subject, item, response) observations; auto "
                         "picks sparse below 10%% observed")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
-                   help="memory for buffering long input, e.g. 512M or 4G")
+                   help="memory for buffering long input, and the most a wide or jsonl table "
+                        "may take (default half the available memory), e.g. 512M or 4G")
+    p.add_argument("--id-column", default=None, metavar="NAME",
+                   help="wide input: the column holding subject ids, or 'none' when every "
+                        "column is an item; needed when the first column holds numbers")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_ingest)
 

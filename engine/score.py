@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from engine.api import fit, response_stats
-from engine.data.store import Store, open_store
+from engine.data.kinds import READS, check_kind
+from engine.data.store import KINDS, Store, open_store
 from engine.errors import DataFormatError, SettingsError
 from engine.infer.conditional import GridSettings, conditional_abilities, conditional_applies
 from engine.infer.fit import FitResult
@@ -98,6 +99,7 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
     if y.ndim != 2 or y.shape[1] != expect:
         raise DataFormatError(f"new responses have shape {y.shape}; expected (subjects, {expect}) "
                               f"columns matching the run's items")
+    check_kind(np.asarray(y), _run_kind(run), "new responses")  # a 2 or a 0.5 never becomes 0/1
     if method not in METHODS:
         raise SettingsError(f"score method {method!r} is unknown; use one of {', '.join(METHODS)}")
     applies = conditional_applies(run.spec)
@@ -132,14 +134,18 @@ def read_new_responses(run: Run, responses: str | Path | Store) -> tuple[np.ndar
     ``responses`` is a store or any file ``irt-engine ingest`` reads. Items the run does not
     know are an error; run items the file lacks are missing.
     """
+    kind = _run_kind(run)
     if isinstance(responses, Store) or Path(responses).is_dir():
         store = responses if isinstance(responses, Store) else open_store(responses)
+        if store.kind not in READS[kind]:
+            raise DataFormatError(f"{store.path}: {store.kind} responses, but run {run.path} was "
+                                  f"fitted to {kind} responses; score it with a run of that kind")
         y_new, subjects, items = store.load(), store.subjects, store.items
     else:
         from engine.data import ingest
 
         with tempfile.TemporaryDirectory(prefix="irt-score-") as tmp:
-            store = ingest(responses, Path(tmp) / "store")
+            store = ingest(responses, Path(tmp) / "store", kind=kind)  # values checked there
             y_new, subjects, items = store.load(), store.subjects, store.items
     items = [str(s) for s in items.tolist()]
     index = {str(s): j for j, s in enumerate(run.items["item"].astype(str))}
@@ -147,9 +153,17 @@ def read_new_responses(run: Run, responses: str | Path | Store) -> tuple[np.ndar
     if unknown:
         raise DataFormatError(f"{responses}: column(s) {unknown[:5]} are not items of run {run.path} "
                               f"({len(unknown)} unknown); score needs the run's item ids as columns")
-    y = np.full((y_new.shape[0], len(index)), -1, np.int8)
+    spec = KINDS[kind]
+    y = np.full((y_new.shape[0], len(index)), spec.fill, spec.dtype)
+    if y_new.dtype != y.dtype:  # a binary store (int8, -1 missing) scored by a float run
+        y_new = np.where(y_new < 0, np.nan, y_new).astype(y.dtype)
     y[:, [index[i] for i in items]] = y_new
     return y, np.asarray([str(s) for s in subjects.tolist()], dtype=object)
+
+
+def _run_kind(run: Run) -> str:
+    """The response kind the run was fitted to (binary for runs that predate kinds)."""
+    return (run.info.get("data") or {}).get("kind") or "binary"
 
 
 def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, num_draws: int = 1000,

@@ -7,9 +7,23 @@ memory by ``engine.data.long``) and "jsonl" (py-irt lines
 ``line N`` for CSV/jsonl (the CSV header is line 1) and ``row index N`` (0-based) for Parquet.
 
 Response kinds (``engine.data.store.KINDS``): ``binary`` (0/1, stored int8), ``unit`` (scores in
-[0, 1]) and ``nonnegative`` (errors >= 0), both stored float32 with NaN missing. The kind is the
-smallest one holding every observed value unless given; a value outside it, a negative or a
-non-finite value is an error naming its file, row and column. Nothing is clipped.
+[0, 1]) and ``nonnegative`` (errors >= 0), both stored float32 with NaN missing. Values are
+parsed to float64 and checked against the kind before any narrowing cast, so ``1.00000001``
+is not binary and ``-1e-50`` is negative; the kind is the smallest one holding every
+observed value unless given; a value outside it, a negative, a non-finite value or one too
+large for float32 is an error naming its file, row and column. Nothing is clipped.
+
+Ids are text in every reader, kept as written but for surrounding whitespace: ``NA``,
+``null`` and ``nan`` are ids. An empty id, a duplicate id or JSON key, a non-string id in
+JSON, a Parquet id column that is not text or integers, and an id that is not valid UTF-8
+text (a lone surrogate) are errors. A wide table's first column holds subject ids when its
+name is a known id name (``_ID_NAMES``) or empty (a pandas index) or every cell in it is
+text; a numeric first column under another name is ambiguous and an error until
+``id_column`` names the id column (or ``"none"``: every column is an item).
+
+Memory: the wide and jsonl readers hold the table; before reading they compare the size
+the file (Parquet footer, CSV header) claims with ``memory_budget`` and refuse with an error
+naming the size; long input is streamed (``engine.data.long``).
 """
 
 from __future__ import annotations
@@ -18,6 +32,8 @@ import csv
 import gzip
 import io
 import json
+import os
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +59,16 @@ _SUFFIXES = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parque
 _EXPECTED = "a number (0/1, a score in [0, 1] or an error >= 0), or empty for missing"
 _SUPPORT = {"binary": "0 or 1", "unit": "a score in [0, 1]", "nonnegative": "an error >= 0"}
 _NULLS = {"", "na", "n/a", "nan", "null", "none"}
+NO_ID_COLUMN = "none"  # id_column value: a wide table without an id column (rows are numbered)
+# Bytes a wide table costs in memory while it is read and written: a float64 cell parsed, a
+# copy while stacking; each id about 250 bytes (Python strings, lists, the store's id array).
+_CELL_BYTES, _ID_BYTES = 16, 250
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
 class _Parsed:
-    """One file (or all files, merged): float32 responses with NaN missing, ids, locators."""
+    """One file (or all files, merged): float64 responses with NaN missing, ids, locators."""
 
     responses: np.ndarray
     subjects: list[str]
@@ -66,7 +87,7 @@ class _BadCell(Exception):
 def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: str | None = None,
            kind: str | None = None, chunks: Sequence[int] = (1024, 8192),
            overwrite: bool = False, layout: str = "auto",
-           memory_budget: int | None = None) -> Store:
+           memory_budget: int | None = None, id_column: str | None = None) -> Store:
     """Read response files of one format and write them as a zarr v3 response store.
 
     Parameters
@@ -89,8 +110,13 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         Store a dense matrix or (subject, item, response) observations; "auto" picks
         sparse below ``SPARSE_DENSITY`` observed.
     memory_budget : int, optional
-        Bytes for buffering long input (default 512 MiB). Long input is streamed: its
-        peak memory does not grow with the number of rows.
+        Bytes for buffering long input (default 512 MiB; streamed, its peak memory does not
+        grow with the number of rows), and the most a wide or jsonl table may take in memory
+        (default half the memory available); a larger table is refused before it is read.
+    id_column : str, optional
+        Wide input: the column holding subject ids, or ``"none"`` when every column is an
+        item (subjects are then numbered by row). Needed when the first column holds numbers
+        under a name that is not a known id name; by default the first column is detected.
 
     Returns
     -------
@@ -121,22 +147,72 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         raise SettingsError(f"layout={layout!r}; use one of {', '.join(LAYOUTS)}")
     if len(chunks) != 2 or min(int(c) for c in chunks) < 1:
         raise SettingsError(f"chunks must be two positive integers (rows, items), got {chunks}")
+    if memory_budget is not None and int(memory_budget) < 1:
+        raise SettingsError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
     check_writable(out, overwrite)
     files = _expand(inputs)
     fmt = fmt or _detect(files)
+    if id_column is not None and fmt != "wide":
+        raise SettingsError(f"id_column (--id-column) applies to wide input only; this input is "
+                            f"{fmt}: drop the option")
     if fmt == "long":
         from engine.data.long import ingest_long
 
         return ingest_long(files, out, kind=kind, chunks=chunks, overwrite=overwrite,
                            layout=layout, memory_budget=memory_budget)
-    reader = _read_jsonl if fmt == "jsonl" else _read_wide
-    parsed = _merge([reader(path, kind) for path in files])
+    budget = int(memory_budget or default_budget())
+    if fmt == "jsonl":
+        parts = [_read_jsonl(path, kind, budget) for path in files]
+    else:
+        parts = [_read_wide(path, kind, budget, id_column) for path in files]
+    parsed = _merge(parts)
     _check_nonempty(parsed)
     kind = kind or detect_kind(parsed.responses)
     return write_store(as_stored(parsed.responses, kind), parsed.subjects, parsed.items, out,
                        kind=kind,
                        source=[str(p) for p in files], input_format=fmt, chunks=chunks,
                        overwrite=overwrite, layout=layout)
+
+
+def default_budget() -> int:
+    """Half the memory the machine has available now (at least 256 MiB)."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        available = 4 << 30
+    return max(256 << 20, available // 2)
+
+
+def _over_budget(path: Path, what: str, need: float, budget: int) -> DataFormatError:
+    return DataFormatError(
+        f"{path}: {what} needs about {_size(need)} in memory to ingest, over the memory budget "
+        f"of {_size(budget)}; write it in long format (subject,item,response rows, which ingest "
+        f"streams in bounded memory) or raise --memory-budget")
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.3g}"
+
+
+def _wide_need(rows: int, cols: int) -> float:
+    return float(rows) * cols * _CELL_BYTES + (float(rows) + cols) * _ID_BYTES
+
+
+def check_id_text(value: str, what: str, where: str) -> str:
+    """``value`` stripped; raises on an empty id or one that is not valid Unicode text."""
+    text = value.strip()
+    if not text:
+        raise DataFormatError(f"{where}: empty {what} id; give every {what} an id or drop it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DataFormatError(f"{where}: {what} id {text!r} is not valid text (a lone UTF-16 "
+                              f"surrogate); fix the id") from None
+    return text
 
 
 def _container(path: Path) -> str | None:
@@ -197,15 +273,16 @@ def _header(path: Path) -> list[str]:
             return pq.read_schema(path).names
         with _open_text(path) as f:
             header = next(csv.reader(f, delimiter=_delimiter(path)), None)
-    except (OSError, UnicodeDecodeError, pa.ArrowException) as err:
-        raise _cannot_read(path, err) from err
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pa.ArrowException) as err:
+        raise _cannot_read(path, err) from None
     if not header:
         raise DataFormatError(f"{path}: file is empty; expected a header line")
     return header
 
 
 def _cannot_read(path: Path, err: Exception) -> DataFormatError:
-    return DataFormatError(f"{path}: cannot read it ({err}); check the file and its format")
+    text = " ".join(str(err).split())[:200] or type(err).__name__
+    return DataFormatError(f"{path}: cannot read it ({text}); check the file and its format")
 
 
 def _delimiter(path: Path) -> str:
@@ -265,28 +342,28 @@ def _parse_cell(value: object) -> float:
 
 
 def _parse_cells(cells: list) -> np.ndarray:
-    """float32 values (NaN for missing); raises ``_BadCell`` at the first non-number."""
+    """float64 values (NaN for missing); raises ``_BadCell`` at the first non-number."""
     try:
         table = {value: _parse_cell(value) for value in set(cells)}  # few distinct values: fast
-        return np.fromiter(map(table.__getitem__, cells), np.float32, count=len(cells))
-    except (ValueError, TypeError, KeyError):
+        return np.fromiter(map(table.__getitem__, cells), np.float64, count=len(cells))
+    except (ValueError, TypeError, KeyError, OverflowError):
         for k, value in enumerate(cells):
             try:
                 _parse_cell(value)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, OverflowError):
                 raise _BadCell(k, value) from None
-        return np.array([_parse_cell(value) for value in cells], np.float32)  # NaN keys
+        return np.array([_parse_cell(value) for value in cells], np.float64)  # NaN keys
 
 
 def _to_float(col: pa.ChunkedArray) -> np.ndarray:
-    """float32 values of an Arrow column, NaN for missing; raises ``_BadCell``."""
+    """float64 values of an Arrow column, NaN for missing; raises ``_BadCell``."""
     kind = col.type
     if pa.types.is_null(kind):
-        return np.full(len(col), np.nan, np.float32)
+        return np.full(len(col), np.nan, np.float64)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind):
-        return col.to_numpy()  # nulls -> NaN
+        return np.asarray(col.to_numpy(), np.float64)  # nulls -> NaN
     if pa.types.is_boolean(kind):
-        return pc.cast(col, pa.float32()).fill_null(np.nan).to_numpy()
+        return pc.cast(col, pa.float64()).fill_null(np.nan).to_numpy()
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return _parse_cells(col.to_pylist())
     raise _BadCell(0, f"<column of type {kind}>")
@@ -301,16 +378,23 @@ def no_response_error(where: str, what: str, ident, count: int) -> DataFormatErr
 
 def _check_support(values: np.ndarray, kind: str | None,
                    where: Callable[[int], str]) -> np.ndarray:
-    """Check values (NaN missing) are finite and inside ``kind`` (or >= 0 when no kind is
-    given: some kind must hold them); return them as float32 with -0.0 made 0.0."""
-    values = np.asarray(values, np.float32)
+    """Check float64 values (NaN missing) are finite, storable as float32 and inside ``kind``
+    (or >= 0 when no kind is given: some kind must hold them); return them as float64 with
+    -0.0 made 0.0. No value is rounded before this check."""
+    values = np.asarray(values, np.float64)
     missing = np.isnan(values)
     bad = ~missing & ~np.isfinite(values)
     if bad.any():
         index = int(np.argmax(bad.ravel()))
-        raise DataFormatError(f"{where(index)}: got {values.flat[index]:g}; expected a finite "
+        raise DataFormatError(f"{where(index)}: got {fmt_value(values.flat[index])}; expected a finite "
                               f"number, or empty for missing; fix the value or leave the cell "
                               f"empty")
+    big = ~missing & (np.abs(values) > _F32_MAX)
+    if big.any():
+        index = int(np.argmax(big.ravel()))
+        raise DataFormatError(f"{where(index)}: got {fmt_value(values.flat[index])}; responses are stored "
+                              f"as float32, which holds at most {_F32_MAX:.4g}: rescale the "
+                              f"values")
     if kind == "binary":
         good = missing | (values == 0) | (values == 1)
     elif kind == "unit":
@@ -319,7 +403,7 @@ def _check_support(values: np.ndarray, kind: str | None,
         good = missing | (values >= 0)
     if not good.all():
         index = int(np.argmin(good.ravel()))
-        got = f"{where(index)}: got {values.flat[index]:g}"
+        got = f"{where(index)}: got {fmt_value(values.flat[index])}"
         if kind:
             raise DataFormatError(
                 f"{got}; expected {_SUPPORT[kind]} for kind {kind!r}, or empty for missing; fix "
@@ -329,92 +413,179 @@ def _check_support(values: np.ndarray, kind: str | None,
             f"{got}; expected a response >= 0 (binary 0/1, a unit score in [0, 1] or a "
             f"nonnegative error), or empty for missing; no response kind holds negative values: "
             f"transform them first (e.g. errors = -score, or 1 + score/25 for scores in [-25, 0])")
-    return values + np.float32(0)  # -0.0 -> 0.0
+    return values + 0.0  # -0.0 -> 0.0
 
 
 def as_stored(values: np.ndarray, kind: str) -> np.ndarray:
-    """Checked float32 values (NaN missing) in ``kind``'s storage: int8 with -1 missing for
-    binary, float32 with NaN missing otherwise."""
+    """Checked float64 values (NaN missing) in ``kind``'s storage: int8 with -1 missing for
+    binary, float32 with NaN missing otherwise (the one narrowing cast, after the check)."""
     if kind == "binary":
         return np.where(np.isnan(values), -1, values).astype(np.int8)
     return np.asarray(values, np.float32)
+
+
+def fmt_value(x: float) -> str:
+    """A response as its shortest exact decimal: 1, 0.99999999, -1e-50."""
+    text = repr(float(x))
+    return text[:-2] if text.endswith(".0") else text
 
 
 def _bad_value(where: str, value: object) -> DataFormatError:
     return DataFormatError(f"{where}: got {value!r}; expected {_EXPECTED}")
 
 
-def _ids(col: pa.Array | pa.ChunkedArray, what: str, where: Callable[[int], str]) -> pa.Array:
-    """Ids as a trimmed large_string array; raises on a null or empty id."""
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    ids = pc.utf8_trim_whitespace(pc.cast(col, pa.large_string()))
-    empty = pc.fill_null(pc.equal(ids, ""), True)
-    if pc.any(empty).as_py():
-        row = int(np.argmax(empty.to_numpy(zero_copy_only=False)))
-        raise DataFormatError(f"{where(row)}: empty {what} id; give every row a {what} id or "
-                              f"drop the row")
-    return ids
+def _id_column_type(path: Path, name: str, kind: pa.DataType) -> None:
+    """Raise unless an Arrow id column holds text or integers."""
+    value = kind.value_type if pa.types.is_dictionary(kind) else kind
+    if not (pa.types.is_string(value) or pa.types.is_large_string(value)
+            or pa.types.is_integer(value) or pa.types.is_null(value)):
+        raise DataFormatError(f'{path} column "{name}": ids of type {kind}; store ids as text '
+                              f"(or integers), one per row")
 
 
-def _wide_parquet(path: Path) -> tuple[list[str], list, pa.Array, np.ndarray, Callable]:
+def _id_list(raw: list, what: str, where: Callable[[int], str]) -> list[str]:
+    """Ids from raw cells (str, int or None): stripped, non-empty, valid text."""
+    out = []
+    for k, value in enumerate(raw):
+        if value is None:
+            raise DataFormatError(f"{where(k)}: empty {what} id; give every row a {what} id or "
+                                  f"drop the row")
+        out.append(check_id_text(value if isinstance(value, str) else str(value), what,
+                                 where(k)))
+    return out
+
+
+def _wide_parquet(path: Path, budget: int, idc: int) -> tuple[list[str], list, np.ndarray,
+                                                              Callable]:
+    try:
+        meta = pq.read_metadata(path)
+    except (OSError, pa.ArrowException) as err:
+        raise _cannot_read(path, err) from None
+    need = _wide_need(meta.num_rows, meta.num_columns)
+    if need > budget:
+        raise _over_budget(path, f"a wide table of {meta.num_rows:,} rows x {meta.num_columns:,} "
+                           f"columns (its Parquet footer)", need, budget)
     table = _read_table(path, None, [])
-    header, where = table.column_names, (lambda r: _where_row(path, r))
-    values = np.empty((table.num_rows, len(header) - 1), np.float32, order="F")
-    for j in range(1, len(header)):
+    header, where = [str(n) for n in table.column_names], (lambda r: _where_row(path, r))
+    values = np.empty((table.num_rows, len(header) - 1), np.float64, order="F")
+    for j in range(len(header)):
+        if j == idc:
+            continue
         try:
-            values[:, j - 1] = _to_float(table.column(j))
+            values[:, j - (j > idc)] = _to_float(table.column(j))
         except _BadCell as bad:
             raise _bad_value(f'{where(bad.index)}, column "{header[j]}"', bad.value) from None
-    return header, table.column(0).to_pylist(), table.column(0), values, where
+    _id_column_type(path, header[idc], table.column(idc).type)
+    raw = table.column(idc).to_pylist() if table.num_columns else []
+    return header, raw, values, where
 
 
-def _wide_csv(path: Path) -> tuple[list[str], list, pa.Array, np.ndarray, Callable]:
-    first, rows, lines = [], [], []
+def _header_width(path: Path) -> int:
+    """Fields in the first line, counted on the raw bytes (an upper bound: quoted delimiters
+    count too), without building the header in memory."""
+    sep, width = _delimiter(path).encode(), 1
+    raw = gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
+    with raw:
+        while True:
+            block = raw.read(1 << 20)
+            if not block:
+                return width
+            line = block.split(b"\n", 1)
+            width += line[0].count(sep)
+            if len(line) > 1:
+                return width
+
+
+def _wide_csv(path: Path, budget: int, idc: int) -> tuple[list[str], list, np.ndarray, Callable]:
+    raw, rows, lines = [], [], []
     try:
+        width = _header_width(path)
+        if _wide_need(1, width) > budget:
+            raise _over_budget(path, f"a wide table of {width:,} columns", _wide_need(1, width),
+                               budget)
         with _open_text(path) as f:
             records = _csv_rows(path, f)
             header = next(records, (0, None))[1]
             if not header:
                 raise DataFormatError(f"{path}: file is empty; expected a header line")
             for line, cells in records:
+                if _wide_need(len(rows) + 1, len(header)) > budget:
+                    raise _over_budget(path, f"a wide table of over {len(rows):,} rows x "
+                                       f"{len(header):,} columns",
+                                       _wide_need(len(rows) + 1, len(header)), budget)
+                value_cells = cells[:idc] + cells[idc + 1:]
                 try:
-                    rows.append(_parse_cells(cells[1:]))
+                    rows.append(_parse_cells(value_cells))
                 except _BadCell as bad:
-                    raise _bad_value(f'{path} line {line}, column "{header[bad.index + 1]}"',
-                                     bad.value) from None
-                first.append(cells[0])
+                    name = header[bad.index + (bad.index >= idc)]
+                    raise _bad_value(f'{path} line {line}, column "{name}"', bad.value) from None
+                raw.append(cells[idc])
                 lines.append(line)
-    except (OSError, UnicodeDecodeError) as err:
-        raise _cannot_read(path, err) from err
-    values = np.stack(rows) if rows else np.empty((0, len(header) - 1), np.float32)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
+        raise _cannot_read(path, err) from None
+    values = np.stack(rows) if rows else np.empty((0, len(header) - 1), np.float64)
     where = lambda r: f"{path} line {lines[r]}"  # noqa: E731
-    return header, first, pa.array(first, pa.large_string()), values, where
+    return header, raw, values, where
 
 
-def _read_wide(path: Path, kind: str | None) -> _Parsed:
-    reader = _wide_parquet if _container(path) == "parquet" else _wide_csv
-    header, first, first_col, values, where = reader(path)
-    if not first:
+def _id_index(path: Path, header: list[str], id_column: str | None) -> int:
+    """Index of the (tentative) id column: the named one, else the first."""
+    if id_column is None or id_column == NO_ID_COLUMN:
+        return 0
+    names = [str(h).strip() for h in header]
+    if id_column.strip() not in names:
+        raise SettingsError(f"{path}: no column {id_column!r} (--id-column); the header has "
+                            f"{names[:10]}{' ...' if len(names) > 10 else ''}")
+    return names.index(id_column.strip())
+
+
+def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None) -> _Parsed:
+    parquet = _container(path) == "parquet"
+    header = [str(h) for h in _header(path)] if parquet else None
+    if parquet:
+        idc = _id_index(path, header, id_column)
+        header, raw, values, where = _wide_parquet(path, budget, idc)
+    else:
+        with_header = _header(path)
+        idc = _id_index(path, with_header, id_column)
+        header, raw, values, where = _wide_csv(path, budget, idc)
+    if not raw:
         raise DataFormatError(f"{path}: no rows; expected a header and one row per subject")
     header = [str(name).strip() for name in header]
-    has_ids = header[0].lower() in _ID_NAMES | {""} or _mostly_text(first)  # "": pandas index
+    if id_column == NO_ID_COLUMN:
+        has_ids = False
+    elif id_column is not None:
+        has_ids = True
+    else:
+        has_ids = header[0].lower() in _ID_NAMES | {""} or _all_text(raw)  # "": pandas index
+        if not has_ids:
+            raise DataFormatError(
+                f'{path} column 1 "{header[0]}": cannot tell subject ids from responses (it '
+                f"holds numbers and its name is not one of {sorted(_ID_NAMES)}); pass --id-column "
+                f"{header[0]!r} if it holds subject ids, or --id-column {NO_ID_COLUMN} if every "
+                f"column is an item (subjects are then numbered by row)")
     if has_ids:
-        subjects = _ids(first_col, "subject", where).to_pylist()
+        subjects = _id_list(raw, "subject", where)
         _check_unique(subjects, "subject", where)
+        names = header[:idc] + header[idc + 1:]
     else:
         try:
-            values = np.column_stack([_parse_cells(first), values])
+            first = _parse_cells([c if isinstance(c, str) or c is None else float(c)
+                                  for c in raw])
         except _BadCell as bad:
             raise _bad_value(f'{where(bad.index)}, column "{header[0]}"', bad.value) from None
-        subjects = [str(r) for r in range(len(first))]  # renumbered in _merge
-    names = header[1:] if has_ids else header
+        values = np.column_stack([first, values])
+        subjects = [str(r) for r in range(len(raw))]  # renumbered in _merge
+        names = header
     if not names:
         raise DataFormatError(f"{path}: no item columns; expected one column per item")
-    column = lambda c: f"{path} column {c + 1 + has_ids}"  # noqa: E731
+    position = [k for k in range(len(header)) if not (has_ids and k == idc)]
+    column = lambda c: f"{path} column {position[c] + 1}"  # noqa: E731
     if "" in names:
         raise DataFormatError(f"{column(names.index(''))}: empty column name; name every item "
                               f"column (or remove trailing delimiters)")
+    for c, name in enumerate(names):
+        check_id_text(name, "item", column(c))
     _check_unique(names, "item column", column)
     n = len(names)
     matrix = _check_support(values, kind, lambda k: f'{where(k // n)}, column "{names[k % n]}"')
@@ -422,17 +593,17 @@ def _read_wide(path: Path, kind: str | None) -> _Parsed:
                    row_ids=not has_ids)
 
 
-def _mostly_text(cells: list) -> bool:
-    """Whether most non-empty cells are not numbers (then the column holds subject ids)."""
+def _all_text(cells: list) -> bool:
+    """Whether every non-empty cell is text that is not a number (then the column holds
+    subject ids)."""
     text = [c for c in cells if c is not None and str(c).strip()]
-    numeric = sum(not isinstance(c, str) or _is_number(c) for c in text)
-    return len(text) > 0 and numeric * 2 < len(text)
+    return bool(text) and all(isinstance(c, str) and not _is_number(c) for c in text)
 
 
 def _is_number(text: str) -> bool:
     try:
         return not np.isnan(_parse_cell(text))
-    except ValueError:
+    except (ValueError, OverflowError):
         return False
 
 
@@ -445,7 +616,24 @@ def _check_unique(ids: list[str], what: str, where: Callable[[int], str]) -> Non
         seen[key] = k
 
 
-def _read_jsonl(path: Path, kind: str | None) -> _Parsed:
+class _JsonProblem(Exception):
+    """A JSON line that parses but breaks a rule (a duplicate key)."""
+
+
+def _pairs(pairs: list) -> dict:
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _JsonProblem(f"duplicate key {key!r} in one object; keep one value per key")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _json_int(text: str):
+    return int(text) if len(text) < 300 else float(text)  # huge: inf, then a clear error
+
+
+def _read_jsonl(path: Path, kind: str | None, budget: int) -> _Parsed:
     subjects, lines, rows, items = [], [], [], {}
     example = '{"subject_id": "model-a", "responses": {"q1": 1, "q2": 0}}'
     try:
@@ -453,40 +641,52 @@ def _read_jsonl(path: Path, kind: str | None) -> _Parsed:
             for lineno, text in enumerate(f, 1):
                 if not text.strip():
                     continue
+                where = f"{path} line {lineno}"
                 try:
-                    record = json.loads(text)
+                    record = json.loads(text, object_pairs_hook=_pairs, parse_int=_json_int)
                 except json.JSONDecodeError as err:
-                    raise DataFormatError(f"{path} line {lineno}: invalid JSON ({err.msg}, "
+                    raise DataFormatError(f"{where}: invalid JSON ({err.msg}, "
                                           f"column {err.colno}); each line must be like "
                                           f"{example}") from None
+                except (_JsonProblem, ValueError, RecursionError) as err:
+                    raise DataFormatError(f"{where}: {' '.join(str(err).split())[:200]}; each "
+                                          f"line must be like {example}") from None
                 if not (isinstance(record, dict) and "subject_id" in record
                         and isinstance(record.get("responses"), dict)):
-                    raise DataFormatError(f"{path} line {lineno}: missing key \"subject_id\" "
+                    raise DataFormatError(f"{where}: missing key \"subject_id\" "
                                           f"or \"responses\" (an object); each line must be "
                                           f"like {example}")
-                subject = "" if record["subject_id"] is None else str(record["subject_id"]).strip()
-                if not subject:
-                    raise DataFormatError(f"{path} line {lineno}: empty subject_id; give every "
-                                          f"line a subject id or drop it")
+                if not isinstance(record["subject_id"], str):
+                    raise DataFormatError(f"{where}: subject_id {record['subject_id']!r} is not "
+                                          f"a string; write ids as JSON strings "
+                                          f"(\"subject_id\": \"101\")")
+                subject = check_id_text(record["subject_id"], "subject", where)
                 responses = record["responses"]
-                keys = [str(k).strip() for k in responses]
+                keys = [check_id_text(k, "item", f'{where}, item "{k}"') for k in responses]
+                if len(set(keys)) != len(keys):
+                    dup = next(k for k in keys if keys.count(k) > 1)
+                    raise DataFormatError(f"{where}: item {dup!r} appears twice (after trimming "
+                                          f"spaces); keep one response per item")
                 try:
                     values = _parse_cells(list(responses.values()))
                 except _BadCell as bad:
-                    raise _bad_value(f'{path} line {lineno}, item "{keys[bad.index]}"',
-                                     bad.value) from None
+                    raise _bad_value(f'{where}, item "{keys[bad.index]}"', bad.value) from None
                 rows.append((np.array([items.setdefault(k, len(items)) for k in keys], np.int64),
                              values))
                 subjects.append(subject)
                 lines.append(lineno)
-    except (OSError, UnicodeDecodeError) as err:
-        raise _cannot_read(path, err) from err
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
+        raise _cannot_read(path, err) from None
     if not subjects:
         raise DataFormatError(f"{path}: no records; expected one JSON object per line")
     names = list(items)
     where = lambda r: f"{path} line {lines[r]}"  # noqa: E731
     _check_unique(subjects, "subject_id", where)
-    values = np.full((len(subjects), len(names)), np.nan, np.float32)
+    need = _wide_need(len(subjects), len(names))
+    if need > budget:
+        raise _over_budget(path, f"a table of {len(subjects):,} subjects x {len(names):,} items",
+                           need, budget)
+    values = np.full((len(subjects), len(names)), np.nan, np.float64)
     for r, (cols, vals) in enumerate(rows):
         values[r, cols] = vals
     n = len(names)
@@ -519,7 +719,7 @@ def _merge(parts: list[_Parsed]) -> _Parsed:
         for c, name in enumerate(part.items):
             items.setdefault(name, (p, c))
     s_index, i_index = {s: k for k, s in enumerate(subjects)}, {i: k for k, i in enumerate(items)}
-    matrix = np.full((len(subjects), len(items)), np.nan, np.float32)
+    matrix = np.full((len(subjects), len(items)), np.nan, np.float64)
     for part in parts:
         rows = np.array([s_index[s] for s in part.subjects])[:, None]
         cols = np.array([i_index[i] for i in part.items])[None, :]
@@ -528,8 +728,8 @@ def _merge(parts: list[_Parsed]) -> _Parsed:
         if clash.any():
             r, c = np.argwhere(clash)[0]
             raise DataFormatError(
-                f'{part.where_subject(r)}, column "{part.items[c]}": got {new[r, c]:g} for '
-                f"subject {part.subjects[r]!r}, but an earlier input file has {block[r, c]:g}; "
+                f'{part.where_subject(r)}, column "{part.items[c]}": got {fmt_value(new[r, c])} for '
+                f"subject {part.subjects[r]!r}, but an earlier input file has {fmt_value(block[r, c])}; "
                 f"keep one response per (subject, item)")
         matrix[rows, cols] = np.where(np.isnan(new), block, new)
     s_at, i_at = list(subjects.values()), list(items.values())

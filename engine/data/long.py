@@ -23,9 +23,12 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+import zlib
+
 from engine.data.ingest import (_LONG_COLS, _BadCell, _bad_value, _cannot_read, _check_support,
-                                _container, _csv_rows, _delimiter, _header, _long_column,
-                                _open_text, _to_float, _where_row, as_stored, no_response_error)
+                                _container, _csv_rows, _delimiter, _header, _id_column_type,
+                                _long_column, _open_text, _to_float, _where_row, as_stored,
+                                check_id_text, fmt_value, no_response_error)
 from engine.data.store import KINDS, Store, check_writable, resolve_layout
 from engine.data.writer import DenseWriter, SparseWriter
 from engine.errors import DataFormatError
@@ -33,10 +36,18 @@ from engine.errors import DataFormatError
 __all__ = ["ingest_long", "DEFAULT_BUDGET"]
 
 DEFAULT_BUDGET = 512 << 20
+
+
 def _spill_dtype(kind: str) -> np.dtype:
-    """A scratch record: subject, item, the response in ``kind``'s dtype, input row."""
-    return np.dtype([("s", "<i4"), ("i", "<i4"), ("v", np.dtype(KINDS[kind].dtype).newbyteorder("<")),
-                     ("g", "<i8")])
+    """A scratch record: subject, item, the response (int8 for binary, float64 for float
+    kinds: duplicates are compared exactly, before the narrowing to float32), input row."""
+    value = "i1" if KINDS[kind].dtype == "int8" else "<f8"
+    return np.dtype([("s", "<i4"), ("i", "<i4"), ("v", value), ("g", "<i8")])
+
+
+def _value_bytes(kind: str) -> int:
+    return _spill_dtype(kind)["v"].itemsize
+
 _MAX_BANDS = 256
 
 
@@ -55,22 +66,18 @@ class _Ids:
             row = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
             raise DataFormatError(f"{where(row)}: empty {self.what} id; give every row a "
                                   f"{self.what} id or drop the row")
-        values = pc.utf8_trim_whitespace(pc.cast(col.dictionary, pa.large_string())).to_pylist()
+        values = [v if isinstance(v, str) else str(v) for v in col.dictionary.to_pylist()]
         idx = col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         if learn:
             used, first = np.unique(idx, return_index=True)
             order = np.argsort(first, kind="stable")  # new ids in order of first appearance
             for u, f in zip(used[order].tolist(), first[order].tolist()):
-                value = values[u]
-                if not value:
-                    bad = int(np.argmax(idx == u))
-                    raise DataFormatError(f"{where(bad)}: empty {self.what} id; give every row "
-                                          f"a {self.what} id or drop the row")
+                value = values[u] = check_id_text(values[u], self.what, where(f))
                 if value not in self.code:
                     self.code[value] = len(self.first)
                     self.first.append(row0 + f)
             return np.asarray([self.code.get(v, -1) for v in values], np.int64)[idx]
-        return np.asarray([self.code.get(v, -1) for v in values], np.int64)[idx]
+        return np.asarray([self.code.get(v.strip(), -1) for v in values], np.int64)[idx]
 
     @property
     def ids(self) -> list[str]:
@@ -82,6 +89,10 @@ def _batches(files: list[Path], batch_rows: int) -> Iterator[tuple[int, int, pa.
     for k, path in enumerate(files):
         header = _header(path)
         names = [_long_column(path, header, role) for role in _LONG_COLS]
+        if _container(path) == "parquet":
+            schema = pq.read_schema(path)
+            for name in names[:2]:
+                _id_column_type(path, name, schema.field(name).type)
         offset = 0
         try:
             for batch in _read(path, names, batch_rows):
@@ -93,11 +104,11 @@ def _batches(files: list[Path], batch_rows: int) -> Iterator[tuple[int, int, pa.
                     with _open_text(path) as f:
                         for _ in _csv_rows(path, f):  # raises naming a ragged line
                             pass
-                except (OSError, UnicodeDecodeError) as err2:
-                    raise _cannot_read(path, err2) from err2
-            raise DataFormatError(f"{path}: cannot parse it ({err}); check the file") from err
-        except (OSError, pa.ArrowException) as err:
-            raise _cannot_read(path, err) from err
+                except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err2:
+                    raise _cannot_read(path, err2) from None
+            raise _cannot_read(path, err) from None
+        except (OSError, EOFError, zlib.error, pa.ArrowException) as err:
+            raise _cannot_read(path, err) from None
 
 
 def _read(path: Path, names: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -112,19 +123,19 @@ def _read(path: Path, names: list[str], batch_rows: int) -> Iterator[pa.RecordBa
         path, read_options=pacsv.ReadOptions(block_size=16 << 20),
         parse_options=pacsv.ParseOptions(delimiter=_delimiter(path)),
         convert_options=pacsv.ConvertOptions(
-            include_columns=names, strings_can_be_null=True,
-            column_types={n: pa.string() for n in names}))
+            include_columns=names, strings_can_be_null=True, null_values=[""],
+            column_types={n: pa.string() for n in names}))  # "NA", "null": ids, not missing
     for batch in reader:
         yield batch.select(names)
 
 
 def _values(col: pa.Array, kind: str | None, at: Callable[[int], str], name: str) -> np.ndarray:
-    """Checked float32 responses of a batch (NaN missing); see ``_check_support``."""
+    """Checked float64 responses of a batch (NaN missing); see ``_check_support``."""
     try:
         values = _to_float(pa.chunked_array([col]))
     except _BadCell as bad:
         raise _bad_value(f'{at(bad.index)}, column "{name}"', bad.value) from None
-    return _check_support(np.asarray(values, np.float32), kind,
+    return _check_support(values, kind,
                           lambda r: f'{at(r)}, column "{name}"')
 
 
@@ -183,8 +194,7 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
 
     S, N = len(subjects.first), len(items.first)
     layout = resolve_layout(layout, num_observed, S, N)
-    band_rows = _band_rows(layout, S, N, num_observed, budget, chunks,
-                           np.dtype(KINDS[kind].dtype).itemsize)
+    band_rows = _band_rows(layout, S, N, num_observed, budget, chunks, _value_bytes(kind))
     scratch = out.parent / f".{out.name}.spill-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
     try:
@@ -228,7 +238,8 @@ def _spill(files, batch_rows, subjects: _Ids, items: _Ids, starts, band_rows: in
             at = lambda r, k=k, offset=offset: _where_row(files[k], offset + r)  # noqa: E731
             s = subjects.encode(batch.column(0), 0, at, learn=False)
             i = items.encode(batch.column(1), 0, at, learn=False)
-            v = as_stored(_values(batch.column(2), kind, at, name), kind)
+            v = _values(batch.column(2), kind, at, name)
+            v = as_stored(v, kind) if kind == "binary" else v  # float kinds: float64 until written
             seen = np.flatnonzero(v >= 0)  # -1 and NaN are missing
             rec = np.empty(len(seen), spill)
             rec["s"], rec["i"], rec["v"] = s[seen], i[seen], v[seen]
@@ -254,8 +265,9 @@ def _conflict(where, subjects: _Ids, items: _Ids, rec: np.ndarray, clash: np.nda
     h = int(np.argmax(same_key(g) & ~clash))
     return DataFormatError(
         f"{where(int(rec['g'][g]))}: conflicting duplicate for subject "
-        f"{subjects.ids[rec['s'][g]]!r}, item {items.ids[rec['i'][g]]!r}: {rec['v'][g]:g} here "
-        f"but {rec['v'][h]:g} at {where(int(rec['g'][h]))}; keep one response per (subject, item)")
+        f"{subjects.ids[rec['s'][g]]!r}, item {items.ids[rec['i'][g]]!r}: {fmt_value(rec['v'][g])} "
+        f"here but {fmt_value(rec['v'][h])} at {where(int(rec['g'][h]))}; keep one response per "
+        f"(subject, item)")
 
 
 def _write_bands(writer, layout: str, scratch: Path, S: int, N: int, band_rows: int,
@@ -270,16 +282,16 @@ def _write_bands(writer, layout: str, scratch: Path, S: int, N: int, band_rows: 
         path.unlink(missing_ok=True)
         local = rec["s"].astype(np.int64) - r0
         if layout == "dense":
-            band = np.full((rows, N), spec.fill, spec.dtype)
+            band = np.full((rows, N), spec.fill, rec["v"].dtype)
             band[local, rec["i"]] = rec["v"]
-            clash = band[local, rec["i"]] != rec["v"]
+            clash = band[local, rec["i"]] != rec["v"]  # exact: float64 for float kinds
             if clash.any():
                 raise _conflict(where, subjects, items, rec, clash,
                                 lambda g: (rec["s"] == rec["s"][g]) & (rec["i"] == rec["i"][g]))
             seen = band >= 0
             n_s[r0:r0 + rows] = seen.sum(axis=1)
             n_i += seen.sum(axis=0)
-            writer.write_rows(band)
+            writer.write_rows(band.astype(spec.dtype, copy=False))
             continue
         key = local * N + rec["i"]
         order = np.argsort(key, kind="stable")

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import math
 import json
 import os
 import secrets
@@ -561,6 +560,20 @@ def sparse_checksum(subject_idx: Any, item_idx: Any, response: Any, subjects: Se
     return hash_ids(digest, subjects, items)
 
 
+def check_id_list(subjects: Sequence[str], items: Sequence[str]) -> None:
+    """Raise ``DataFormatError`` on a duplicate id or one that is not valid text."""
+    for what, ids in (("subject", subjects), ("item", items)):
+        if len(set(ids)) != len(ids):
+            dup = next(i for i, c in Counter(ids).items() if c > 1)
+            raise DataFormatError(f"duplicate {what} id {dup!r}; ids must be unique")
+        for ident in ids:
+            try:
+                ident.encode("utf-8")
+            except UnicodeEncodeError:
+                raise DataFormatError(f"{what} id {ident!r} is not valid text (a lone UTF-16 "
+                                      f"surrogate); fix the id") from None
+
+
 def _is_store(path: Path) -> bool:
     try:
         meta = json.loads((path / "zarr.json").read_text())
@@ -650,10 +663,7 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
     if problem:
         raise DataFormatError(f"{problem}; `irt-engine ingest` names the row and column of a "
                               f"bad value in a file")
-    for what, ids in (("subject", subjects), ("item", items)):
-        if len(set(ids)) != len(ids):
-            dup = next(i for i, c in Counter(ids).items() if c > 1)
-            raise DataFormatError(f"duplicate {what} id {dup!r}; ids must be unique")
+    check_id_list(subjects, items)
     seen = observed(responses)
     num_observed = int(seen.sum())
     if resolve_layout(layout, num_observed, *responses.shape) == "sparse":

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import secrets
 import shutil
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import zarr
 
 from engine.data.store import (COO_FIELDS, INTEGRITY, KINDS, Boundary, Store, _ATTR, _chunking,
                                _move_into_place, array_options, canonical_bytes, check_values,
-                               check_writable, checksum_header, coo_bytes, format_version, hash_ids, observed,
+                               check_id_list, check_writable, checksum_header, coo_bytes, format_version, hash_ids, observed,
                                open_store)
 from engine.errors import DataFormatError, SettingsError
 
@@ -31,10 +30,7 @@ __all__ = ["DenseWriter", "SparseWriter", "check_ids"]
 def check_ids(subjects: Sequence[str], items: Sequence[str]) -> tuple[list[str], list[str]]:
     """Ids as lists of str; raises ``DataFormatError`` on a duplicate."""
     subjects, items = [str(s) for s in subjects], [str(i) for i in items]
-    for what, ids in (("subject", subjects), ("item", items)):
-        if len(set(ids)) != len(ids):
-            dup = next(i for i, c in Counter(ids).items() if c > 1)
-            raise DataFormatError(f"duplicate {what} id {dup!r}; ids must be unique")
+    check_id_list(subjects, items)
     return subjects, items
 
 

@@ -66,7 +66,10 @@ def test_wide_csv(tmp_path):
 
 def test_wide_csv_value_spellings_and_row_number_ids(tmp_path):
     src = _write(tmp_path / "w.csv", 'a,b,c\n1.0,True, 0 \n"0",false,NA\n,1,1\n')
-    store = ingest(src, tmp_path / "out.zarr")
+    with pytest.raises(DataFormatError, match=r'w\.csv column 1 "a": cannot tell subject ids.*'
+                       r"--id-column 'a' if.*--id-column none"):
+        ingest(src, tmp_path / "out.zarr")
+    store = ingest(src, tmp_path / "out.zarr", id_column="none")
     assert list(store.subjects) == ["0", "1", "2"] and list(store.items) == ["a", "b", "c"]
     np.testing.assert_array_equal(store.load(), [[1, 1, 0], [0, 0, -1], [-1, 1, 1]])
 
@@ -160,7 +163,8 @@ BAD_INPUTS = [
     ("v.csv", "model,q1,q2\na,1,0\nb,0.7x,1\n", r"v\.csv line 3, column \"q1\": got '0\.7x'"),
     ("v.csv", "model,q1,q2\na,1,0\nb,1,-2\n",
      r"v\.csv line 3, column \"q2\": got -2; expected a response >= 0.*errors = -score"),
-    ("v.csv", "q1,q2\n1,0\n-0.5,1\n", r"v\.csv line 3, column \"q1\": got -0\.5; expected a"),
+    ("v.csv", "model,q1,q2\na,1,0\nb,-0.5,1\n", r"v\.csv line 3, column \"q1\": got -0\.5; expected a"),
+    ("v.csv", "student,q1\n101,1\n101,0\n", r'v\.csv column 1 "student": cannot tell.*--id-column'),
     ("v.csv", "model,q1,q2\na,1,0\nb,inf,1\n", r"v\.csv line 3, column \"q1\": got inf; expected a finite"),
     ("v.csv", "model,q1,q2\na,1,0\nb,1\n", r"v\.csv line 3: 2 fields, but the header has 3"),
     ("v.csv", "model,q1,q2\na,1,0\nb,1,1\na,0,0\n",
