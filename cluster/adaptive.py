@@ -13,10 +13,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from cluster.io import write_json_atomic, write_parquet_atomic, write_plot_atomic
-from cluster.runner import run_trials
+from cluster.resume import check_or_record, responses_checksum, trial_record
+from cluster.runner import run_trials, session_for
 from cluster.settings import RunnerSettings
 from cluster.trials import TrialSpec, trial_seed
 from engine.readout.adaptive import (AdaptiveTrialSpec, TrialData, adaptive_trial, load_trial_data,
@@ -68,6 +70,13 @@ def plot_adaptive(summary: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def _bank_checksum(data: TrialData) -> str:
+    """Checksum of what the run contributes to every trial: its item curves on the ability
+    grid and its subjects' abilities."""
+    return responses_checksum(np.concatenate([data.log_p1.ravel(), data.log_p0.ravel(),
+                                              data.full_ability.astype(np.float32).ravel()]))
+
+
 def run_adaptive(run, out: str | Path, spec: AdaptiveTrialSpec, num_trials: int,
                  runner: RunnerSettings = RunnerSettings(), *, on_batch=None) -> AdaptiveOutput:
     """Run (or resume) ``num_trials`` adaptive-selection trials of ``spec`` (seeds derived from
@@ -76,10 +85,16 @@ def run_adaptive(run, out: str | Path, spec: AdaptiveTrialSpec, num_trials: int,
     out = Path(out)
     t0 = time.perf_counter()
     data = load_trial_data(run, spec.store)
-    out.mkdir(parents=True, exist_ok=True)
-    trials = [TrialSpec(0, i, trial_seed(spec.seed, 2, i)) for i in range(num_trials)]
-    rows = run_trials(adaptive_batch, AdaptiveContext(spec, data), trials,
-                      out / "adaptive.parquet", runner, desc="adaptive", on_batch=on_batch)
+    # The run and store are recorded by content (paths may be spelt differently on a rerun).
+    record = trial_record("adaptive", spec, None, data.responses, num_trials=num_trials,
+                          item_bank=_bank_checksum(data))
+    record["settings"] = {k: v for k, v in record["settings"].items() if k not in ("run", "store")}
+    check_or_record(out, record, ("adaptive.parquet",), write=False)
+    with session_for(runner):  # Ray's processes start before JAX's threads
+        check_or_record(out, record, ("adaptive.parquet",))
+        trials = [TrialSpec(0, i, trial_seed(spec.seed, 2, i)) for i in range(num_trials)]
+        rows = run_trials(adaptive_batch, AdaptiveContext(spec, data), trials,
+                          out / "adaptive.parquet", runner, desc="adaptive", on_batch=on_batch)
     summary = summarize_trials(rows)
     write_parquet_atomic(summary, out / "summary.parquet")
     plot_adaptive(summary, out / "adaptive.png")

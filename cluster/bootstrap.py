@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from cluster.io import write_json_atomic, write_parquet_atomic
-from cluster.runner import run_trials
+from cluster.resume import check_or_record, trial_record
+from cluster.runner import run_trials, session_for
 from cluster.settings import BootstrapSettings, RunnerSettings
 from cluster.trials import FitContext, TrialSpec, bootstrap_batch, trial_seed
 from engine.api import fit, load_responses
@@ -83,18 +84,22 @@ def run_bootstrap(data, out: str | Path, settings: BootstrapSettings = Bootstrap
     out = Path(out)
     t0 = time.perf_counter()
     y, _, _, info = load_responses(data)
-    out.mkdir(parents=True, exist_ok=True)
-    full = fit(y, settings.model, fit_settings, prior=settings.prior)
-    options = tuple(sorted(full.extra["model_options"].items()))
-    # Each replicate takes the full fit's Monte Carlo draws per step (a replicate has the full
-    # matrix's shape): with one draw, the 10 x 1,418 demo's 2PL replicates carried Monte Carlo
-    # jitter that widened the bootstrap sds (median ratio to the variational sd 1.38 -> 1.20
-    # vague, 1.54 -> 1.20 hierarchical; BENCHMARKS.md).
-    trial_settings = fit_settings.replace(mc_draws=full.extra["mc_draws"])
-    ctx = FitContext(y, settings.model, options, full.guide, trial_settings, settings.passes)
-    trials = [TrialSpec(0, r, trial_seed(settings.seed, 0, r)) for r in range(settings.replicates)]
-    rows = run_trials(bootstrap_batch, ctx, trials, out / "bootstrap.parquet", runner,
-                      desc="bootstrap", on_batch=on_batch)
+    record = trial_record("bootstrap", settings, fit_settings, y)
+    check_or_record(out, record, ("bootstrap.parquet",), write=False)
+    with session_for(runner):  # Ray's processes start before JAX's threads
+        check_or_record(out, record, ("bootstrap.parquet",))
+        full = fit(y, settings.model, fit_settings, prior=settings.prior)
+        options = tuple(sorted(full.extra["model_options"].items()))
+        # Each replicate takes the full fit's Monte Carlo draws per step (a replicate has the full
+        # matrix's shape): with one draw, the 10 x 1,418 demo's 2PL replicates carried Monte Carlo
+        # jitter that widened the bootstrap sds (median ratio to the variational sd 1.38 -> 1.20
+        # vague, 1.54 -> 1.20 hierarchical; BENCHMARKS.md).
+        trial_settings = fit_settings.replace(mc_draws=full.extra["mc_draws"])
+        ctx = FitContext(y, settings.model, options, full.guide, trial_settings, settings.passes)
+        trials = [TrialSpec(0, r, trial_seed(settings.seed, 0, r))
+                  for r in range(settings.replicates)]
+        rows = run_trials(bootstrap_batch, ctx, trials, out / "bootstrap.parquet", runner,
+                          desc="bootstrap", on_batch=on_batch)
     intervals = bootstrap_intervals(rows, _variational(full, settings.level, settings.seed),
                                     settings.level)
     write_parquet_atomic(intervals, out / "intervals.parquet")

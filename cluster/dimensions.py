@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from cluster.io import write_json_atomic, write_parquet_atomic
-from cluster.runner import run_trials
+from cluster.resume import check_or_record, trial_record
+from cluster.runner import run_trials, session_for
 from cluster.settings import DimensionsSettings, RunnerSettings
 from cluster.trials import ShuffleContext, TrialSpec, shuffle_batch, trial_seed
 from engine.api import fit, load_responses
@@ -56,32 +57,36 @@ def run_dimensions(data, out: str | Path, settings: DimensionsSettings = Dimensi
     seconds = {}
     t0 = time.perf_counter()
     y, _, _, info = load_responses(data)
-    out.mkdir(parents=True, exist_ok=True)
-    k = min(settings.num_eigenvalues, *y.shape)
-    observed = correlation_eigenvalues(y, k=k)
-    seconds["observed"] = time.perf_counter() - t0
+    record = trial_record("dimensions", settings, None, y)
+    check_or_record(out, record, ("shuffles.parquet",), write=False)
+    with session_for(runner):  # Ray's processes start before JAX's threads
+        check_or_record(out, record, ("shuffles.parquet",))
+        k = min(settings.num_eigenvalues, *y.shape)
+        observed = correlation_eigenvalues(y, k=k)
+        seconds["observed"] = time.perf_counter() - t0
 
-    t = time.perf_counter()
-    trials = [TrialSpec(0, i, trial_seed(settings.seed, 0, i)) for i in range(settings.shuffles)]
-    rows = run_trials(shuffle_batch, ShuffleContext(y, k), trials, out / "shuffles.parquet",
-                      runner, desc="shuffles", on_batch=on_batch)
-    env_mean, env_q95 = envelope(shuffled_spectra(rows, k))
-    seconds["shuffles"] = time.perf_counter() - t
+        t = time.perf_counter()
+        trials = [TrialSpec(0, i, trial_seed(settings.seed, 0, i))
+                  for i in range(settings.shuffles)]
+        rows = run_trials(shuffle_batch, ShuffleContext(y, k), trials, out / "shuffles.parquet",
+                          runner, desc="shuffles", on_batch=on_batch)
+        env_mean, env_q95 = envelope(shuffled_spectra(rows, k))
+        seconds["shuffles"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    full = fit(y, settings.model, fit_settings, prior=settings.prior)
-    p = fitted_probabilities(full)
-    residual = residual_eigenvalues(y, p, k=k)
-    seconds["one_skill_fit"] = time.perf_counter() - t
+        t = time.perf_counter()
+        full = fit(y, settings.model, fit_settings, prior=settings.prior)
+        p = fitted_probabilities(full)
+        residual = residual_eigenvalues(y, p, k=k)
+        seconds["one_skill_fit"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    null_seeds = [trial_seed(settings.seed, 1, i) for i in range(settings.residual_simulations)]
-    null = envelope(residual_null_eigenvalues(p, null_seeds, k=k, observed=y >= 0))
-    upper = max(count_above(observed, env_q95), 1)
-    steps = residual_steps(y, p, null_seeds, max_skills=upper)
-    n_factors, reading = suggest_n_factors(observed, residual, env_mean, env_q95,
-                                           residual_envelope=null, steps=steps)
-    seconds["residual_tests"] = time.perf_counter() - t
+        t = time.perf_counter()
+        null_seeds = [trial_seed(settings.seed, 1, i) for i in range(settings.residual_simulations)]
+        null = envelope(residual_null_eigenvalues(p, null_seeds, k=k, observed=y >= 0))
+        upper = max(count_above(observed, env_q95), 1)
+        steps = residual_steps(y, p, null_seeds, max_skills=upper)
+        n_factors, reading = suggest_n_factors(observed, residual, env_mean, env_q95,
+                                               residual_envelope=null, steps=steps)
+        seconds["residual_tests"] = time.perf_counter() - t
 
     table = dimensions_table(observed, residual, env_mean, env_q95, residual_envelope=null)
     write_parquet_atomic(table, out / "eigenvalues.parquet")

@@ -10,6 +10,7 @@ parts are merged into ``out`` (one row set per trial, sorted by trial).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import uuid
@@ -24,7 +25,7 @@ from cluster.trials import TrialSpec
 from engine.atomic import private_dir
 from engine.errors import IRTError, SettingsError
 
-__all__ = ["run_trials", "ray_session", "batches", "interleave", "done_keys", "worker_runtime_env", "LOOPBACK"]
+__all__ = ["run_trials", "ray_session", "session_for", "batches", "interleave", "done_keys", "worker_runtime_env", "LOOPBACK"]
 
 LOOPBACK = "127.0.0.1"
 KEY = ("trial_group", "trial_index")
@@ -130,7 +131,11 @@ def _progress(settings: RunnerSettings, total: int, initial: int, desc: str):
 def ray_session(settings: RunnerSettings) -> Iterator[None]:
     """Join ``settings.address``, or start a local Ray bound to 127.0.0.1 with no dashboard.
 
-    An already initialised Ray (e.g. a test's cluster) is used as it is and left running.
+    Joining sends the cluster's token when one is found (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``); a local Ray gets a fresh random token
+    held only in its processes' environment. Ray's log lines are shown only with
+    ``settings.verbose``. An already initialised Ray (e.g. a test's cluster) is used as it is
+    and left running.
     """
     if not settings.address:
         _loopback_only()
@@ -139,22 +144,41 @@ def ray_session(settings: RunnerSettings) -> Iterator[None]:
     if ray.is_initialized():
         yield
         return
-    env = worker_runtime_env()
-    try:
-        if settings.address:
-            ray.init(address=settings.address, runtime_env=env, log_to_driver=False)
-        else:
-            # "local" starts a new instance even when another Ray runs on this machine.
-            ray.init(address="local", num_cpus=settings.num_cpus, include_dashboard=False,
-                     _node_ip_address=LOOPBACK, runtime_env=env, log_to_driver=False)
-    except (ConnectionError, ValueError, RuntimeError) as err:
-        where = settings.address or "a local Ray instance"
-        raise SettingsError(f"could not start or join Ray at {where}: {err}; check --address "
-                            "(e.g. 127.0.0.1:6379 from `ray start --head`)") from err
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    from cluster.auth import ClusterAuthError, ephemeral_token_env, find_token, is_auth_failure
+    from cluster.auth import missing_token_message, token_env
+
+    token = find_token() if settings.address else None
+    quiet = {"runtime_env": worker_runtime_env(), "log_to_driver": settings.verbose,
+             "logging_level": logging.INFO if settings.verbose else logging.WARNING}
+    with (token_env(token) if settings.address else ephemeral_token_env()):
+        try:
+            if settings.address:
+                ray.init(address=settings.address, **quiet)
+            else:
+                # "local" starts a new instance even when another Ray runs on this machine.
+                ray.init(address="local", num_cpus=settings.num_cpus, include_dashboard=False,
+                         _node_ip_address=LOOPBACK, **quiet)
+        except Exception as err:
+            if settings.address and is_auth_failure(err):
+                raise ClusterAuthError(missing_token_message(settings.address, token)) from None
+            if not isinstance(err, (ConnectionError, ValueError, RuntimeError)):
+                raise
+            where = settings.address or "a local Ray instance"
+            raise SettingsError(f"could not start or join Ray at {where}: {err}; check --address "
+                                "(e.g. 127.0.0.1:6379 from `ray start --head`)") from err
+        try:
+            yield
+        finally:
+            ray.shutdown()
+
+
+def session_for(settings: RunnerSettings):
+    """``ray_session(settings)`` for the Ray backend, else nothing.
+
+    Analyses enter it before their first JAX computation: Ray starts its processes with
+    ``fork``, which JAX (multithreaded once it has run anything) warns may deadlock.
+    """
+    return ray_session(settings) if settings.backend == "ray" else contextlib.nullcontext()
 
 
 def _loopback_only() -> None:

@@ -32,6 +32,8 @@ class RunnerSettings(_Settings):
     max_in_flight : tasks submitted but not yet finished (``None``: twice the cluster's CPUs).
     max_retries : resubmissions of a task whose worker or node died.
     num_cpus : CPUs of the local Ray started when ``address`` is ``None`` (``None``: all).
+    progress : a progress bar on stderr.
+    verbose : Ray's own log lines (start-up, workers' output) on this terminal.
     """
 
     backend: str = "ray"
@@ -41,6 +43,7 @@ class RunnerSettings(_Settings):
     max_retries: int = 3
     num_cpus: int | None = None
     progress: bool = True
+    verbose: bool = False
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

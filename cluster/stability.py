@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from cluster.io import write_json_atomic, write_parquet_atomic, write_plot_atomic
-from cluster.runner import run_trials
+from cluster.resume import check_or_record, trial_record
+from cluster.runner import run_trials, session_for
 from cluster.settings import RunnerSettings, StabilitySettings
 from cluster.trials import (FitContext, StabilityContext, TrialSpec, ability_of, stability_batch,
                             subject_accuracy, trial_seed)
@@ -117,15 +118,19 @@ def run_stability(data, out: str | Path, settings: StabilitySettings = Stability
     t0 = time.perf_counter()
     y, _, _, info = load_responses(data)
     trials = plan(settings, y.shape[1])  # validates the sizes before anything is written
-    out.mkdir(parents=True, exist_ok=True)
-    full = fit(y, settings.model, fit_settings, prior=settings.prior)
-    options = tuple(sorted(full.extra["model_options"].items()))
-    ctx = StabilityContext(
-        FitContext(y, settings.model, options, full.guide, fit_settings, settings.passes),
-        full_ability=ability_of(full.spec, full.guide.loc), full_accuracy=subject_accuracy(y))
-    t_fit = time.perf_counter() - t0
-    rows = run_trials(stability_batch, ctx, trials, out / "stability.parquet", runner,
-                      desc="stability", on_batch=on_batch)
+    record = trial_record("stability", settings, fit_settings, y,
+                                      sizes=settings.resolved_sizes(y.shape[1]))
+    check_or_record(out, record, ("stability.parquet",), write=False)
+    with session_for(runner):  # Ray's processes start before JAX's threads
+        check_or_record(out, record, ("stability.parquet",))
+        full = fit(y, settings.model, fit_settings, prior=settings.prior)
+        options = tuple(sorted(full.extra["model_options"].items()))
+        ctx = StabilityContext(
+            FitContext(y, settings.model, options, full.guide, fit_settings, settings.passes),
+            full_ability=ability_of(full.spec, full.guide.loc), full_accuracy=subject_accuracy(y))
+        t_fit = time.perf_counter() - t0
+        rows = run_trials(stability_batch, ctx, trials, out / "stability.parquet", runner,
+                          desc="stability", on_batch=on_batch)
     t_trials = time.perf_counter() - t0 - t_fit
     summary = summarize_stability(rows, settings.bootstrap, settings.seed)
     write_parquet_atomic(summary, out / "summary.parquet")

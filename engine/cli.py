@@ -469,7 +469,8 @@ def _runner(args):
 
     return RunnerSettings(backend=args.backend, address=args.address, batch_size=args.batch_size,
                           max_in_flight=args.max_in_flight, max_retries=args.max_retries,
-                          num_cpus=args.num_cpus, progress=not args.quiet)
+                          num_cpus=args.num_cpus, progress=not args.quiet,
+                          verbose=args.verbose)
 
 
 def cmd_stability(args) -> int:
@@ -555,6 +556,7 @@ def _runner_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-cpus", type=_POSITIVE, default=None, help="CPUs of the local Ray")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="show Ray's own log lines")
 
 
 def _trial_model_options(p: argparse.ArgumentParser) -> None:
