@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["atomic_write", "private_dir"]
+__all__ = ["atomic_write", "private_dir", "exclusive_lock"]
 
 
 def atomic_write(path: str | Path, write_fn: Callable[[Path], object]) -> Path:
@@ -49,3 +50,30 @@ def private_dir(path: str | Path, *, inside: str | Path, what: str) -> Path:
     if path.exists() and inside not in path.resolve().parents:
         raise IRTError(f"{path} ({what}) resolves outside {inside}; remove it and run again")
     return path
+
+
+@contextlib.contextmanager
+def exclusive_lock(target: str | Path, *, what: str = "--out"):
+    """Hold an exclusive lock on ``target`` (a file ``.NAME.lock`` beside it) for the block.
+
+    A second process asking for the same target fails at once with a clear error instead of
+    both writing it. The lock is the kernel's (``flock``): it ends with the process, so a
+    killed writer never leaves a stale lock behind, only the empty lock file.
+    """
+    import fcntl
+
+    from engine.errors import RunExistsError
+
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.parent / f".{target.name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunExistsError(f"another irt-engine process is writing {what} {target} (it holds "
+                                 f"{lock}); wait for it to finish or choose another {what}") from None
+        yield
+    finally:
+        os.close(fd)

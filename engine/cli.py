@@ -136,7 +136,7 @@ def _check_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
 
 def _fit_and_save(store_path, out, args) -> "object":
     from engine.api import fit
-    from engine.infer.checkpoint import Checkpointer
+    from engine.infer.checkpoint import Checkpointer, has_checkpoint
     from engine.run import save_run
 
     settings = _settings(args)
@@ -145,6 +145,9 @@ def _fit_and_save(store_path, out, args) -> "object":
     _check_run_dir(out, resume, args.overwrite)
     if args.overwrite and not resume:
         Checkpointer(out, 0, {}).clear()
+    if resume and not has_checkpoint(out):
+        print(f"note: --resume found no checkpoint in {out}; the fit starts from pass 0",
+              file=sys.stderr)
     update, bar = _progress(settings.progress, settings.max_passes)
     try:
         res = fit(store_path, model=args.model, settings=settings, prior=args.prior,
@@ -186,10 +189,13 @@ def _skill_options(store_path, args) -> dict:
 
 
 def cmd_fit(args) -> int:
-    if getattr(args, "method", "vi") == "nuts":
-        _nuts_and_save(args)
-        return 0
-    _fit_and_save(args.store, args.out, args)
+    from engine.atomic import exclusive_lock
+
+    with exclusive_lock(Path(args.out)):  # a second fit into the same --out fails at once
+        if getattr(args, "method", "vi") == "nuts":
+            _nuts_and_save(args)
+            return 0
+        _fit_and_save(args.store, args.out, args)
     return 0
 
 

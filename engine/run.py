@@ -161,13 +161,32 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         (tmp / "fit.json").write_text(json.dumps(info, indent=2, default=float))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return load_run(out)
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished ``tmp`` to ``out``. An existing ``out`` (a finished run, or the
+    fit's checkpoint) is first renamed aside and removed only once the new run is in
+    place, so a process killed at any moment leaves the old directory or the new one
+    (at worst the old one under ``.NAME.old-*`` beside it), never an emptied one."""
+    if out.is_symlink():
+        raise RunExistsError(f"--out {out} is a symlink; irt-engine does not replace one: give the "
+                             f"real directory or another --out")
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.replace(out, old)  # onto the empty directory just made
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_run(path: str | Path) -> Run:
