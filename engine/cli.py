@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import tempfile
 import time
+import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -671,6 +673,8 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="irt-engine", description=__doc__)
     parser.add_argument("--version", action="version", version=f"irt-engine {_version()}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show Python tracebacks and warnings (also IRT_ENGINE_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("ingest", help="response files -> zarr store")
@@ -792,7 +796,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="run an irt-engine command as a Ray job on a cluster")
     p.add_argument("--address", required=True, help="the cluster's job server, e.g. "
                    "http://127.0.0.1:8265")
-    p.add_argument("--working-dir", default=".", help="shipped to the job (default: here)")
+    p.add_argument("--working-dir", default=None,
+                   help="ship this whole folder as the job's working directory (default: only "
+                        "the relative inputs the command names); dot-files, credentials and "
+                        "links leading out of it are never shipped")
     p.add_argument("--python", default="python", help="interpreter on the cluster that has "
                    "irt-engine's dependencies (default: python on the cluster's PATH)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- irt-engine COMMAND ...")
@@ -814,12 +821,63 @@ def main(argv: list[str] | None = None) -> int:
             raise SettingsError(f"--mc-draws must be >= 0 (0 = automatic), got {args.mc_draws}")
         stdout, sys.stdout = sys.stdout, EscapedStream(sys.stdout)
         try:
-            return args.func(args)
+            with warnings.catch_warnings():
+                if not _debug(args):  # a user reads Python's warning text as a failure
+                    warnings.simplefilter("ignore")
+                return args.func(args)
         finally:
             sys.stdout = stdout
     except IRTError as err:
         print(escape_controls(f"irt-engine {args.command}: error: {err}"), file=sys.stderr)
         return 2
+    except OSError as err:  # the environment: a full disk, permissions, a path too long
+        if _debug(args):
+            raise
+        print(escape_controls(f"irt-engine {args.command}: error: {_os_error(err)}"), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"irt-engine {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a bug, not the user's input: one line and the traceback's file
+        if _debug(args):
+            raise
+        where = _save_traceback()
+        print(escape_controls(f"irt-engine {args.command}: internal error ({type(err).__name__}: "
+                              f"{err}); the traceback is in {where}; rerun with --debug to show it, "
+                              f"and please report it"), file=sys.stderr)
+        return 3
+
+
+_OS_FIXES = {errno.ENOSPC: "free some disk space (the last complete checkpoint and any earlier "
+                           "run are kept) and run again",
+             errno.EDQUOT: "free some space in your quota and run again",
+             errno.EACCES: "check the permissions of that path or choose another",
+             errno.EPERM: "check the permissions of that path or choose another",
+             errno.EROFS: "the file system is read-only: choose another path",
+             errno.ENAMETOOLONG: "the path is too long: choose a shorter one",
+             errno.ENOTDIR: "a part of that path is a file, not a directory: choose another path",
+             errno.ENOENT: "check that the path exists",
+             errno.EEXIST: "a file is in the way of that path: choose another"}
+
+
+def _os_error(err: OSError) -> str:
+    what = err.strerror or str(err)
+    where = f" ({err.filename})" if err.filename else ""
+    fix = _OS_FIXES.get(err.errno, "check the path and the machine's resources")
+    return f"{what}{where}; {fix}"
+
+
+def _debug(args) -> bool:
+    return bool(getattr(args, "debug", False) or os.environ.get("IRT_ENGINE_DEBUG"))
+
+
+def _save_traceback() -> str:
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="irt-engine-error-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exc(file=f)
+    return path
 
 
 if __name__ == "__main__":

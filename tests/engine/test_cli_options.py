@@ -1,5 +1,6 @@
 """Options are validated where they are parsed: one line naming the option, exit 2."""
 
+import os
 import subprocess
 import sys
 
@@ -53,3 +54,35 @@ def test_help_and_version_import_no_numerics():
             "print(heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_environment_failure_is_one_line_with_the_fix(tmp_path, capsys):
+    """An output path under a regular file: the OS error, the path and what to do."""
+    csv = tmp_path / "r.csv"
+    csv.write_text("subject,a,b\ns1,1,0\ns2,0,1\n")
+    (tmp_path / "file").write_text("")
+    assert main(["ingest", str(csv), "--out", str(tmp_path / "file" / "store")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "irt-engine ingest: error:" in err and str(tmp_path / "file") in err
+
+
+def test_internal_error_is_one_line_pointing_at_the_traceback(tmp_path, capsys, monkeypatch):
+    import engine.cli as cli
+
+    def broken(args):
+        raise ZeroDivisionError("planted bug")
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    parser._subparsers._group_actions[0].choices["leaderboard"].set_defaults(func=broken)
+    assert main(["leaderboard", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "internal error (ZeroDivisionError: planted bug)" in err
+    log = err.split("the traceback is in ")[1].split(";")[0]
+    try:
+        assert "Traceback" in open(log).read() and "planted bug" in open(log).read()
+    finally:
+        os.unlink(log)
+    with pytest.raises(ZeroDivisionError):
+        main(["--debug", "leaderboard", str(tmp_path)])
