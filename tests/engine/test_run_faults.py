@@ -7,8 +7,8 @@ import sys
 import time
 
 import numpy as np
-import pandas as pd
 import pytest
+from _tables import write_rasch_csv
 
 from engine.cli import main
 from engine.run import _swap_into_place, load_run
@@ -19,12 +19,7 @@ CLI = [sys.executable, "-m", "engine.cli"]
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("faults")
-    rng = np.random.default_rng(5)
-    theta, b = rng.normal(size=(400, 1)), rng.normal(size=60)
-    y = (rng.random((400, 60)) < 1 / (1 + np.exp(-(theta - b)))).astype(int)
-    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(60)])
-    df.insert(0, "subject_id", [f"s{i}" for i in range(400)])
-    df.to_csv(tmp / "r.csv", index=False)
+    write_rasch_csv(tmp / "r.csv", 400, 60, seed=5)
     assert main(["ingest", str(tmp / "r.csv"), "--out", str(tmp / "s")]) == 0
     return tmp / "s"
 

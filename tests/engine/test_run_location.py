@@ -3,8 +3,8 @@
 import shutil
 
 import numpy as np
-import pandas as pd
 import pytest
+from _tables import write_rasch_csv
 
 from engine.cli import main
 from engine.errors import StoreNotFoundError
@@ -18,12 +18,7 @@ def fitted(tmp_path_factory):
     base = tmp_path_factory.mktemp("loc")
     work = base / "work"
     work.mkdir()
-    rng = np.random.default_rng(3)
-    theta, b = rng.normal(size=(30, 1)), rng.normal(size=12)
-    y = (rng.random((30, 12)) < 1 / (1 + np.exp(-(theta - b)))).astype(int)
-    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(12)])
-    df.insert(0, "subject_id", [f"s{i}" for i in range(30)])
-    df.to_csv(work / "r.csv", index=False)
+    y = write_rasch_csv(work / "r.csv", 30, 12, seed=3)
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(work)
         assert main(["ingest", "r.csv", "--out", "data/store"]) == 0
