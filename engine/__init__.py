@@ -6,11 +6,13 @@ need neither JAX nor Dask do not pay for importing them.
 
 from engine._lazy import lazy_exports
 
-__all__ = ["fit", "FitSettings", "FitResult", "ingest", "open_store", "write_store", "Store",
+__all__ = ["fit", "fit_nuts", "FitSettings", "FitResult", "ingest", "open_store", "write_store",
+           "Store",
            "get_model", "MODELS", "save_run", "load_run", "Run", "IRTError", "response_stats"]
 __version__ = "0.1.0"
 
-_HOME = {"fit": "engine.api", "response_stats": "engine.api", "Store": "engine.data",
+_HOME = {"fit": "engine.api", "fit_nuts": "engine.api", "response_stats": "engine.api",
+         "Store": "engine.data",
          "ingest": "engine.data", "open_store": "engine.data", "write_store": "engine.data",
          "IRTError": "engine.errors", "FitResult": "engine.infer.fit",
          "FitSettings": "engine.infer.settings", "MODELS": "engine.models",
