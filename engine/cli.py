@@ -311,10 +311,10 @@ def cmd_items(args) -> int:
     y = load_run_responses(run, args.store)
     table = review_items(run, y, top=None if args.out else args.top, num_subjects=args.num_subjects,
                          include_set_aside=bool(args.out))
-    show = ["item", "review_score", "flagged", "p_reversed"] + \
+    show = ["item", "review_score", "flagged", "reversal_z"] + \
         [c for c in ("p_negative_discrimination", "p_low_feasibility") if c in table] + \
         [c for c in ("difficulty_mean", "discrimination_mean", "feasibility_mean") if c in table] + \
-        ["mean_response", "expected_mean", "residual_corr", "reversal_z"]
+        ["mean_response", "expected_mean", "residual_corr", "residual_z"]
     info = table.attrs
     aside = info["set_aside"]
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 80):

@@ -283,7 +283,8 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:
 table{border-collapse:collapse;font-size:.85em}td,th{padding:.2em .6em;border-bottom:1px solid #ddd;text-align:right}
 td.s,th.s{text-align:left}img{max-width:100%}.note{color:#666;font-size:.9em}h2{margin-top:1.6em}
 #leaderboard th{cursor:pointer;user-select:none;background:#f4f4f4}
-#leaderboard th[aria-sort=ascending]::after{content:" \\25B2"}#leaderboard th[aria-sort=descending]::after{content:" \\25BC"}
+#leaderboard th[aria-sort=ascending]::after{content:" \\25B2"}
+#leaderboard th[aria-sort=descending]::after{content:" \\25BC"}
 .scroll{max-height:32em;overflow:auto}"""
 
 # Sort the leaderboard by a header click (numbers by data-value); no external assets.
@@ -328,7 +329,7 @@ def _flag_section(run, flags: pd.DataFrame, top: int = 15) -> str:
     order = review_order(flags)
     informative, flagged = len(order), int(flags["flagged"].sum())
     df = pd.concat([run.items[["item"]].reset_index(drop=True), flags], axis=1).iloc[order[:top]]
-    keep = ["item", "review_score", "flagged", "p_reversed"] + \
+    keep = ["item", "review_score", "flagged", "reversal_z"] + \
         [c for c in ("p_negative_discrimination", "p_low_feasibility") if c in df] + \
         ["mean_response", "expected_mean", "residual_corr", "n"]
     out = (f'<p id="review-summary">{flagged} of {informative} informative items flagged (review score '
