@@ -1,7 +1,7 @@
 """The quadrature (marginal) fit beside the mean-field fit and NUTS, on LSAT7 and simulated 2PL.
 
-For each data set: the default fit (``ability_factor=auto``, which takes quadrature on these
-shapes), the mean-field fit (``ability_factor=gaussian``) and NUTS (``engine.fit_nuts``, the
+For each data set: ``ability_factor=auto`` (which takes quadrature on these shapes), the
+mean-field fit (``ability_factor=gaussian``, the default) and NUTS (``engine.fit_nuts``, the
 exact posterior of the same model). Per block it reports the median and largest
 ``|mean - NUTS mean| / NUTS sd`` and the median sd ratio (fit / NUTS), on the unconstrained
 scale (log-discrimination), with items' sds as ``items.parquet`` reports them. For LSAT7 the
@@ -74,7 +74,7 @@ def measure(name: str, nuts: bool) -> dict:
     y = _load(name)
     out = {"data": name, "shape": list(y.shape), "fits": {}}
     fits = {}
-    for label, factor in (("default", "auto"), ("gaussian", "gaussian")):
+    for label, factor in (("auto", "auto"), ("gaussian", "gaussian")):
         t = time.perf_counter()
         fits[label] = engine.fit(y, model="2pl", settings=engine.FitSettings(ability_factor=factor))
         out["fits"][label] = {"wall_s": time.perf_counter() - t,
@@ -84,7 +84,7 @@ def measure(name: str, nuts: bool) -> dict:
         fits["nuts"] = engine.api.fit_nuts(y, model="2pl", settings=NutsSettings())
         out["fits"]["nuts"] = {"wall_s": time.perf_counter() - t,
                                "rhat_max": fits["nuts"].extra["diagnostics"]["rhat_max"]}
-        for label in ("default", "gaussian"):
+        for label in ("auto", "gaussian"):
             out["fits"][label]["vs_nuts"] = _agreement(fits[label], fits["nuts"])
     if name == "lsat7":
         table = {}

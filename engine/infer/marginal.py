@@ -36,7 +36,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.linalg
 
 from engine.errors import ModelError, SettingsError
 from engine.infer.guide import GuideState
@@ -350,6 +349,8 @@ def _louis(spec, x, theta, w, counts, y, mask, hess, joint: bool, settings: Marg
 
 def _covariance(info: np.ndarray, joint: bool) -> np.ndarray:
     """The inverse of the information (pseudo-inverse where singular)."""
+    import scipy.linalg
+
     try:
         if joint:
             factor = scipy.linalg.cho_factor(info, check_finite=False)
@@ -382,6 +383,8 @@ def _em_step(spec, x, theta, yy, mask, wc, grad, hess, base, settings) -> np.nda
 def _marginal_newton(info: np.ndarray, grad: np.ndarray, max_step: float) -> np.ndarray | None:
     """``info^-1 grad`` reshaped to ``(n, k)``, capped at ``max_step``; None where the
     information is not positive definite (far from the mode)."""
+    import scipy.linalg  # here: importing it costs the mean-field fits' start-up ~0.5 s
+
     try:
         factor = scipy.linalg.cho_factor(info, check_finite=False)
     except np.linalg.LinAlgError:

@@ -75,8 +75,8 @@ class FitSettings:
     ability_factor : ``quadrature`` integrates each scalar ability out on adaptive
         quadrature and fits the items at their marginal posterior mode
         (:mod:`engine.infer.marginal`; binary models with one scalar ability and vague
-        priors, matrices held in memory); ``gaussian`` is the mean-field variational fit;
-        ``auto`` takes quadrature where it applies and subjects have at most
+        priors, matrices held in memory); ``gaussian`` (the default for now) is the mean-field
+        variational fit; ``auto`` takes quadrature where it applies and subjects have at most
         ``quadrature_max_items`` observed responses (median), gaussian otherwise.
     quadrature_max_items : the ``auto`` switch's bound on responses per subject.
     """
@@ -101,7 +101,7 @@ class FitSettings:
     checkpoint_every: int = 0
     memory_budget: int | None = None
     prefetch: int = 2
-    ability_factor: str = "auto"
+    ability_factor: str = "gaussian"
     quadrature_max_items: int = 1000
 
     def __post_init__(self):

@@ -133,7 +133,7 @@ def test_identical_patterns_identical_readouts(tmp_path, model):
     y[40:60] = y[5]  # twenty-one copies of one sheet
     y[61, 2] = -1
     y[62] = y[61]  # and two with a missing cell
-    res = fit(y, model=model, settings=FitSettings(seed=0))
+    res = fit(y, model=model, settings=FitSettings(seed=0, ability_factor="auto"))
     assert res.extra["ability_factor"]["method"] == "quadrature"
     run = save_run(res, tmp_path / "run", num_draws=300)
     subjects = run.subjects.drop(columns=["subject"])
@@ -162,8 +162,10 @@ def test_switch_reads_items_per_subject(tmp_path):
     """auto: quadrature up to the bound on responses per subject, mean-field above it; the
     choice and the count it was read from are in fit.json."""
     y, *_ = _simulate(30, 12, seed=13)
-    below = fit(y, model="1pl", settings=FitSettings(seed=0, quadrature_max_items=12))
-    above = fit(y, model="1pl", settings=FitSettings(seed=0, quadrature_max_items=11))
+    below = fit(y, model="1pl", settings=FitSettings(seed=0, ability_factor="auto",
+                                                         quadrature_max_items=12))
+    above = fit(y, model="1pl", settings=FitSettings(seed=0, ability_factor="auto",
+                                                         quadrature_max_items=11))
     assert below.extra["ability_factor"]["method"] == "quadrature"
     assert above.extra["ability_factor"]["method"] == "gaussian"
     info = json.loads((save_run(below, tmp_path / "q").path / "fit.json").read_text())
