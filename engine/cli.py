@@ -101,7 +101,9 @@ def cmd_ingest(args) -> int:
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
     store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite,
                    layout=args.layout, memory_budget=budget, kind=args.kind,
-                   id_column=args.id_column)
+                   id_column=args.id_column, metric=args.metric, keep=args.keep)
+    if args.format is None:
+        print(f"detected format {store.meta.get('input_format')}")
     print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
           f"{store.num_observed} observed ({store.density:.1%}), kind {store.kind}, "
           f"layout {store.layout}")
@@ -681,7 +683,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="response files -> zarr store")
     p.add_argument("inputs", nargs="+", help="wide/long CSV or Parquet, py-irt jsonl, or a folder")
     p.add_argument("--out", required=True)
-    p.add_argument("--format", choices=["wide", "long", "jsonl"], default=None)
+    p.add_argument("--format", choices=["wide", "long", "jsonl", "every-eval-ever", "lm-eval"],
+                   default=None, help="input format; detected when left out (and printed)")
+    p.add_argument("--metric", default=None, metavar="NAME[,NAME...]",
+                   help="evaluation logs: the per-sample metric to read (lm-eval: acc, "
+                        "acc_norm, exact_match, ...; every-eval-ever: score or is_correct); "
+                        "several are tried in order")
+    p.add_argument("--keep", choices=["first", "latest", "mean"], default=None,
+                   help="evaluation logs: a model evaluated twice on a sample keeps its first "
+                        "or latest run, or the mean; by default that is an error")
     p.add_argument("--kind", choices=["binary", "unit", "nonnegative"], default=None,
                    help="response kind: binary (0/1), unit (scores in [0, 1]) or nonnegative "
                         "(errors >= 0); default: the smallest kind holding every value")

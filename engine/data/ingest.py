@@ -50,7 +50,7 @@ from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["FORMATS", "ingest"]
 
-FORMATS = ("wide", "long", "jsonl")
+FORMATS = ("wide", "long", "jsonl", "every-eval-ever", "lm-eval")  # logs: engine.data.formats
 _ID_NAMES = {"subject", "subject_id", "system", "model", "id", "name"}
 _LONG_COLS = {"subject": ("subject", "subject_id"), "item": ("item", "item_id"),
               "response": ("response",)}
@@ -88,7 +88,8 @@ class _BadCell(Exception):
 def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: str | None = None,
            kind: str | None = None, chunks: Sequence[int] = (1024, 8192),
            overwrite: bool = False, layout: str = "auto",
-           memory_budget: int | None = None, id_column: str | None = None) -> Store:
+           memory_budget: int | None = None, id_column: str | None = None,
+           metric: Sequence[str] | None = None, keep: str | None = None) -> Store:
     """Read response files of one format and write them as a zarr v3 response store.
 
     Parameters
@@ -118,6 +119,9 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         Wide input: the column holding subject ids, or ``"none"`` when every column is an
         item (subjects are then numbered by row). Needed when the first column holds numbers
         under a name that is not a known id name; by default the first column is detected.
+    metric, keep : optional
+        Evaluation logs only (``engine.data.formats``): the metric(s) to read, tried in
+        order, and what to do when a model answered a sample twice (first, latest, mean).
 
     Returns
     -------
@@ -151,6 +155,19 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
     if memory_budget is not None and int(memory_budget) < 1:
         raise SettingsError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
     check_writable(out, overwrite)
+    from engine.data.formats import LOG_FORMATS, detect_log_format, ingest_logs
+
+    log_fmt = fmt if fmt in LOG_FORMATS else detect_log_format(inputs) if fmt is None else None
+    if log_fmt is not None:
+        if id_column is not None:
+            raise SettingsError(f"--id-column applies to wide input only; this input is "
+                                f"{log_fmt}: drop the option")
+        return ingest_logs(inputs, out, fmt=log_fmt, kind=kind, chunks=chunks,
+                           overwrite=overwrite, layout=layout, memory_budget=memory_budget,
+                           metric=metric, keep=keep)
+    if metric or keep:
+        raise SettingsError("--metric and --keep apply to evaluation logs (formats "
+                            "every-eval-ever, lm-eval) only; drop them for tables")
     files = _expand(inputs)
     budget = int(memory_budget or default_budget())
     for path in files:  # before any header is parsed: a 10M-column header is 10M strings

@@ -158,7 +158,8 @@ class _KindSeen:
 def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = None,
                 chunks: Sequence[int] = (1024, 8192), overwrite: bool = False,
                 layout: str = "auto", memory_budget: int | None = None,
-                batch_rows: int = 1 << 20) -> Store:
+                batch_rows: int = 1 << 20, source: Sequence[str] | None = None,
+                input_format: str = "long") -> Store:
     """Ingest long-format files (CSV/Parquet) into a store, streaming; see the module doc.
 
     Raises
@@ -199,7 +200,8 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
     scratch.mkdir(parents=True)
     try:
         _spill(files, batch_rows, subjects, items, starts, band_rows, scratch, kind)
-        common = dict(kind=kind, source=[str(p) for p in files], input_format="long",
+        common = dict(kind=kind, source=[str(p) for p in (source or files)],
+                      input_format=input_format,
                       overwrite=overwrite)
         if layout == "dense":
             writer = DenseWriter(out, subjects.ids, items.ids, chunks=chunks, **common)

@@ -1,0 +1,207 @@
+"""The interface every evaluation-log reader implements, and the helpers they share.
+
+A reader turns one input file into chunks of ``Records``: per response its subject (the
+model), item, item group (the evaluation or task) and value, with the file line it came
+from, so every later error (a bad value, a duplicate) names file and line. Readers only
+parse and check their own fields; ``engine.data.formats.logs`` checks values, resolves
+duplicates and feeds the records to the long-format store path.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from engine.data.ingest import check_id_text
+from engine.errors import DataFormatError
+
+__all__ = ["CHUNK_ROWS", "LogReader", "RecordBuffer", "Records", "cannot_read", "first_json",
+           "is_jsonl", "json_lines", "pick_metric", "text_id", "walk_files"]
+
+CHUNK_ROWS = 1 << 16
+
+
+@dataclass
+class Records:
+    """Responses read from one file: parallel lists and arrays, one entry per response."""
+
+    path: Path
+    field: str  # the field the values came from, for error messages
+    subjects: list[str]
+    items: list[str]
+    groups: list[str]
+    values: np.ndarray  # float64
+    lines: np.ndarray  # int64, 1-based line in ``path``
+
+    def where(self, r: int) -> str:
+        return f'{self.path} line {int(self.lines[r])}, field "{self.field}"'
+
+
+@dataclass
+class RecordBuffer:
+    """Collects responses of one file and hands them out in chunks of ``CHUNK_ROWS``."""
+
+    path: Path
+    field: str
+    subjects: list = field(default_factory=list)
+    items: list = field(default_factory=list)
+    groups: list = field(default_factory=list)
+    values: list = field(default_factory=list)
+    lines: list = field(default_factory=list)
+
+    def add(self, subject: str, item: str, group: str, value: float, line: int) -> None:
+        self.subjects.append(subject)
+        self.items.append(item)
+        self.groups.append(group)
+        self.values.append(value)
+        self.lines.append(line)
+
+    def full(self) -> bool:
+        return len(self.values) >= CHUNK_ROWS
+
+    def take(self) -> Records | None:
+        if not self.values:
+            return None
+        out = Records(self.path, self.field, self.subjects, self.items, self.groups,
+                      np.asarray(self.values, np.float64), np.asarray(self.lines, np.int64))
+        self.subjects, self.items, self.groups, self.values, self.lines = [], [], [], [], []
+        return out
+
+
+class LogReader(Protocol):
+    """One evaluation-log format.
+
+    ``name`` is its ``--format`` name; ``metrics`` the value fields ``--metric`` may pick
+    (``None``: any name the files carry).
+    """
+
+    name: str
+    default_metric: tuple[str, ...]
+
+    def detect(self, path: Path) -> bool:
+        """Whether ``path`` (a file or a folder) holds logs of this format."""
+
+    def files(self, paths: Sequence[Path]) -> list[Path]:
+        """The files to read under ``paths``, in run order (earliest first: ``--keep``)."""
+
+    def read(self, path: Path, metric: tuple[str, ...]) -> Iterator[Records]:
+        """Records of one file, in chunks; raises ``DataFormatError`` naming file and line."""
+
+
+def _open(path: Path) -> io.BufferedIOBase:
+    return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
+
+
+def cannot_read(path: Path, err: Exception) -> DataFormatError:
+    text = " ".join(str(err).split())[:200] or type(err).__name__
+    return DataFormatError(f"{path}: cannot read it ({text}); check the file, or remove it from "
+                           f"the input folder")
+
+
+def json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for each non-blank line of a JSON-lines file (``.gz`` too)."""
+    try:
+        with _open(path) as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    text = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                except UnicodeDecodeError:
+                    raise DataFormatError(f"{path} line {n}: not UTF-8 text; the file is not "
+                                          f"a JSON-lines log (remove it or re-encode it)") from None
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except ValueError as err:
+                    msg = getattr(err, "msg", str(err))
+                    col = getattr(err, "colno", None)
+                    at = f" at column {col}" if col else ""
+                    raise DataFormatError(f"{path} line {n}: not valid JSON ({msg}{at}); fix the "
+                                          f"line or remove it") from None
+                if not isinstance(obj, dict):
+                    raise DataFormatError(f"{path} line {n}: expected a JSON object per line, got "
+                                          f"{type(obj).__name__}; fix the line")
+                yield n, obj
+    except (OSError, EOFError, zlib.error) as err:
+        raise cannot_read(path, err) from None
+
+
+def first_json(path: Path) -> dict | None:
+    """The first non-blank line of a JSON-lines file as an object, or None (for detection)."""
+    try:
+        with _open(path) as f:
+            for raw in f:
+                if raw.strip():
+                    obj = json.loads(raw.decode("utf-8-sig"))
+                    return obj if isinstance(obj, dict) else None
+    except (OSError, EOFError, zlib.error, ValueError):
+        return None
+    return None
+
+
+def text_id(obj: dict, key: str, what: str, path: Path, line: int, *,
+            numbers: bool = False) -> str:
+    """A required id field as text (integers too when ``numbers``), checked as ids are."""
+    where = f'{path} line {line}, field "{key}"'
+    if key not in obj or obj[key] is None:
+        raise DataFormatError(f"{where}: missing; every line needs the {what} in \"{key}\"")
+    value = obj[key]
+    if numbers and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise DataFormatError(f"{where}: got {value!r}; expected the {what} as a string")
+    return check_id_text(value, what, where)
+
+
+def walk_files(root: Path, keep) -> list[Path]:
+    """Files under ``root`` (recursively, sorted, hidden and ``_`` names skipped) for which
+    ``keep(path)`` is true."""
+    if root.is_file():
+        return [root] if keep(root) else []
+    found = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).parts
+        if any(part.startswith((".", "_")) for part in rel) or not p.is_file():
+            continue
+        if keep(p):
+            found.append(p)
+    return found
+
+
+def is_jsonl(path: Path) -> bool:
+    name = path.name.lower()
+    return name.endswith((".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz"))
+
+
+def pick_metric(obj: dict, metric: Sequence[str], path: Path, line: int,
+                present: Sequence[str], prefix: str = "") -> tuple[str, float]:
+    """The first of ``metric`` that ``obj`` holds, as ``(name, float64 value)``; booleans are
+    0/1. Raises naming the metrics ``present`` on the line when none is there."""
+    for name in metric:
+        if name in obj and obj[name] is not None:
+            value = obj[name]
+            if isinstance(value, bool):
+                return name, float(value)
+            if isinstance(value, (int, float)):
+                return name, float(value)
+            raise DataFormatError(f'{path} line {line}, field "{prefix}{name}": got {_short(value)}; '
+                                  f"expected a per-sample number or true/false (a list or text "
+                                  f"is a corpus-level or unscored metric: pick another with "
+                                  f"--metric)")
+    listed = ", ".join(present) if present else "none"
+    raise DataFormatError(f"{path} line {line}: no metric {' or '.join(metric)} on this line "
+                          f"(metrics present: {listed}); pick one with --metric NAME (several, "
+                          f"comma-separated, are tried in order)")
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,84 @@
+"""Every Eval Ever instance-level JSON lines (EvalEval coalition, schema 0.2.x).
+
+One object per line (``every_eval_ever/schemas/instance_level_eval.schema.json`` in the
+``every-eval-ever`` package): ``model_id`` is the subject, ``evaluation_name`` + ``/`` +
+``sample_id`` the item (its group is the evaluation name), and the response is
+``evaluation.score`` (default) or ``evaluation.is_correct`` (``--metric is_correct``: 0/1).
+Input is a file or a folder of them, nested as in the schema's repository
+(``<evaluation>/<developer>/<model>/*.jsonl``); the aggregate ``*.json`` records beside
+them are skipped. Several evaluations become one matrix; a model missing an evaluation has
+missing cells there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from engine.data.formats.base import (RecordBuffer, Records, first_json, is_jsonl, json_lines,
+                                      pick_metric, text_id, walk_files)
+from engine.errors import DataFormatError
+
+__all__ = ["EveryEvalEver"]
+
+_KEYS = ("model_id", "evaluation_name", "sample_id")
+_METRICS = ("score", "is_correct")
+
+
+class EveryEvalEver:
+    """Reader of Every Eval Ever instance-level ``.jsonl`` files (see the module doc)."""
+
+    name = "every-eval-ever"
+    default_metric = ("score",)
+
+    def detect(self, path: Path) -> bool:
+        if path.is_file():
+            obj = first_json(path) if is_jsonl(path) else None
+            return obj is not None and all(k in obj for k in _KEYS) and "evaluation" in obj
+        for p in walk_files(path, is_jsonl):
+            obj = first_json(p)
+            if obj is not None:
+                return all(k in obj for k in _KEYS) and "evaluation" in obj
+        return False
+
+    def files(self, paths: Sequence[Path]) -> list[Path]:
+        found: list[Path] = []
+        for root in paths:
+            if root.is_file():
+                found.append(root)
+                continue
+            for p in walk_files(root, lambda p: not p.name.lower().endswith(".json")):
+                if not is_jsonl(p):
+                    raise DataFormatError(f"{p}: not a .jsonl file in the Every Eval Ever folder "
+                                          f"{root}; remove it, or pass the .jsonl files")
+                found.append(p)
+        if not found:
+            raise DataFormatError(f"{', '.join(map(str, paths))}: no instance-level .jsonl files "
+                                  f"found; pass Every Eval Ever *.jsonl files or their folder")
+        return found
+
+    def read(self, path: Path, metric: tuple[str, ...]) -> Iterator[Records]:
+        for name in metric:
+            if name not in _METRICS:
+                raise DataFormatError(f"--metric {name!r}: Every Eval Ever instances carry "
+                                      f"evaluation.score and evaluation.is_correct; use "
+                                      f"--metric score or --metric is_correct")
+        buf = RecordBuffer(path, "evaluation." + metric[0])
+        for n, obj in json_lines(path):
+            subject = text_id(obj, "model_id", "model", path, n)
+            evaluation = text_id(obj, "evaluation_name", "evaluation", path, n)
+            sample = text_id(obj, "sample_id", "sample", path, n, numbers=True)
+            scores = obj.get("evaluation")
+            if not isinstance(scores, dict):
+                raise DataFormatError(f'{path} line {n}, field "evaluation": '
+                                      f"{'missing' if scores is None else 'not an object'}; "
+                                      f'expected {{"score": ..., "is_correct": ...}}')
+            present = [k for k in _METRICS if scores.get(k) is not None]
+            name, value = pick_metric(scores, metric, path, n, present, "evaluation.")
+            buf.field = "evaluation." + name
+            buf.add(subject, f"{evaluation}/{sample}", evaluation, value, n)
+            if buf.full():
+                yield buf.take()
+        last = buf.take()
+        if last is not None:
+            yield last

@@ -1,0 +1,115 @@
+"""lm-evaluation-harness ``--log_samples`` output.
+
+Layout (``lm_eval/loggers/evaluation_tracker.py`` in the ``lm-eval`` package, 0.4.x): one
+folder per model under the output path, holding ``results_<date>.json`` (the aggregate; its
+top-level ``model_name``, else ``pretrained=`` in ``config.model_args``, names the model) and
+one ``samples_<task>_<date>.jsonl`` per task with the same ``<date>``. Each sample line
+(``lm_eval/evaluator.py``) carries ``doc_id``, ``filter``, ``metrics`` (the names) and one key
+per metric (``acc``, ``acc_norm``, ``exact_match``, ...). The item is ``<task>/<doc_id>`` (with
+``/<filter>`` before the doc id when the filter is not ``none``), its group the task.
+``--metric`` picks the metric (a comma list is tried in order); without it a task's single
+metric is used and several are an error listing them. Runs are ordered by ``<date>``
+(``--keep latest`` / ``first``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from engine.data.formats.base import (RecordBuffer, Records, cannot_read, first_json, json_lines,
+                                      pick_metric, text_id, walk_files)
+from engine.errors import DataFormatError
+
+__all__ = ["LMEvalHarness"]
+
+_SAMPLES = re.compile(r"^samples_(?P<task>.+)_(?P<date>\d{4}-\d{2}-\d{2}T[0-9.\-]+)\.jsonl$")
+
+
+def _is_samples(path: Path) -> bool:
+    return _SAMPLES.match(path.name) is not None
+
+
+class LMEvalHarness:
+    """Reader of lm-evaluation-harness per-sample logs (see the module doc)."""
+
+    name = "lm-eval"
+    default_metric: tuple[str, ...] = ()
+
+    def __init__(self):
+        self._models: dict[Path, str] = {}
+
+    def detect(self, path: Path) -> bool:
+        if path.is_file():
+            return _is_samples(path) and "doc_id" in (first_json(path) or {})
+        return bool(walk_files(path, _is_samples)) and bool(
+            walk_files(path, lambda p: p.name.startswith("results_") and p.suffix == ".json"))
+
+    def files(self, paths: Sequence[Path]) -> list[Path]:
+        found = []
+        for root in paths:
+            for p in walk_files(root, _is_samples):
+                found.append((_SAMPLES.match(p.name)["date"], str(p), p))
+        if not found:
+            raise DataFormatError(f"{', '.join(map(str, paths))}: no samples_<task>_<date>.jsonl "
+                                  f"files found; run lm_eval with --log_samples --output_path "
+                                  f"DIR and pass DIR")
+        for _, _, p in found:
+            self._model(p)  # every run names its model before anything is read
+        return [p for _, _, p in sorted(found)]
+
+    def _model(self, samples: Path) -> str:
+        results = samples.with_name(f"results_{_SAMPLES.match(samples.name)['date']}.json")
+        if results in self._models:
+            return self._models[results]
+        if not results.is_file():
+            raise DataFormatError(f"{samples}: no {results.name} beside it; lm-eval writes the "
+                                  f"model name there: keep the run folder whole")
+        try:
+            data = json.loads(results.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as err:
+            raise cannot_read(results, err) from None
+        except ValueError as err:
+            raise DataFormatError(f"{results}: not valid JSON ({err}); restore the file") from None
+        name = data.get("model_name") if isinstance(data, dict) else None
+        if not isinstance(name, str) or not name.strip():
+            args = (data.get("config") or {}).get("model_args") if isinstance(data, dict) else None
+            match = re.search(r"(?:^|,)\s*pretrained=([^,]+)", args) if isinstance(args, str) else None
+            if match is None:
+                raise DataFormatError(f'{results}: no "model_name" and no pretrained= in '
+                                      f'"config.model_args"; add "model_name": "<model>" to it')
+            name = match.group(1)
+        self._models[results] = name.strip()
+        return self._models[results]
+
+    def read(self, path: Path, metric: tuple[str, ...]) -> Iterator[Records]:
+        model, task = self._model(path), _SAMPLES.match(path.name)["task"]
+        buf = RecordBuffer(path, metric[0] if metric else "metric")
+        for n, obj in json_lines(path):
+            doc = text_id(obj, "doc_id", "document", path, n, numbers=True)
+            names = obj.get("metrics")
+            if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
+                raise DataFormatError(f'{path} line {n}, field "metrics": expected the list of '
+                                      f"metric names lm-eval writes; is this a --log_samples file?")
+            want = metric
+            if not want:
+                if len(names) != 1:
+                    raise DataFormatError(f"{path} line {n}: task {task!r} has metrics "
+                                          f"{', '.join(names) or 'none'}; pick one with --metric "
+                                          f"NAME")
+                want = tuple(names)
+            name, value = pick_metric(obj, want, path, n, names)
+            buf.field = name
+            filt = obj.get("filter", "none")
+            if not isinstance(filt, str):
+                raise DataFormatError(f'{path} line {n}, field "filter": expected text, got '
+                                      f"{filt!r}")
+            item = f"{task}/{doc}" if filt == "none" else f"{task}/{filt}/{doc}"
+            buf.add(model, item, task, value, n)
+            if buf.full():
+                yield buf.take()
+        last = buf.take()
+        if last is not None:
+            yield last

@@ -1,0 +1,161 @@
+"""Evaluation logs -> response store, through the long-format path, streaming.
+
+Pass 1 reads each file with its reader, checks each value (``ingest._check_support``: finite,
+storable, inside ``kind``; the error names file, line and field), codes subjects and items
+and appends ``(subject, item, value, file, line)`` records to scratch files, a band of
+subjects per file. Pass 2 loads one band at a time, finds the same model answering the same
+item more than once (an error naming both lines, unless ``keep`` is ``first``, ``latest``
+or ``mean``; runs are in the reader's run order) and writes the resolved observations to a
+scratch long-format Parquet file, which ``ingest_long`` validates and writes as the store.
+Memory is a chunk of records plus one band, whatever the number of files.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.data.formats.base import LogReader
+from engine.data.ingest import _check_support, fmt_value
+from engine.data.long import DEFAULT_BUDGET, ingest_long
+from engine.data.store import Store, check_writable
+from engine.errors import DataFormatError, SettingsError
+
+__all__ = ["KEEP", "ingest_logs"]
+
+KEEP = ("first", "latest", "mean")
+_REC = np.dtype([("s", "<i4"), ("i", "<i4"), ("v", "<f8"), ("f", "<i4"), ("r", "<i8")])
+_PER_RECORD = 96  # a record read back plus sorting temporaries and the Parquet batch
+_MAX_BANDS = 256
+
+
+def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path, *,
+                kind: str | None = None, chunks: Sequence[int] = (1024, 8192),
+                overwrite: bool = False, layout: str = "auto",
+                memory_budget: int | None = None, metric: Sequence[str] | None = None,
+                keep: str | None = None) -> Store:
+    """Read evaluation logs with ``reader`` and write one response store (see the module doc).
+
+    Raises
+    ------
+    DataFormatError
+        A malformed line, a missing metric, a bad value or an unresolved duplicate, naming the
+        file, line and field.
+    SettingsError
+        ``keep`` is not one of ``KEEP``.
+    """
+    if keep is not None and keep not in KEEP:
+        raise SettingsError(f"keep={keep!r}; use one of {', '.join(KEEP)} (--keep)")
+    if isinstance(metric, str):
+        metric = metric.split(",")
+    metric = tuple(m.strip() for m in (metric or ()) if m.strip()) or reader.default_metric
+    out = check_writable(out, overwrite)
+    files = reader.files([Path(p) for p in inputs])
+    budget = int(memory_budget or DEFAULT_BUDGET)
+    total = sum(p.stat().st_size for p in files)
+    bands = int(min(_MAX_BANDS, max(1, -(-(total // 64) * _PER_RECORD // budget))))
+    scratch = out.parent / f".{out.name}.logs-{secrets.token_hex(6)}"
+    scratch.mkdir(parents=True)
+    try:
+        subjects, items = _spill(reader, files, metric, kind, bands, scratch)
+        long_file = scratch / "responses.parquet"
+        _resolve(files, subjects, items, bands, scratch, long_file, keep, kind)
+        return ingest_long([long_file], out, kind=kind, chunks=chunks, overwrite=overwrite,
+                           layout=layout, memory_budget=memory_budget,
+                           source=[str(p) for p in files], input_format=reader.name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: str | None,
+           bands: int, scratch: Path) -> tuple[dict, dict]:
+    subjects: dict[str, int] = {}
+    items: dict[str, int] = {}
+    handles: dict[int, object] = {}
+    try:
+        for k, path in enumerate(files):
+            for rec in reader.read(path, metric):
+                values = _check_support(rec.values, kind, rec.where)
+                s = np.fromiter((subjects.setdefault(x, len(subjects)) for x in rec.subjects),
+                                np.int32, count=len(rec.subjects))
+                i = np.fromiter((items.setdefault(x, len(items)) for x in rec.items),
+                                np.int32, count=len(rec.items))
+                out = np.empty(len(values), _REC)
+                out["s"], out["i"], out["v"], out["f"], out["r"] = s, i, values, k, rec.lines
+                band = out["s"] % bands
+                order = np.argsort(band, kind="stable")
+                out, band = out[order], band[order]
+                for part in np.split(out, np.flatnonzero(np.diff(band)) + 1):
+                    b = int(part["s"][0] % bands)
+                    if b not in handles:
+                        handles[b] = open(scratch / f"band-{b:04d}.bin", "ab")
+                    handles[b].write(part.tobytes())
+    finally:
+        for f in handles.values():
+            f.close()
+    if not subjects:
+        raise DataFormatError(f"{', '.join(map(str, files))}: no responses in these files; "
+                              f"expected one line per (model, sample)")
+    return subjects, items
+
+
+def _resolve(files: list[Path], subjects: dict, items: dict, bands: int, scratch: Path,
+             long_file: Path, keep: str | None, kind: str | None) -> None:
+    subject_ids = pa.array(list(subjects), pa.string())
+    item_ids = pa.array(list(items), pa.string())
+    N = len(items)
+    schema = pa.schema([("subject", pa.string()), ("item", pa.string()),
+                        ("response", pa.float64())])
+    with pq.ParquetWriter(long_file, schema) as writer:
+        for b in range(bands):
+            path = scratch / f"band-{b:04d}.bin"
+            if not path.exists():
+                continue
+            rec = np.fromfile(path, _REC)
+            path.unlink()
+            key = rec["s"].astype(np.int64) * N + rec["i"]
+            order = np.lexsort((rec["r"], rec["f"], key))  # by key, then run order
+            rec, key = rec[order], key[order]
+            start = np.r_[True, key[1:] != key[:-1]]
+            end = np.r_[key[1:] != key[:-1], True]
+            if not start.all():
+                if keep is None:
+                    raise _duplicate(files, subject_ids, item_ids, rec, start)
+                if keep == "first":
+                    values, rows = rec["v"][start], rec[start]
+                elif keep == "latest":
+                    values, rows = rec["v"][end], rec[end]
+                else:
+                    group = np.cumsum(start) - 1
+                    values = np.bincount(group, rec["v"]) / np.bincount(group)
+                    rows = rec[start]
+                    if kind == "binary" and not np.isin(values, (0, 1)).all():
+                        g = int(np.argmax(~np.isin(values, (0, 1))))
+                        raise DataFormatError(
+                            f"--keep mean: model {subject_ids[int(rows['s'][g])].as_py()!r}, item "
+                            f"{item_ids[int(rows['i'][g])].as_py()!r} averages to "
+                            f"{fmt_value(values[g])}, not binary; drop --kind binary (the mean "
+                            f"is a unit score) or use --keep first|latest")
+            else:
+                values, rows = rec["v"], rec
+            writer.write_table(pa.table({
+                "subject": subject_ids.take(pa.array(rows["s"])),
+                "item": item_ids.take(pa.array(rows["i"])),
+                "response": pa.array(values, pa.float64())}, schema=schema))
+
+
+def _duplicate(files, subject_ids, item_ids, rec, start) -> DataFormatError:
+    g = int(np.argmin(start))  # the second record of the first duplicated key
+    first, again = rec[g - 1], rec[g]
+    return DataFormatError(
+        f"{files[again['f']]} line {again['r']}: model {subject_ids[int(again['s'])].as_py()!r} "
+        f"answered item {item_ids[int(again['i'])].as_py()!r} again ({fmt_value(again['v'])} "
+        f"here, {fmt_value(first['v'])} at {files[first['f']]} line {first['r']}); the same "
+        f"model evaluated twice on a sample: pass --keep first|latest|mean to say which to use, "
+        f"or remove one run")
