@@ -41,7 +41,7 @@ def detect_log_format(inputs: str | Path | Sequence[str | Path]) -> str | None:
         name = next((n for n in LOG_FORMATS if log_reader(n).detect(path)), None)
         found[path] = name
     names = set(found.values())
-    if names == {None}:
+    if names <= {None}:
         return None
     if len(names) > 1:
         listed = ", ".join(f"{p} ({n or 'a table'})" for p, n in found.items())

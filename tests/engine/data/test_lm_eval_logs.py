@@ -1,0 +1,135 @@
+"""lm-evaluation-harness ``--log_samples`` ingest, and ``--keep`` for runs repeated.
+
+The layout is the one ``lm-eval`` 0.4.13 writes (PyPI wheel): ``lm_eval/loggers/
+evaluation_tracker.py`` puts ``results_<date_id>.json`` (``date_id`` = ISO time with ``:``
+as ``-``; ``asdict(GeneralConfigTracker)`` adds the top-level ``model_name``) and
+``samples_<task>_<date_id>.jsonl`` under ``<output_path>/<model_name_sanitized>/``; each
+sample line is built in ``lm_eval/evaluator.py`` (``doc_id``, ``doc``, ``target``,
+``arguments``, ``resps``, ``filtered_resps``, ``filter``, ``metrics``, the three hashes, then
+one key per metric).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.data import ingest
+from engine.errors import DataFormatError
+
+DATE = "2024-05-01T12-30-45.123456"
+
+
+def sample(doc_id, metrics, filt="none"):
+    line = {"doc_id": doc_id, "doc": {"query": f"q{doc_id}", "choices": ["a", "b"], "gold": 0},
+            "target": 0, "arguments": {"gen_args_0": {"arg_0": f"q{doc_id}", "arg_1": " a"},
+                                       "gen_args_1": {"arg_0": f"q{doc_id}", "arg_1": " b"}},
+            "resps": [[["-1.5", "False"]], [["-2.5", "False"]]],
+            "filtered_resps": [["-1.5", "False"], ["-2.5", "False"]], "filter": filt,
+            "metrics": list(metrics), "doc_hash": "d", "prompt_hash": "p", "target_hash": "t"}
+    line.update(metrics)
+    return json.dumps(line)
+
+
+def write_run(root, model, tasks, *, date=DATE, name_key=True):
+    folder = root / model.replace("/", "__")
+    folder.mkdir(parents=True, exist_ok=True)
+    results = {"results": {t: {} for t in tasks}, "config": {"model": "hf",
+               "model_args": f"pretrained={model},dtype=float16"},
+               "model_name_sanitized": model.replace("/", "__")}
+    if name_key:
+        results["model_name"] = model
+    (folder / f"results_{date}.json").write_text(json.dumps(results, indent=2))
+    for task, lines in tasks.items():
+        (folder / f"samples_{task}_{date}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "out"
+    rng = np.random.default_rng(1)
+    truth = {}
+    for m, name_key in (("org/model-a", True), ("org/model-b", False)):
+        acc = rng.integers(0, 2, 5).astype(float)
+        norm = rng.integers(0, 2, 5).astype(float)
+        em = rng.integers(0, 2, 3).astype(float)
+        write_run(root, m, {
+            "hellaswag": [sample(k, {"acc": acc[k], "acc_norm": norm[k]}) for k in range(5)],
+            "gsm8k": [sample(k, {"exact_match": em[k]}, "strict-match") for k in range(3)],
+        }, name_key=name_key)
+        truth[m] = (acc, norm, em)
+    return root, truth
+
+
+def cell(store, subject, item):
+    return np.asarray(store.load())[list(store.subjects).index(subject),
+                                    list(store.items).index(item)]
+
+
+def test_metric_picks_the_response(runs, tmp_path):
+    root, truth = runs
+    store = ingest(root, tmp_path / "a.zarr", metric="acc_norm,exact_match")
+    assert store.meta["input_format"] == "lm-eval" and store.kind == "binary"
+    assert sorted(store.subjects) == ["org/model-a", "org/model-b"]  # model-b: model_args
+    for m, (acc, norm, em) in truth.items():
+        for k in range(5):
+            assert cell(store, m, f"hellaswag/{k}") == norm[k]
+        for k in range(3):
+            assert cell(store, m, f"gsm8k/strict-match/{k}") == em[k]
+
+
+def test_several_metrics_need_metric_and_a_missing_one_lists_those_present(runs, tmp_path):
+    root, _ = runs
+    with pytest.raises(DataFormatError, match=r"samples_gsm8k_.*line 1: task 'gsm8k'|"
+                                              r"samples_hellaswag_.*line 1: task 'hellaswag' "
+                                              r"has metrics acc, acc_norm; pick one"):
+        ingest(root, tmp_path / "a.zarr")
+    with pytest.raises(DataFormatError, match=r"line 1: no metric acc on this line \(metrics "
+                                              r"present: exact_match\); pick one with --metric"):
+        ingest(root, tmp_path / "a.zarr", metric="acc")
+    assert not (tmp_path / "a.zarr").exists()
+
+
+def test_mixed_kinds_give_unit_and_a_list_metric_is_an_error(tmp_path):
+    root = tmp_path / "out"
+    write_run(root, "m", {"squad": [sample(0, {"f1": 0.5}), sample(1, {"f1": 1.0})],
+                          "boolq": [sample(0, {"f1": True})]})
+    store = ingest(root, tmp_path / "u.zarr")
+    assert store.kind == "unit"
+    assert cell(store, "m", "squad/0") == np.float32(0.5) and cell(store, "m", "boolq/0") == 1
+    write_run(root, "m", {"wmt": [sample(0, {"bleu": ["ref", "hyp"]})]})
+    with pytest.raises(DataFormatError, match=r'samples_wmt_.*line 1, field "bleu": got '
+                                              r'\["ref", "hyp"\]; expected a per-sample number'):
+        ingest(root, tmp_path / "b.zarr")
+
+
+def test_missing_results_file_and_model_name(tmp_path):
+    root = tmp_path / "out"
+    folder = write_run(root, "m", {"t": [sample(0, {"acc": 1.0})]})
+    results = folder / f"results_{DATE}.json"
+    results.write_text(json.dumps({"config": {"model": "hf", "model_args": "dtype=float16"}}))
+    with pytest.raises(DataFormatError, match=f'{results}: no "model_name" and no pretrained='):
+        ingest(root, tmp_path / "a.zarr", fmt="lm-eval")
+    results.unlink()
+    with pytest.raises(DataFormatError, match=f"no results_{DATE}.json beside it"):
+        ingest(root, tmp_path / "a.zarr", fmt="lm-eval")
+
+
+def test_a_model_run_twice_needs_keep(tmp_path):
+    root = tmp_path / "out"
+    later = "2024-06-02T08-00-00.000001"
+    write_run(root, "m", {"t": [sample(0, {"acc": 0.0}), sample(1, {"acc": 1.0})]})
+    write_run(root, "m", {"t": [sample(1, {"acc": 1.0}), sample(0, {"acc": 1.0})]}, date=later)
+    with pytest.raises(DataFormatError, match=rf"samples_t_{later}.jsonl line 2: model 'm' answered "
+                                              rf"item 't/0' again \(1 here, 0 at .*samples_t_{DATE}"
+                                              rf".jsonl line 1\).*--keep first\|latest\|mean"):
+        ingest(root, tmp_path / "a.zarr")
+    assert not (tmp_path / "a.zarr").exists()
+    expect = {"first": 0.0, "latest": 1.0, "mean": 0.5}
+    for keep, value in expect.items():
+        store = ingest(root, tmp_path / f"{keep}.zarr", keep=keep)
+        assert cell(store, "m", "t/0") == np.float32(value) and cell(store, "m", "t/1") == 1
+        assert store.kind == ("unit" if keep == "mean" else "binary")
+    with pytest.raises(DataFormatError, match="averages to 0.5, not binary"):
+        ingest(root, tmp_path / "bad.zarr", keep="mean", kind="binary")
