@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -24,20 +25,24 @@ from engine.data.ingest import check_id_text
 from engine.errors import DataFormatError
 
 __all__ = ["CHUNK_ROWS", "LogReader", "RecordBuffer", "Records", "cannot_read", "first_json",
-           "is_jsonl", "json_lines", "pick_metric", "text_id", "walk_files"]
+           "is_jsonl", "json_lines", "pick_metric", "plain_lines", "text_id", "walk_files"]
 
 CHUNK_ROWS = 1 << 16
 
 
 @dataclass
 class Records:
-    """Responses read from one file: parallel lists and arrays, one entry per response."""
+    """Responses read from one file, ids dictionary-coded: response ``r`` is subject
+    ``subject_ids[subject[r]]`` on item ``item_ids[item[r]]`` (of group ``item_groups[...]``)
+    with value ``values[r]`` from line ``lines[r]`` of ``path``."""
 
     path: Path
     field: str  # the field the values came from, for error messages
-    subjects: list[str]
-    items: list[str]
-    groups: list[str]
+    subject_ids: list[str]
+    subject: np.ndarray  # int64 codes
+    item_ids: list[str]
+    item_groups: list[str]
+    item: np.ndarray  # int64 codes
     values: np.ndarray  # float64
     lines: np.ndarray  # int64, 1-based line in ``path``
 
@@ -47,20 +52,24 @@ class Records:
 
 @dataclass
 class RecordBuffer:
-    """Collects responses of one file and hands them out in chunks of ``CHUNK_ROWS``."""
+    """Collects responses of one file line by line and hands them out as ``Records``."""
 
     path: Path
     field: str
-    subjects: list = field(default_factory=list)
-    items: list = field(default_factory=list)
+    subjects: dict = field(default_factory=dict)
+    items: dict = field(default_factory=dict)
     groups: list = field(default_factory=list)
+    s: list = field(default_factory=list)
+    i: list = field(default_factory=list)
     values: list = field(default_factory=list)
     lines: list = field(default_factory=list)
 
     def add(self, subject: str, item: str, group: str, value: float, line: int) -> None:
-        self.subjects.append(subject)
-        self.items.append(item)
-        self.groups.append(group)
+        self.s.append(self.subjects.setdefault(subject, len(self.subjects)))
+        code = self.items.setdefault(item, len(self.items))
+        if code == len(self.groups):
+            self.groups.append(group)
+        self.i.append(code)
         self.values.append(value)
         self.lines.append(line)
 
@@ -70,9 +79,11 @@ class RecordBuffer:
     def take(self) -> Records | None:
         if not self.values:
             return None
-        out = Records(self.path, self.field, self.subjects, self.items, self.groups,
+        out = Records(self.path, self.field, list(self.subjects), np.asarray(self.s, np.int64),
+                      list(self.items), self.groups, np.asarray(self.i, np.int64),
                       np.asarray(self.values, np.float64), np.asarray(self.lines, np.int64))
-        self.subjects, self.items, self.groups, self.values, self.lines = [], [], [], [], []
+        self.subjects, self.items, self.groups = {}, {}, []
+        self.s, self.i, self.values, self.lines = [], [], [], []
         return out
 
 
@@ -106,11 +117,14 @@ def cannot_read(path: Path, err: Exception) -> DataFormatError:
                            f"the input folder")
 
 
-def json_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    """``(line number, object)`` for each non-blank line of a JSON-lines file (``.gz`` too)."""
+def json_lines(path: Path, skip: int = 0) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for each non-blank line of a JSON-lines file (``.gz`` too),
+    after the first ``skip`` lines (not parsed)."""
     try:
         with _open(path) as f:
             for n, raw in enumerate(f, 1):
+                if n <= skip:
+                    continue
                 try:
                     text = raw.decode("utf-8-sig" if n == 1 else "utf-8")
                 except UnicodeDecodeError:
@@ -205,3 +219,28 @@ def pick_metric(obj: dict, metric: Sequence[str], path: Path, line: int,
 def _short(value) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+_BLANK = re.compile(rb"\n[ \t\r]*\n")
+
+
+def plain_lines(path: Path) -> bool:
+    """Whether ``path`` is uncompressed and has no blank line before its last record, so that
+    Arrow's JSON reader (which skips blank lines) numbers rows as the file numbers lines."""
+    if path.suffix.lower() == ".gz":
+        return False
+    try:
+        with open(path, "rb") as f:
+            prev, first = b"\n", True
+            while chunk := f.read(16 << 20):
+                if first and chunk.startswith(b"\xef\xbb\xbf"):
+                    return False
+                text, first = prev + chunk, False
+                if _BLANK.search(text):
+                    return False
+                last = text.rfind(b"\n")
+                tail = text[last:] if last >= 0 else text
+                prev = tail if not tail.strip() else b"x"  # a blank line may go on in the next
+    except OSError:
+        return False
+    return True

@@ -15,8 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
 from engine.data.formats.base import (RecordBuffer, Records, first_json, is_jsonl, json_lines,
-                                      pick_metric, text_id, walk_files)
+                                      pick_metric, plain_lines, text_id, walk_files)
 from engine.errors import DataFormatError
 
 __all__ = ["EveryEvalEver"]
@@ -63,22 +68,97 @@ class EveryEvalEver:
                 raise DataFormatError(f"--metric {name!r}: Every Eval Ever instances carry "
                                       f"evaluation.score and evaluation.is_correct; use "
                                       f"--metric score or --metric is_correct")
-        buf = RecordBuffer(path, "evaluation." + metric[0])
-        for n, obj in json_lines(path):
-            subject = text_id(obj, "model_id", "model", path, n)
-            evaluation = text_id(obj, "evaluation_name", "evaluation", path, n)
-            sample = text_id(obj, "sample_id", "sample", path, n, numbers=True)
-            scores = obj.get("evaluation")
-            if not isinstance(scores, dict):
-                raise DataFormatError(f'{path} line {n}, field "evaluation": '
-                                      f"{'missing' if scores is None else 'not an object'}; "
-                                      f'expected {{"score": ..., "is_correct": ...}}')
-            present = [k for k in _METRICS if scores.get(k) is not None]
-            name, value = pick_metric(scores, metric, path, n, present, "evaluation.")
-            buf.field = "evaluation." + name
-            buf.add(subject, f"{evaluation}/{sample}", evaluation, value, n)
-            if buf.full():
-                yield buf.take()
-        last = buf.take()
-        if last is not None:
-            yield last
+        done = 0
+        if plain_lines(path):
+            done = yield from _read_arrow(path, metric)
+            if done is None:
+                return
+        yield from _read_lines(path, metric, done)
+
+
+def _read_lines(path: Path, metric: tuple[str, ...], skip: int) -> Iterator[Records]:
+    """Line by line (the reference; it names the line and field of any problem)."""
+    buf = RecordBuffer(path, "evaluation." + metric[0])
+    for n, obj in json_lines(path, skip):
+        subject = text_id(obj, "model_id", "model", path, n)
+        evaluation = text_id(obj, "evaluation_name", "evaluation", path, n)
+        sample = text_id(obj, "sample_id", "sample", path, n, numbers=True)
+        scores = obj.get("evaluation")
+        if not isinstance(scores, dict):
+            raise DataFormatError(f'{path} line {n}, field "evaluation": '
+                                  f"{'missing' if scores is None else 'not an object'}; "
+                                  f'expected {{"score": ..., "is_correct": ...}}')
+        present = [k for k in _METRICS if scores.get(k) is not None]
+        name, value = pick_metric(scores, metric, path, n, present, "evaluation.")
+        buf.field = "evaluation." + name
+        buf.add(subject, f"{evaluation}/{sample}", evaluation, value, n)
+        if buf.full():
+            yield buf.take()
+    last = buf.take()
+    if last is not None:
+        yield last
+
+
+_SCHEMA = pa.schema([("model_id", pa.string()), ("evaluation_name", pa.string()),
+                     ("sample_id", pa.string()),
+                     ("evaluation", pa.struct([("score", pa.float64()),
+                                               ("is_correct", pa.bool_())]))])
+
+
+def _read_arrow(path: Path, metric: tuple[str, ...]):
+    """Arrow's JSON reader on a file without blank lines (row r is line r + 1). Returns None
+    when the file is done, else the number of lines read before a line it cannot take as is
+    (the line reader goes on from there and names any problem)."""
+    done = 0
+    try:
+        reader = pj.open_json(path, read_options=pj.ReadOptions(block_size=8 << 20),
+                              parse_options=pj.ParseOptions(explicit_schema=_SCHEMA,
+                                                            unexpected_field_behavior="ignore"))
+        for batch in reader:
+            records = _arrow_records(path, batch, metric, done)
+            if records is None:
+                return done
+            yield records
+            done += batch.num_rows
+    except pa.ArrowException:
+        return done
+    return None
+
+
+def _ids(col: pa.Array) -> tuple[list[str], np.ndarray] | None:
+    """``(distinct ids, codes)`` of an id column, or None unless every id is clean text."""
+    if col.null_count:
+        return None
+    coded = pc.dictionary_encode(col)
+    ids = coded.dictionary.to_pylist()
+    for v in ids:
+        if not v or v != v.strip():
+            return None
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return ids, coded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _arrow_records(path: Path, batch: pa.RecordBatch, metric: tuple[str, ...],
+                   done: int) -> Records | None:
+    scores = batch.column("evaluation")
+    if scores.null_count:
+        return None
+    values = pc.struct_field(scores, metric[0])
+    if values.null_count:
+        return None
+    values = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+    subject, evaluation, sample = (_ids(batch.column(k)) for k in _KEYS)
+    if subject is None or evaluation is None or sample is None:
+        return None
+    joined = pc.binary_join_element_wise(batch.column("evaluation_name"),
+                                         batch.column("sample_id"), "/")
+    items = pc.dictionary_encode(joined)
+    item = items.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    _, first = np.unique(item, return_index=True)
+    groups = [evaluation[0][k] for k in evaluation[1][first].tolist()]
+    return Records(path, "evaluation." + metric[0], subject[0], subject[1],
+                   items.dictionary.to_pylist(), groups, item, values,
+                   np.arange(done + 1, done + 1 + batch.num_rows, dtype=np.int64))

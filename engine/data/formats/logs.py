@@ -63,7 +63,7 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
     scratch = out.parent / f".{out.name}.logs-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
     try:
-        subjects, items = _spill(reader, files, metric, kind, bands, scratch)
+        subjects, items, _groups = _spill(reader, files, metric, kind, bands, scratch)
         long_file = scratch / "responses.parquet"
         _resolve(files, subjects, items, bands, scratch, long_file, keep, kind)
         return ingest_long([long_file], out, kind=kind, chunks=chunks, overwrite=overwrite,
@@ -74,18 +74,17 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
 
 
 def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: str | None,
-           bands: int, scratch: Path) -> tuple[dict, dict]:
+           bands: int, scratch: Path) -> tuple[dict, dict, list]:
     subjects: dict[str, int] = {}
     items: dict[str, int] = {}
+    groups: list[str] = []
     handles: dict[int, object] = {}
     try:
         for k, path in enumerate(files):
             for rec in reader.read(path, metric):
                 values = _check_support(rec.values, kind, rec.where)
-                s = np.fromiter((subjects.setdefault(x, len(subjects)) for x in rec.subjects),
-                                np.int32, count=len(rec.subjects))
-                i = np.fromiter((items.setdefault(x, len(items)) for x in rec.items),
-                                np.int32, count=len(rec.items))
+                s = _codes(subjects, rec.subject_ids)[rec.subject]
+                i = _codes(items, rec.item_ids, rec.item_groups, groups)[rec.item]
                 out = np.empty(len(values), _REC)
                 out["s"], out["i"], out["v"], out["f"], out["r"] = s, i, values, k, rec.lines
                 band = out["s"] % bands
@@ -102,7 +101,19 @@ def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: 
     if not subjects:
         raise DataFormatError(f"{', '.join(map(str, files))}: no responses in these files; "
                               f"expected one line per (model, sample)")
-    return subjects, items
+    return subjects, items, groups
+
+
+def _codes(codes: dict, ids: list[str], new_groups: list[str] | None = None,
+           groups: list[str] | None = None) -> np.ndarray:
+    """Global int32 codes of a chunk's ids, adding new ones (and their groups)."""
+    out = np.empty(len(ids), np.int32)
+    for k, x in enumerate(ids):
+        code = codes.setdefault(x, len(codes))
+        if groups is not None and code == len(groups):
+            groups.append(new_groups[k])
+        out[k] = code
+    return out
 
 
 def _resolve(files: list[Path], subjects: dict, items: dict, bands: int, scratch: Path,
