@@ -683,11 +683,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="response files -> zarr store")
     p.add_argument("inputs", nargs="+", help="wide/long CSV or Parquet, py-irt jsonl, or a folder")
     p.add_argument("--out", required=True)
-    p.add_argument("--format", choices=["wide", "long", "jsonl", "every-eval-ever", "lm-eval"],
-                   default=None, help="input format; detected when left out (and printed)")
+    p.add_argument("--format", default=None, choices=["wide", "long", "jsonl", "every-eval-ever",
+                                                      "lm-eval", "helm", "inspect"],
+                   help="input format; detected when left out (and printed)")
     p.add_argument("--metric", default=None, metavar="NAME[,NAME...]",
                    help="evaluation logs: the per-sample metric to read (lm-eval: acc, "
-                        "acc_norm, exact_match, ...; every-eval-ever: score or is_correct); "
+                        "acc_norm, exact_match, ...; every-eval-ever: score or is_correct; "
+                        "helm: a stat name, default exact_match; inspect: a scorer name); "
                         "several are tried in order")
     p.add_argument("--keep", choices=["first", "latest", "mean"], default=None,
                    help="evaluation logs: a model evaluated twice on a sample keeps its first "

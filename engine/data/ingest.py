@@ -50,7 +50,8 @@ from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["FORMATS", "ingest"]
 
-FORMATS = ("wide", "long", "jsonl", "every-eval-ever", "lm-eval")  # logs: engine.data.formats
+FORMATS = ("wide", "long", "jsonl", "every-eval-ever", "lm-eval", "helm",
+           "inspect")  # logs: engine.data.formats
 _ID_NAMES = {"subject", "subject_id", "system", "model", "id", "name"}
 _LONG_COLS = {"subject": ("subject", "subject_id"), "item": ("item", "item_id"),
               "response": ("response",)}
@@ -167,7 +168,7 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
                            metric=metric, keep=keep)
     if metric or keep:
         raise SettingsError("--metric and --keep apply to evaluation logs (formats "
-                            "every-eval-ever, lm-eval) only; drop them for tables")
+                            "every-eval-ever, lm-eval, helm, inspect) only; drop them for tables")
     files = _expand(inputs)
     budget = int(memory_budget or default_budget())
     for path in files:  # before any header is parsed: a 10M-column header is 10M strings

@@ -14,7 +14,7 @@ from engine.errors import DataFormatError
 
 __all__ = ["KEEP", "LOG_FORMATS", "detect_log_format", "ingest_logs", "log_reader"]
 
-LOG_FORMATS = ("every-eval-ever", "lm-eval")
+LOG_FORMATS = ("every-eval-ever", "lm-eval", "helm", "inspect")
 KEEP = ("first", "latest", "mean")
 
 
@@ -28,6 +28,14 @@ def log_reader(name: str):
         from engine.data.formats.lm_eval import LMEvalHarness
 
         return LMEvalHarness()
+    if name == "helm":
+        from engine.data.formats.helm import HelmRuns
+
+        return HelmRuns()
+    if name == "inspect":
+        from engine.data.formats.inspect_ai import InspectLogs
+
+        return InspectLogs()
     raise DataFormatError(f"unknown log format {name!r}; use one of {', '.join(LOG_FORMATS)}")
 
 

@@ -44,10 +44,11 @@ class Records:
     item_groups: list[str]
     item: np.ndarray  # int64 codes
     values: np.ndarray  # float64
-    lines: np.ndarray  # int64, 1-based line in ``path``
+    lines: np.ndarray  # int64, 1-based line (or ``unit``) in ``path``
+    unit: str = "line"
 
     def where(self, r: int) -> str:
-        return f'{self.path} line {int(self.lines[r])}, field "{self.field}"'
+        return f'{self.path} {self.unit} {int(self.lines[r])}, field "{self.field}"'
 
 
 @dataclass
@@ -63,6 +64,7 @@ class RecordBuffer:
     i: list = field(default_factory=list)
     values: list = field(default_factory=list)
     lines: list = field(default_factory=list)
+    unit: str = "line"
 
     def add(self, subject: str, item: str, group: str, value: float, line: int) -> None:
         self.s.append(self.subjects.setdefault(subject, len(self.subjects)))
@@ -81,7 +83,8 @@ class RecordBuffer:
             return None
         out = Records(self.path, self.field, list(self.subjects), np.asarray(self.s, np.int64),
                       list(self.items), self.groups, np.asarray(self.i, np.int64),
-                      np.asarray(self.values, np.float64), np.asarray(self.lines, np.int64))
+                      np.asarray(self.values, np.float64), np.asarray(self.lines, np.int64),
+                      self.unit)
         self.subjects, self.items, self.groups = {}, {}, []
         self.s, self.i, self.values, self.lines = [], [], [], []
         return out
@@ -162,9 +165,9 @@ def first_json(path: Path) -> dict | None:
 
 
 def text_id(obj: dict, key: str, what: str, path: Path, line: int, *,
-            numbers: bool = False) -> str:
+            numbers: bool = False, unit: str = "line") -> str:
     """A required id field as text (integers too when ``numbers``), checked as ids are."""
-    where = f'{path} line {line}, field "{key}"'
+    where = f'{path} {unit} {line}, field "{key}"'
     if key not in obj or obj[key] is None:
         raise DataFormatError(f"{where}: missing; every line needs the {what} in \"{key}\"")
     value = obj[key]

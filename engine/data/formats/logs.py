@@ -65,7 +65,8 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
     try:
         subjects, items, _groups = _spill(reader, files, metric, kind, bands, scratch)
         long_file = scratch / "responses.parquet"
-        _resolve(files, subjects, items, bands, scratch, long_file, keep, kind)
+        _resolve(files, subjects, items, bands, scratch, long_file, keep, kind,
+                 getattr(reader, "unit", "line"))
         return ingest_long([long_file], out, kind=kind, chunks=chunks, overwrite=overwrite,
                            layout=layout, memory_budget=memory_budget,
                            source=[str(p) for p in files], input_format=reader.name)
@@ -117,7 +118,7 @@ def _codes(codes: dict, ids: list[str], new_groups: list[str] | None = None,
 
 
 def _resolve(files: list[Path], subjects: dict, items: dict, bands: int, scratch: Path,
-             long_file: Path, keep: str | None, kind: str | None) -> None:
+             long_file: Path, keep: str | None, kind: str | None, unit: str) -> None:
     subject_ids = pa.array(list(subjects), pa.string())
     item_ids = pa.array(list(items), pa.string())
     N = len(items)
@@ -137,7 +138,7 @@ def _resolve(files: list[Path], subjects: dict, items: dict, bands: int, scratch
             end = np.r_[key[1:] != key[:-1], True]
             if not start.all():
                 if keep is None:
-                    raise _duplicate(files, subject_ids, item_ids, rec, start)
+                    raise _duplicate(files, subject_ids, item_ids, rec, start, unit)
                 if keep == "first":
                     values, rows = rec["v"][start], rec[start]
                 elif keep == "latest":
@@ -161,12 +162,12 @@ def _resolve(files: list[Path], subjects: dict, items: dict, bands: int, scratch
                 "response": pa.array(values, pa.float64())}, schema=schema))
 
 
-def _duplicate(files, subject_ids, item_ids, rec, start) -> DataFormatError:
+def _duplicate(files, subject_ids, item_ids, rec, start, unit) -> DataFormatError:
     g = int(np.argmin(start))  # the second record of the first duplicated key
     first, again = rec[g - 1], rec[g]
     return DataFormatError(
-        f"{files[again['f']]} line {again['r']}: model {subject_ids[int(again['s'])].as_py()!r} "
+        f"{files[again['f']]} {unit} {again['r']}: model {subject_ids[int(again['s'])].as_py()!r} "
         f"answered item {item_ids[int(again['i'])].as_py()!r} again ({fmt_value(again['v'])} "
-        f"here, {fmt_value(first['v'])} at {files[first['f']]} line {first['r']}); the same "
+        f"here, {fmt_value(first['v'])} at {files[first['f']]} {unit} {first['r']}); the same "
         f"model evaluated twice on a sample: pass --keep first|latest|mean to say which to use, "
         f"or remove one run")
