@@ -608,7 +608,8 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
         raise DataFormatError(f"{column(names.index(''))}: empty column name; name every item "
                               f"column (or remove trailing delimiters)")
     for c, name in enumerate(names):
-        check_id_text(name, "item", column(c))
+        if not name.isascii():  # ASCII names are valid text; the location only when needed
+            check_id_text(name, "item", column(c))
     _check_unique(names, "item column", column)
     n = len(names)
     matrix = _check_support(values, kind, lambda k: f'{where(k // n)}, column "{names[k % n]}"')

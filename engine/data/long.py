@@ -66,18 +66,20 @@ class _Ids:
             row = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
             raise DataFormatError(f"{where(row)}: empty {self.what} id; give every row a "
                                   f"{self.what} id or drop the row")
-        values = [v if isinstance(v, str) else str(v) for v in col.dictionary.to_pylist()]
+        raw = [v if isinstance(v, str) else str(v) for v in col.dictionary.to_pylist()]
+        values = [v.strip() for v in raw]
         idx = col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         if learn:
             used, first = np.unique(idx, return_index=True)
             order = np.argsort(first, kind="stable")  # new ids in order of first appearance
             for u, f in zip(used[order].tolist(), first[order].tolist()):
-                value = values[u] = check_id_text(values[u], self.what, where(f))
-                if value not in self.code:
+                value = values[u]
+                if value not in self.code:  # checked once, where it first appears
+                    if not value or not value.isascii():  # the location only when needed
+                        check_id_text(raw[u], self.what, where(f))
                     self.code[value] = len(self.first)
                     self.first.append(row0 + f)
-            return np.asarray([self.code.get(v, -1) for v in values], np.int64)[idx]
-        return np.asarray([self.code.get(v.strip(), -1) for v in values], np.int64)[idx]
+        return np.asarray([self.code.get(v, -1) for v in values], np.int64)[idx]
 
     @property
     def ids(self) -> list[str]:
