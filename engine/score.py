@@ -183,7 +183,13 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
     loc = np.concatenate([np.asarray(run.guide.loc[ability.name]), np.asarray(new_guide.loc[ability.name])])
     scale = np.exp(np.concatenate([np.asarray(run.guide.log_scale[ability.name]),
                                    np.asarray(new_guide.log_scale[ability.name])]))
-    eps = np.random.default_rng(seed).standard_normal((num_draws, loc.size), dtype=np.float32)
+    # identical factors (identical answer sheets) share their draws, so they rank alike
+    _, first, inverse = np.unique(np.stack([loc, scale], 1), axis=0, return_index=True,
+                                  return_inverse=True)
+    width = first.size if first.size < loc.size else loc.size
+    eps = np.random.default_rng(seed).standard_normal((num_draws, width), dtype=np.float32)
+    if width < loc.size:
+        eps = eps[:, np.asarray(inverse).reshape(-1)]
     draws = np.asarray(ability.constrain(loc + scale * eps))
     for k, v in rank_stats(draws, top_k).items():
         board[k] = v
