@@ -89,6 +89,7 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds first-seed .. +seeds-1")
     ap.add_argument("--out", default=str(HERE / "results" / "coverage.json"))
     ap.add_argument("--ability-factor", default="auto", choices=["auto", "gaussian", "quadrature"])
     ap.add_argument("--models", default="1pl,2pl")
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for m in models:
         for s in shapes:
-            for seed in range(args.seeds):
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
                 runs.append(measure(m, s, seed, args.ability_factor))
                 r = runs[-1]
                 print(m, s, seed, r["ability_factor"], f"{r['wall_s']:.1f} s", {
