@@ -553,7 +553,8 @@ def cmd_submit(args) -> int:
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
-    return submit(command, address=args.address, working_dir=args.working_dir, python=args.python)
+    return submit(command, address=args.address, working_dir=args.working_dir, python=args.python,
+                  verbose=args.verbose)
 
 
 def _runner_options(p: argparse.ArgumentParser) -> None:
@@ -601,9 +602,10 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
                         "which)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dims", type=_POSITIVE, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
-    p.add_argument("--inflation-owner", default=None, choices=["subject", "item"],
+    p.add_argument("--inflation-owner", default=None, choices=["both", "subject", "item"],
                    help="beta/gamma/beta3: whose probability of an exact boundary value "
-                        "(default subject; item was the only choice before)")
+                        "(default both: per subject with item offsets; item was the only "
+                        "choice before)")
     p.add_argument("--q-matrix", default=None,
                    help="items x skills CSV (item id column, one 0/1 column per skill): confirmatory")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
@@ -815,6 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "links leading out of it are never shipped")
     p.add_argument("--python", default="python", help="interpreter on the cluster that has "
                    "irt-engine's dependencies (default: python on the cluster's PATH)")
+    p.add_argument("--verbose", action="store_true", help="show Ray's own log lines")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- irt-engine COMMAND ...")
     p.set_defaults(func=cmd_submit)
     _add_item_commands(sub)

@@ -15,12 +15,15 @@ at exactly 0 are fitted by zero/one inflation (Molenaar, Curi and Bazan 2022):
 probabilities ``zero = P(y = 0)`` and ``one = P(y = 1 | y > 0)``, the density taking the
 rest. ``inflation="auto"`` turns them on when the data has such values; nothing is clipped.
 
-``inflation_owner`` says whose probabilities they are: ``subject`` (each subject its own
-share of exact boundary values; the default chosen from data) or ``item`` (each item its
-own). On MT leaderboards the share of error-free segments is what separates systems, so a
-per-item mass leaves it out of the ranking; with per-subject masses the ability alone no
-longer orders subjects, and the model declares ``score``: the expected response (for errors,
-minus the expected error), averaged over items, which the leaderboard ranks by.
+``inflation_owner`` says whose probabilities they are: ``item`` (each item its own, the only
+choice before issue 17), ``subject`` (each subject its own) or ``both`` (each subject its
+own, moved per item on the logit scale by an offset ``zero_item`` / ``one_item`` with a
+fitted ``N(0, 1/u)`` prior; the default resolved from data, as it had the best held-out
+log-likelihood on every MQM block, README). On MT leaderboards the share of error-free
+segments is what separates systems, so a per-item mass leaves it out of the ranking; with a
+per-subject mass the ability alone no longer orders subjects, and the model declares
+``score``: the expected response (for errors, minus the expected error), averaged over
+items, which the leaderboard ranks by (:mod:`engine.readout.expected`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 
 from engine.errors import DataFormatError, ModelError
 from engine.models.logistic import _block as prior_block
-from engine.models.priors import logit_uniform, normal
+from engine.models.priors import hyper_params, logit_uniform, normal
 from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
 from engine.models.special import lbeta, lgamma
 
@@ -45,10 +48,10 @@ _EPS = 1e-7
 # near 0 its curvature is tiny, and full Newton steps overshoot into huge |eta|.
 _DISC_STEP = 0.3
 INFLATIONS = ("auto", "none", "zero", "one", "zero-one")
-# "auto" is resolved from data to "subject"; a model built without data (or a run written
+# "auto" is resolved from data to "both"; a model built without data (or a run written
 # before the option existed) reads it as "item", the owner those runs were fitted with.
-INFLATION_OWNERS = ("auto", "subject", "item")
-_DEFAULT_OWNER = "subject"
+INFLATION_OWNERS = ("auto", "subject", "item", "both")
+_DEFAULT_OWNER = "both"
 
 
 def beta_logpdf(y, log_a, log_b):
@@ -102,12 +105,38 @@ def inflated_loglik(logpdf, log_params: tuple, y, mask, *, zero=None, one=None, 
 
 
 def _inflation_params(inflation: str, owner: str) -> list[ParamSpec]:
+    """``zero`` / ``one`` per item or per subject; with ``both``, per subject plus an item
+    offset ``<name>_item`` on the logit scale, ``N(0, 1/u)`` with ``u ~ Gamma(1, 1)``."""
     out = []
-    if inflation in ("zero", "zero-one"):
-        out.append(ParamSpec("zero", owner, logit_uniform(), transform="sigmoid", init=-2.0))
-    if inflation in ("one", "zero-one"):
-        out.append(ParamSpec("one", owner, logit_uniform(), transform="sigmoid", init=-2.0))
+    for name in ("zero", "one"):
+        if name not in inflation.split("-"):
+            continue
+        out.append(ParamSpec(name, "item" if owner == "item" else "subject", logit_uniform(),
+                             transform="sigmoid", init=-2.0))
+        if owner == "both":
+            _, u, _ = hyper_params(f"{name}_item")
+            out += [ParamSpec(**u), ParamSpec(f"{name}_item", "item", normal(0.0, precision=u["name"]))]
     return out
+
+
+def _offset_symmetries(params: list[ParamSpec]) -> list[Symmetry]:
+    """A subject logit up and every item offset down by the same amount: cells unchanged."""
+    names = {p.name for p in params}
+    return [Symmetry(f"{n}-offset", ((n, 0.0, 1.0), (f"{n}_item", 0.0, -1.0)))
+            for n in ("zero", "one") if f"{n}_item" in names]
+
+
+def _masses(params) -> tuple:
+    """Per-cell ``(zero, one)`` probabilities (``None`` where not modelled): the declared
+    block, moved on the logit scale by the item offset where the model has one."""
+    out = []
+    for name in ("zero", "one"):
+        p = params.get(name)
+        if p is not None and f"{name}_item" in params:
+            log_p, log1m_p = _logs(p)
+            p = jax.nn.sigmoid(log_p - log1m_p + params[f"{name}_item"])
+        out.append(p)
+    return tuple(out)
 
 
 def _resolve_owner(owner: str, name: str) -> str:
@@ -118,7 +147,8 @@ def _resolve_owner(owner: str, name: str) -> str:
 
 
 def _inflation_note(inflation: str, owner: str) -> str:
-    return f"inflation {inflation}" + (f" per {owner}" if inflation != "none" else "")
+    where = "per subject with item offsets" if owner == "both" else f"per {owner}"
+    return f"inflation {inflation}" + (f" {where}" if inflation != "none" else "")
 
 
 def _boundary_cell(y, value):
@@ -185,14 +215,19 @@ def _beta_linear(*, disc: bool, inflation: tuple[str, ...]) -> Linear:
 def _beta_subject_loglik(linear, params, y, mask):
     """The Beta cell with subject-owned point masses (not a linear-predictor extra)."""
     eta, (o,) = linear.eta(params)
+    zero, one = _masses(params)
     return inflated_loglik(beta_logpdf, (0.5 * (eta + o), 0.5 * (o - eta)), y, mask,
-                           zero=params.get("zero"), one=params.get("one"))
+                           zero=zero, one=one)
+
+
+def _with_masses(mean, params):
+    """``E[y]`` from the density's mean and the point masses at 0 and 1."""
+    zero, one = (0.0 if m is None else m for m in _masses(params))
+    return (1.0 - zero) * (one + (1.0 - one) * mean)
 
 
 def _beta_expected(linear, params):
-    mean = jax.nn.sigmoid(linear.eta(params)[0])
-    zero, one = params.get("zero", 0.0), params.get("one", 0.0)
-    return (1.0 - zero) * (one + (1.0 - one) * mean)
+    return _with_masses(jax.nn.sigmoid(linear.eta(params)[0]), params)
 
 
 def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
@@ -204,8 +239,9 @@ def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
     ``o ~ N(0, 1)``. Hierarchical: theta and beta pool through ``N(mu, 1/u)``; alpha and
     o keep ``N(0, 1)``. ``discrimination=False`` clamps alpha = 1 (1PL-style).
     ``inflation``: ``auto`` (from the data), ``none``, ``zero``, ``one`` or ``zero-one``;
-    ``inflation_owner``: ``subject`` or ``item`` (module docstring). Per-item masses are
-    extras of the linear predictor; per-subject ones make the cell a plain ``loglik``.
+    ``inflation_owner``: ``subject``, ``item`` or ``both`` (module docstring). Per-item
+    masses are extras of the linear predictor; per-subject ones make the cell a plain
+    ``loglik`` (the generic per-cell derivatives).
     """
     _check(inflation, INFLATIONS, "beta")
     owner = _resolve_owner(inflation_owner, "beta")
@@ -234,10 +270,11 @@ def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
     inflation_params = _inflation_params(resolved, owner)
     params += inflation_params
     name = "beta" if discrimination else "beta-1pl"
-    per_item = tuple(p.name for p in inflation_params if p.owner == "item")
+    symmetries += _offset_symmetries(inflation_params)
+    per_item = tuple(p.name for p in inflation_params if owner == "item")
     linear = _beta_linear(disc=discrimination, inflation=per_item)
     expected = partial(_beta_expected, linear)
-    by_subject = len(per_item) < len(inflation_params)
+    by_subject = owner != "item" and bool(inflation_params)
     cells = ({"loglik": partial(_beta_subject_loglik, linear), "score": expected} if by_subject
              else {"linear": linear})
     return ModelSpec(
@@ -265,14 +302,15 @@ def _gamma_loglik(params, y, mask):
     log_shape = jnp.log(params["scale"]) + a * (ld - lt)
     log_rate = a * (l1d - l1t)
     return inflated_loglik(gamma_logpdf, (log_shape, log_rate), y, mask,
-                           zero=params.get("zero"), inside=1.0)
+                           zero=_masses(params)[0], inside=1.0)
 
 
 def _gamma_expected(params):
     """Expected error (seed 001 eq. 7), times 1 - P(e = 0) under a hurdle."""
     lt, l1t, ld, l1d, a = _log_odds_terms(params)
     mean = params["scale"] * jnp.exp(a * (ld - l1d) + a * (l1t - lt))
-    return (1.0 - params.get("zero", 0.0)) * mean
+    zero = _masses(params)[0]
+    return mean if zero is None else (1.0 - zero) * mean
 
 
 def _gamma_score(params):
@@ -303,7 +341,7 @@ def gamma_model(*, prior: str = "vague", signed_discrimination: bool = False,
 
     ``scale`` is the per-item ``c_j`` (``log c ~ N(0, 10)``: errors come in any unit).
     ``inflation``: ``auto``, ``none`` or ``zero`` (a hurdle for exact-zero errors);
-    ``inflation_owner``: ``subject`` or ``item`` (module docstring).
+    ``inflation_owner``: ``subject``, ``item`` or ``both`` (module docstring).
     """
     _check(inflation, ("auto", "none", "zero"), "gamma")
     owner = _resolve_owner(inflation_owner, "gamma")
@@ -311,7 +349,8 @@ def gamma_model(*, prior: str = "vague", signed_discrimination: bool = False,
     resolved = "none" if inflation == "auto" else inflation
     params = _unit_interval_params(s0)
     params.append(ParamSpec("scale", "item", normal(0.0, 10.0), transform="exp"))
-    params += _inflation_params(resolved, owner)
+    inflation_params = _inflation_params(resolved, owner)
+    params += inflation_params
     return ModelSpec(
         name="gamma",
         kind="nonnegative",
@@ -319,9 +358,10 @@ def gamma_model(*, prior: str = "vague", signed_discrimination: bool = False,
         loglik=_gamma_loglik,
         description=f"Gamma-IRT on errors: E[e] = c (delta/(1-delta))^a ((1-theta)/theta)^a; "
                     f"{_inflation_note(resolved, owner)}",
-        symmetries=(),  # shape and rate pin theta and delta separately: no continuous symmetry
+        # shape and rate pin theta and delta separately: no continuous symmetry but the offsets'
+        symmetries=tuple(_offset_symmetries(inflation_params)),
         expected=_gamma_expected,
-        score=_gamma_score if owner == "subject" and resolved != "none" else None,
+        score=_gamma_score if owner != "item" and resolved != "none" else None,
         adapt=_adapt("gamma", inflation, zero_allowed=True, one_allowed=False,
                      owner=inflation_owner),
     )
@@ -329,16 +369,15 @@ def gamma_model(*, prior: str = "vague", signed_discrimination: bool = False,
 
 def _beta3_loglik(params, y, mask):
     lt, l1t, ld, l1d, a = _log_odds_terms(params)
+    zero, one = _masses(params)
     return inflated_loglik(beta_logpdf, (a * (lt - ld), a * (l1t - l1d)), y, mask,
-                           zero=params.get("zero"), one=params.get("one"))
+                           zero=zero, one=one)
 
 
 def _beta3_expected(params):
     """Seed 001 eq. 5: ``1 / (1 + (delta/(1-delta))^a (theta/(1-theta))^-a)``, with inflation."""
     lt, l1t, ld, l1d, a = _log_odds_terms(params)
-    mean = jax.nn.sigmoid(a * (lt - l1t) - a * (ld - l1d))
-    zero, one = params.get("zero", 0.0), params.get("one", 0.0)
-    return (1.0 - zero) * (one + (1.0 - one) * mean)
+    return _with_masses(jax.nn.sigmoid(a * (lt - l1t) - a * (ld - l1d)), params)
 
 
 def beta3_model(*, prior: str = "vague", signed_discrimination: bool = False,
@@ -352,7 +391,8 @@ def beta3_model(*, prior: str = "vague", signed_discrimination: bool = False,
     owner = _resolve_owner(inflation_owner, "beta3")
     _no_prior_family(prior, signed_discrimination, "beta3")
     resolved = "none" if inflation == "auto" else inflation
-    params = _unit_interval_params(s0) + _inflation_params(resolved, owner)
+    inflation_params = _inflation_params(resolved, owner)
+    params = _unit_interval_params(s0) + inflation_params
     return ModelSpec(
         name="beta3",
         kind="unit",
@@ -360,9 +400,9 @@ def beta3_model(*, prior: str = "vague", signed_discrimination: bool = False,
         loglik=_beta3_loglik,
         description=f"Beta^3-IRT: Beta((theta/delta)^a, ((1-theta)/(1-delta))^a); "
                     f"{_inflation_note(resolved, owner)}",
-        symmetries=(),
+        symmetries=tuple(_offset_symmetries(inflation_params)),
         expected=_beta3_expected,
-        score=_beta3_expected if owner == "subject" and resolved != "none" else None,
+        score=_beta3_expected if owner != "item" and resolved != "none" else None,
         adapt=_adapt("beta3", inflation, zero_allowed=True, one_allowed=True,
                      owner=inflation_owner),
     )

@@ -139,7 +139,10 @@ CONTINUOUS = [("beta", {"inflation": "zero-one"}), ("beta", {"inflation": "none"
               ("beta", {"prior": "hierarchical", "inflation": "none"}),
               ("beta", {"signed_discrimination": True, "inflation": "none"}),
               ("beta-1pl", {"inflation": "none"}), ("gamma", {"inflation": "zero"}),
-              ("beta3", {"inflation": "zero-one"})]
+              ("beta3", {"inflation": "zero-one"}),
+              ("beta", {"inflation": "zero-one", "inflation_owner": "subject"}),
+              ("beta", {"inflation": "zero-one", "inflation_owner": "both"}),
+              ("gamma", {"inflation": "zero", "inflation_owner": "both"})]
 
 
 def _random_unconstrained(spec, rng, s=5, n=7):
@@ -270,14 +273,14 @@ def test_inflation_is_automatic_recorded_and_recovers_boundary_shares(tmp_path):
     run = save_run(res, tmp_path / "run", num_draws=200)
     info = json.loads((tmp_path / "run" / "fit.json").read_text())
     assert info["model_options"]["inflation"] == "zero-one"
-    assert info["model_options"]["inflation_owner"] == "subject"  # the default, on record
+    assert info["model_options"]["inflation_owner"] == "both"  # the default, on record
     assert info["data"]["boundary"]["zeros"] == int((y == 0).sum())
-    assert "inflation zero-one per subject" in info["spec"]["description"]
+    assert "inflation zero-one per subject with item offsets" in info["spec"]["description"]
     assert info["readout"]["rank_by"] == "expected score"
     again = load_run(run.path)
     assert {"zero", "one"} <= set(again.spec.names)
     assert {"zero_mean", "one_q95", "score_mean", "score_q05"} <= set(again.subjects.columns)
-    assert "zero_mean" not in again.items.columns
+    assert "zero_mean" not in again.items.columns and "zero_item_mean" in again.items.columns
 
 
 def _simulate_errors(s, n, *, seed):
@@ -397,18 +400,38 @@ def test_subject_hurdle_gamma_matches_scipy():
     np.testing.assert_allclose(score, -(1 - zero) * stats.gamma.mean(shape, scale=1.0 / rate), rtol=1e-4)
 
 
+def test_subject_masses_with_item_offsets_match_scipy():
+    """``both``: P(y = 0) = sigmoid(logit zero_s + zero_item_n), the same for ``one``."""
+    from scipy.special import logit
+
+    spec = get_model("beta", inflation="zero-one", inflation_owner="both")
+    assert {s.name for s in spec.symmetries} == {"scale", "zero-offset", "one-offset"}
+    assert spec.param("zero_item").owner == "item" and spec.param("u_zero_item").owner == "global"
+    t, zero, one = (np.array(v)[:, None] for v in ([-1.0, 0.5, 1.5], [0.05, 0.2, 0.4], [0.3, 0.1, 0.6]))
+    b, a, o = np.array([[-0.5, 0.0, 0.3, 1.5]]), np.array([[0.5, 1.0, 1.0, 2.0]]), np.array([[0.0, 1.0, 2.0, 3.0]])
+    zi, oi = np.array([[-2.0, 0.0, 0.5, 3.0]]), np.array([[1.0, -1.0, 0.0, 2.5]])
+    y = np.array([[0.0, 0.4, 1.0, 0.93], [1.0, 0.0, 0.02, 0.5], [0.61, 1.0, 0.0, 1e-3]])
+    values = dict(ability=t, difficulty=b, discrimination=a, log_precision=o, zero=zero, one=one,
+                  zero_item=zi, one_item=oi)
+    got = _call(spec, {k: v.astype(np.float32) for k, v in values.items()}, y)
+    eta = a * t - b
+    density = stats.beta.logpdf(np.clip(y, 1e-9, 1 - 1e-9), np.exp((eta + o) / 2), np.exp((o - eta) / 2))
+    want = _inflated_reference(y, expit(logit(zero) + zi), expit(logit(one) + oi), density)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-3)
+
+
 def test_inflation_owner_options_and_defaults():
     # built without data (or rebuilt from a run written before the option): per item
     assert get_model("beta", inflation="zero-one").param("one").owner == "item"
     # the data resolves "auto" to per subject and records it; an explicit owner is kept
     spec = get_model("beta")
     y = np.array([[0.0, 0.3, 1.0], [0.5, 1.0, 0.2]], np.float32)
-    assert spec.adapt(y) == {"inflation_owner": "subject", "inflation": "zero-one"}
+    assert spec.adapt(y) == {"inflation_owner": "both", "inflation": "zero-one"}
     assert get_model("beta", inflation_owner="item").adapt(y) == {"inflation": "zero-one"}
     assert get_model("gamma", inflation_owner="subject", inflation="none").score is None
     assert get_model("beta3", inflation="one", inflation_owner="subject").score is not None
     for name in ("beta", "gamma", "beta3"):
-        with pytest.raises(ModelError, match=f"model '{name}': unknown inflation_owner 'row'.*subject, item"):
+        with pytest.raises(ModelError, match=f"model '{name}': unknown inflation_owner 'row'.*subject, item, both"):
             get_model(name, inflation_owner="row")
 
 
@@ -434,7 +457,7 @@ def test_subject_boundary_shares_recovered_and_ranked(tmp_path):
     y = _simulate_boundary_shares(share, 250, seed=7)
     res = fit(y, model="beta", settings=FitSettings(seed=0))
     assert res.extra["model_options"] == {"prior": "vague", "signed_discrimination": False,
-                                          "inflation_owner": "subject", "inflation": "one"}
+                                          "inflation_owner": "both", "inflation": "one"}
     m = res.means()
     print("one by subject", np.round(m["one"], 3), "truth", share)
     np.testing.assert_allclose(m["one"], share, atol=0.07)
