@@ -139,8 +139,8 @@ def choose_ability_factor(spec: ModelSpec, y: np.ndarray | None, ability_factor:
         record["items_per_subject"] = items_per_subject(y)
     reasons = []
     if not marginal_applies(spec):
-        reasons.append(f"model {spec.name!r} is not binary with one scalar ability and "
-                       "vague priors")
+        reasons.append(f"model {spec.name!r} ({spec.description}) is not binary with one "
+                       "scalar ability and vague priors")
     if y is None:
         reasons.append("the matrix is not held in memory (streamed or sparse store)")
     if frozen or init:
