@@ -137,25 +137,26 @@ def _refresh_ray_config() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
-def token_env(token: Token) -> contextlib.AbstractContextManager:
-    """Token mode with ``token`` while joining a cluster (nothing changes without a token).
+def token_env(token: Token, **extra: str) -> contextlib.AbstractContextManager:
+    """Token mode with ``token`` while joining a cluster (no token: only ``extra``).
 
     An explicit ``RAY_AUTH_MODE`` from the user is respected.
     """
-    if token.value is None:
-        return contextlib.nullcontext()
-    changes = {"RAY_AUTH_TOKEN": token.value}
-    if "RAY_AUTH_MODE" not in os.environ:
-        changes["RAY_AUTH_MODE"] = "token"
+    changes = dict(extra)
+    if token.value is not None:
+        changes["RAY_AUTH_TOKEN"] = token.value
+        if "RAY_AUTH_MODE" not in os.environ:
+            changes["RAY_AUTH_MODE"] = "token"
     return _environment(changes)
 
 
-def ephemeral_token_env() -> contextlib.AbstractContextManager:
-    """Token mode with a fresh random token for a local Ray started by this process.
+def ephemeral_token_env(**extra: str) -> contextlib.AbstractContextManager:
+    """Token mode with a fresh random token for a local Ray started by this process, plus the
+    environment variables ``extra``.
 
     ``RAY_AUTH_MODE`` or ``RAY_AUTH_TOKEN`` set by the user are respected as they are.
     """
-    changes = {}
+    changes = dict(extra)
     if "RAY_AUTH_MODE" not in os.environ:
         changes["RAY_AUTH_MODE"] = "token"
     if not os.environ.get("RAY_AUTH_TOKEN"):

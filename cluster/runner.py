@@ -137,23 +137,26 @@ def ray_session(settings: RunnerSettings) -> Iterator[None]:
     ``settings.verbose``. An already initialised Ray (e.g. a test's cluster) is used as it is
     and left running.
     """
-    if not settings.address:
+    if not settings.address or _is_loopback(settings.address):
         _loopback_only()
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
     from cluster.auth import ClusterAuthError, ephemeral_token_env, find_token, is_auth_failure
     from cluster.auth import missing_token_message, token_env
 
     token = find_token() if settings.address else None
+    logs = {} if settings.verbose or "RAY_BACKEND_LOG_LEVEL" in os.environ else {
+        "RAY_BACKEND_LOG_LEVEL": "error"}  # Ray's C++ core: errors only (read at import)
     quiet = {"runtime_env": worker_runtime_env(), "log_to_driver": settings.verbose,
              "logging_level": logging.INFO if settings.verbose else logging.WARNING}
-    with (token_env(token) if settings.address else ephemeral_token_env()):
+    with (token_env(token, **logs) if settings.address else ephemeral_token_env(**logs)):
+        import ray
+
+        if ray.is_initialized():
+            yield
+            return
         try:
             if settings.address:
-                ray.init(address=settings.address, **quiet)
+                with _stderr_hidden(not settings.verbose):
+                    ray.init(address=settings.address, **quiet)
             else:
                 # "local" starts a new instance even when another Ray runs on this machine.
                 ray.init(address="local", num_cpus=settings.num_cpus, include_dashboard=False,
@@ -172,6 +175,26 @@ def ray_session(settings: RunnerSettings) -> Iterator[None]:
             ray.shutdown()
 
 
+@contextlib.contextmanager
+def _stderr_hidden(hide: bool) -> Iterator[None]:
+    """Hide what is written to file descriptor 2 (Ray's C++ core logs each failed attempt to
+    reach a cluster there, once a second, whatever the log level). Only for joining: a local
+    Ray's processes would inherit the hidden descriptor."""
+    if not hide:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def session_for(settings: RunnerSettings):
     """``ray_session(settings)`` for the Ray backend, else nothing.
 
@@ -179,6 +202,16 @@ def session_for(settings: RunnerSettings):
     ``fork``, which JAX (multithreaded once it has run anything) warns may deadlock.
     """
     return ray_session(settings) if settings.backend == "ray" else contextlib.nullcontext()
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a Ray address (``HOST:PORT``, ``ray://HOST:PORT``) names this machine's loopback.
+
+    Joining one needs :func:`_loopback_only` too: otherwise Ray rewrites 127.0.0.1 to the
+    machine's network address and dials the cluster there.
+    """
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 def _loopback_only() -> None:

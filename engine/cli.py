@@ -553,7 +553,8 @@ def cmd_submit(args) -> int:
     command = list(args.cmd)
     if command and command[0] == "--":
         command = command[1:]
-    return submit(command, address=args.address, working_dir=args.working_dir, python=args.python)
+    return submit(command, address=args.address, working_dir=args.working_dir, python=args.python,
+                  verbose=args.verbose)
 
 
 def _runner_options(p: argparse.ArgumentParser) -> None:
@@ -816,6 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "links leading out of it are never shipped")
     p.add_argument("--python", default="python", help="interpreter on the cluster that has "
                    "irt-engine's dependencies (default: python on the cluster's PATH)")
+    p.add_argument("--verbose", action="store_true", help="show Ray's own log lines")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- irt-engine COMMAND ...")
     p.set_defaults(func=cmd_submit)
     _add_item_commands(sub)
