@@ -12,6 +12,8 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import mmap
+import os
 import re
 import zlib
 from collections.abc import Iterator, Sequence
@@ -234,16 +236,12 @@ def plain_lines(path: Path) -> bool:
         return False
     try:
         with open(path, "rb") as f:
-            prev, first = b"\n", True
-            while chunk := f.read(16 << 20):
-                if first and chunk.startswith(b"\xef\xbb\xbf"):
-                    return False
-                text, first = prev + chunk, False
-                if _BLANK.search(text):
-                    return False
-                last = text.rfind(b"\n")
-                tail = text[last:] if last >= 0 else text
-                prev = tail if not tail.strip() else b"x"  # a blank line may go on in the next
+            if os.fstat(f.fileno()).st_size == 0:
+                return True
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                head = data[:64]
+                return (head[:3] != b"\xef\xbb\xbf" and _BLANK.search(b"\n" + head) is None
+                        and _BLANK.search(data) is None)
     except OSError:
         return False
     return True
