@@ -169,3 +169,19 @@ def test_arrow_and_line_readers_agree(tmp_path):
     bad.write_text("\n".join(lines[:9]) + "\n" + eee_line("m0", "a", " ", 1.0) + "\n")
     with pytest.raises(DataFormatError, match='bad.jsonl line 10, field "sample_id": empty'):
         ingest(bad, tmp_path / "bad.zarr")
+
+
+def test_gzip_files_and_a_truncated_one(tmp_path):
+    import gzip
+
+    text = "\n".join(eee_line(m, "e", str(k), float((k + len(m)) % 2))
+                     for m in ("a", "bb") for k in range(3)) + "\n"
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    (folder / "x.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    store = ingest(folder, tmp_path / "s.zarr")
+    np.testing.assert_array_equal(dense(store), [[1, 0, 1], [0, 1, 0]])
+    (folder / "y.jsonl.gz").write_bytes(gzip.compress(text.encode())[:-20])
+    with pytest.raises(DataFormatError, match=r"y.jsonl.gz: cannot read it"):
+        ingest(folder, tmp_path / "t.zarr")
+    assert not (tmp_path / "t.zarr").exists()
