@@ -42,7 +42,7 @@ def detect_kind(y: np.ndarray) -> str:
 
 def _first_bad(bad: np.ndarray, y: np.ndarray, what: str, name: str, fix: str) -> DataFormatError:
     r, c = np.argwhere(bad)[0]
-    return DataFormatError(f"{name} row {r}, column {c}: got {y[r, c]!r}; expected {what}. "
+    return DataFormatError(f"{name} row {r}, column {c}: got {y[r, c].item()!r}; expected {what}. "
                            f"{int(bad.sum())} such value(s); {fix}")
 
 
