@@ -287,3 +287,16 @@ def test_nlu_wide_csv(tmp_path):
     assert store.shape == (90, 82_756) and list(store.subjects) == subjects
     assert round(float(store.load().mean()), 4) == 0.4872
     assert re.fullmatch(r"[0-9a-f]{64}", store.meta["checksum"])
+
+
+@pytest.mark.parametrize("name, line", [("w.csv.gz", "m{k},1,0\n"), ("l.csv.gz", "m{k},q1,1\n"),
+                                        ("p.jsonl.gz", '{{"subject_id": "m{k}", "responses": {{"q1": 1}}}}\n')])
+def test_truncated_gzip_is_a_clean_error(tmp_path, name, line):
+    header = {"w": "model,q1,q2\n", "l": "subject,item,response\n", "p": ""}[name[0]]
+    data = gzip.compress((header + "".join(line.format(k=k) for k in range(3000))).encode())
+    src = tmp_path / name
+    src.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataFormatError, match=re.escape(name) + r": cannot read it \(Compressed "
+                                                                r"file ended"):
+        ingest(src, tmp_path / "out.zarr")
+    assert not (tmp_path / "out.zarr").exists() and _leftovers(tmp_path) == []
