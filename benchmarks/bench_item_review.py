@@ -14,7 +14,7 @@ top-k recall of the flipped items (k = the number flipped).
 20 items' text-free statistics.
 
 Usage: ``python benchmarks/bench_item_review.py [--out benchmarks/results/item_review.json]
-[--shapes 161x2000,90x20000] [--nlu]``.
+[--shapes 161x2000,90x20000 | none] [--models 2pl-signed,feas,2pl,1pl] [--nlu]``.
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ def nlu_review(models=MODELS) -> dict:
         for block in ("difficulty", "discrimination", "feasibility"):
             if block in means:
                 table[block] = np.asarray(means[block])[top.index]
-        out[name] = {"fit_s": round(fit_s, 1), "passes": res.num_passes, "items": int(len(flags)),
+        posterior = {f"share_{c}_above_0.975": float((flags[c][informative] > 0.975).mean())
+                     for c in ("p_negative_discrimination", "p_low_feasibility") if c in flags}
+        out[name] = {**posterior, "fit_s": round(fit_s, 1), "passes": res.num_passes, "items": int(len(flags)),
                      "set_aside": int((~informative).sum()), "flagged": int(flags["flagged"].sum()),
                      "share_flagged_of_informative": float(flags["flagged"].sum() / informative.sum()),
                      "flagged_by_dataset": flags[flags["flagged"]].groupby(
@@ -140,7 +142,7 @@ def main() -> None:
     models = [m for m in MODELS if m[0] in args.models.split(",")]
     result = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
               "threshold": FLAG_THRESHOLD, "flip_share": FLIP_SHARE, "simulated": []}
-    for shape in args.shapes.split(","):
+    for shape in [v for v in args.shapes.split(",") if v != "none"]:
         s, n = (int(v) for v in shape.split("x"))
         y, flipped = simulate(s, n, seed=s + n)
         for name, model, signed in models:
