@@ -68,7 +68,8 @@ def _normalise(record: dict) -> dict:
     return json.loads(json.dumps(record, default=str))
 
 
-def check_or_record(out: Path, record: dict, results: tuple[str, ...], *, write: bool = True) -> None:
+def check_or_record(out: Path, record: dict, results: tuple[str, ...], *,
+                    write: bool = True) -> None:
     """Refuse to resume into ``out`` trials of other settings; else write ``trials.json``.
 
     Parameters

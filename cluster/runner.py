@@ -137,22 +137,20 @@ def ray_session(settings: RunnerSettings) -> Iterator[None]:
     ``settings.verbose``. An already initialised Ray (e.g. a test's cluster) is used as it is
     and left running.
     """
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        yield
+        return
     if not settings.address or _is_loopback(settings.address):
         _loopback_only()
     from cluster.auth import ClusterAuthError, ephemeral_token_env, find_token, is_auth_failure
     from cluster.auth import missing_token_message, token_env
 
     token = find_token() if settings.address else None
-    logs = {} if settings.verbose or "RAY_BACKEND_LOG_LEVEL" in os.environ else {
-        "RAY_BACKEND_LOG_LEVEL": "error"}  # Ray's C++ core: errors only (read at import)
     quiet = {"runtime_env": worker_runtime_env(), "log_to_driver": settings.verbose,
              "logging_level": logging.INFO if settings.verbose else logging.WARNING}
-    with (token_env(token, **logs) if settings.address else ephemeral_token_env(**logs)):
+    with (token_env(token) if settings.address else ephemeral_token_env()):
         import ray
 
-        if ray.is_initialized():
-            yield
-            return
         try:
             if settings.address:
                 with _stderr_hidden(not settings.verbose):

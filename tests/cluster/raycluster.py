@@ -9,6 +9,7 @@ users' and other tests' included). The nodes run with token authentication and t
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -46,7 +47,7 @@ def listeners_of(pids: set[int]) -> set[tuple[str, int]]:
     found = set()
     for line in out.splitlines():
         fields = line.split()
-        owners = {int(p) for p in __import__("re").findall(r"pid=(\d+)", line)}
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
         if owners & pids:
             host, port = fields[3].rsplit(":", 1)
             found.add((host.strip("[]"), int(port)))

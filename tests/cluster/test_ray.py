@@ -105,8 +105,12 @@ def _stability_args(store, out):
 
 
 def test_embedded_default_starts_a_loopback_ray_without_dashboard(small_store, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("RAY_ADDRESS", None)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(REPO), HOME=str(home),
+               JAX_COMPILATION_CACHE_DIR=os.environ.get("JAX_COMPILATION_CACHE_DIR")
+               or str(Path.home() / ".cache" / "irt-engine" / "jax"))
     proc = psutil.Popen(_cli(*_stability_args(small_store, tmp_path / "st"), "--num-cpus", "1"),
                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, cmdlines = set(), set()
@@ -122,6 +126,10 @@ def test_embedded_default_starts_a_loopback_ray_without_dashboard(small_store, t
         time.sleep(0.2)
     out, err = proc.communicate()
     assert proc.returncode == 0, err[-3000:]
+    # Quiet and safe: Ray starts before JAX's threads (no fork warning), with a token of its
+    # own (no token warning, nothing written to ~/.ray), and its log lines stay off.
+    assert err.strip() == "", err[-3000:]
+    assert not (home / ".ray").exists()
     assert any("gcs_server" in c for c in cmdlines), "the command did not start its own Ray"
     assert seen and all(is_loopback(h) for h, _ in seen), seen
     # No dashboard UI: Ray's internal head process runs with its frontend disabled, and
