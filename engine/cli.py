@@ -189,6 +189,14 @@ def _skill_options(store_path, args) -> dict:
         items = [str(i) for i in open_store(store_path).items]
         q, skills = read_q_matrix(args.q_matrix, items=items)
         options.update(q_matrix=q.tolist(), skills=skills)
+    if getattr(args, "q_matrix_from", None):
+        from engine.data.formats import q_matrix_from
+        from engine.data.store import open_store
+
+        if getattr(args, "q_matrix", None):
+            raise SettingsError("give --q-matrix or --q-matrix-from, not both")
+        q, skills = q_matrix_from(open_store(store_path), args.q_matrix_from)
+        options.update(q_matrix=q.tolist(), skills=skills)
     return options
 
 
@@ -236,6 +244,15 @@ def cmd_leaderboard(args) -> int:
 
     run = load_run(args.run)
     vector = run.spec.param("ability").shape != ()
+    if getattr(args, "by", None) is not None:
+        if args.by != "group" or not vector or args.rank is not None:
+            raise SettingsError(f"--by {args.by}: per-group leaderboards need --by group, no "
+                                f"--rank, and a run fitted with fit --q-matrix-from group")
+        for skill in run.spec.skills:
+            print(f"== {skill} ==")
+            args.rank = f"skill={skill}"
+            _vector_leaderboard(run, args)
+        return 0
     if args.rank is None and not vector:
         print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
         return 0
@@ -608,6 +625,9 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
                         "choice before)")
     p.add_argument("--q-matrix", default=None,
                    help="items x skills CSV (item id column, one 0/1 column per skill): confirmatory")
+    p.add_argument("--q-matrix-from", default=None, metavar="COLUMN",
+                   help="the confirmatory Q-matrix from the store's item column (group: each "
+                        "item's evaluation or task, from evaluation logs), one skill per group")
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
                    help="memory for the responses, e.g. 512M or 4G (default: half the available "
                         "memory); larger stores are streamed from disk")
@@ -734,6 +754,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", default=None,
                    help="vector abilities: pareto | weights=W1,W2,... | lexicographic | dominance | "
                         "skill=NAME (default pareto for multi-skill runs)")
+    p.add_argument("--by", default=None, metavar="COLUMN",
+                   help="one leaderboard per item group (--by group) from a run fitted with "
+                        "fit --q-matrix-from group")
     p.add_argument("--threshold", type=_PROBABILITY, default=0.9,
                    help="posterior mass for --rank dominance to count (ties below it)")
     p.add_argument("--draws", type=_POSITIVE, default=1000, help="joint posterior draws")

@@ -161,7 +161,7 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
                 chunks: Sequence[int] = (1024, 8192), overwrite: bool = False,
                 layout: str = "auto", memory_budget: int | None = None,
                 batch_rows: int = 1 << 20, source: Sequence[str] | None = None,
-                input_format: str = "long") -> Store:
+                input_format: str = "long", item_groups: dict[str, str] | None = None) -> Store:
     """Ingest long-format files (CSV/Parquet) into a store, streaming; see the module doc.
 
     Raises
@@ -203,8 +203,9 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
     try:
         _spill(files, batch_rows, subjects, items, starts, band_rows, scratch, kind)
         common = dict(kind=kind, source=[str(p) for p in (source or files)],
-                      input_format=input_format,
-                      overwrite=overwrite)
+                      input_format=input_format, overwrite=overwrite,
+                      item_groups=None if item_groups is None else [item_groups[i]
+                                                                    for i in items.ids])
         if layout == "dense":
             writer = DenseWriter(out, subjects.ids, items.ids, chunks=chunks, **common)
         else:

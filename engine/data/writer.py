@@ -39,7 +39,7 @@ class _Writer:
 
     def __init__(self, out: str | Path, subjects: Sequence[str], items: Sequence[str], *,
                  kind: str = "binary", source: Sequence[str] = (), input_format: str | None = None,
-                 overwrite: bool = False):
+                 overwrite: bool = False, item_groups: Sequence[str] | None = None):
         if kind not in KINDS:
             raise DataFormatError(f"kind {kind!r} is not supported by this version; "
                                   f"supported kinds: {sorted(KINDS)}")
@@ -48,6 +48,8 @@ class _Writer:
         self.shape = (len(self.subjects), len(self.items))
         self.out, self.overwrite = check_writable(out, overwrite), overwrite
         self.source, self.input_format = [str(s) for s in source], input_format
+        # each item's group (evaluation / task), from evaluation logs: meta "item_groups"
+        self.item_groups = None if item_groups is None else [str(g) for g in item_groups]
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.out.parent / f".{self.out.name}.tmp-{secrets.token_hex(6)}"
         self.num_observed, self.done = 0, False
@@ -98,6 +100,8 @@ class _Writer:
             }
             if self.boundary is not None:
                 meta["boundary"] = self.boundary.to_dict()
+            if self.item_groups is not None:
+                meta["item_groups"] = self.item_groups
             self.group.attrs[_ATTR] = meta
             _move_into_place(self.tmp, self.out, self.overwrite)
         except BaseException:

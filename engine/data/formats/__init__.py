@@ -12,10 +12,12 @@ from pathlib import Path
 
 from engine.errors import DataFormatError
 
-__all__ = ["KEEP", "LOG_FORMATS", "detect_log_format", "ingest_logs", "log_reader"]
+__all__ = ["ITEM_COLUMNS", "KEEP", "LOG_FORMATS", "detect_log_format", "ingest_logs", "log_reader",
+           "q_matrix_from"]
 
 LOG_FORMATS = ("every-eval-ever", "lm-eval", "helm", "inspect")
 KEEP = ("first", "latest", "mean")
+ITEM_COLUMNS = ("group",)  # the store's per-item columns from logs (meta "item_groups")
 
 
 def log_reader(name: str):
@@ -63,3 +65,25 @@ def ingest_logs(inputs, out, *, fmt: str, **options):
 
     return _ingest_logs(log_reader(fmt), [inputs] if isinstance(inputs, (str, Path)) else inputs,
                         out, **options)
+
+
+def q_matrix_from(store, column: str):
+    """A confirmatory Q-matrix (items x groups, 0/1) and the group names (first-appearance
+    order) from a store's item ``column`` (``"group"``: each item's evaluation or task)."""
+    import numpy as np
+
+    from engine.errors import SettingsError
+
+    if column not in ITEM_COLUMNS:
+        raise SettingsError(f"--q-matrix-from {column!r}: the store's item columns are "
+                            f"{', '.join(ITEM_COLUMNS)}")
+    groups = store.meta.get("item_groups")
+    if groups is None:
+        raise SettingsError(f"{store.path}: the store has no item groups (they come from "
+                            f"evaluation logs: ingest them again with this version); or give "
+                            f"a --q-matrix CSV")
+    names = list(dict.fromkeys(groups))
+    code = {g: k for k, g in enumerate(names)}
+    q = np.zeros((len(groups), len(names)), np.float32)
+    q[np.arange(len(groups)), [code[g] for g in groups]] = 1
+    return q, names

@@ -63,13 +63,14 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
     scratch = out.parent / f".{out.name}.logs-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
     try:
-        subjects, items, _groups = _spill(reader, files, metric, kind, bands, scratch)
+        subjects, items, groups = _spill(reader, files, metric, kind, bands, scratch)
         long_file = scratch / "responses.parquet"
         _resolve(files, subjects, items, bands, scratch, long_file, keep, kind,
                  getattr(reader, "unit", "line"))
         return ingest_long([long_file], out, kind=kind, chunks=chunks, overwrite=overwrite,
                            layout=layout, memory_budget=memory_budget,
-                           source=[str(p) for p in files], input_format=reader.name)
+                           source=[str(p) for p in files], input_format=reader.name,
+                           item_groups=dict(zip(items, groups)))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
