@@ -703,7 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("ingest", help="response files -> zarr store")
-    p.add_argument("inputs", nargs="+", help="wide/long CSV or Parquet, py-irt jsonl, or a folder")
+    p.add_argument("inputs", nargs="+", help="wide/long CSV or Parquet, py-irt jsonl, or a folder; "
+                   "or evaluation logs (Every Eval Ever, lm-eval, HELM, Inspect) or their folder")
     p.add_argument("--out", required=True)
     p.add_argument("--format", default=None, choices=["wide", "long", "jsonl", "every-eval-ever",
                                                       "lm-eval", "helm", "inspect"],
