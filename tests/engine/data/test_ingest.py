@@ -300,3 +300,18 @@ def test_truncated_gzip_is_a_clean_error(tmp_path, name, line):
                                                                 r"file ended"):
         ingest(src, tmp_path / "out.zarr")
     assert not (tmp_path / "out.zarr").exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_id_column_anywhere(tmp_path, suffix):
+    frame = pd.DataFrame({"q1": [1, 0, 1], "student": [101, 102, 103], "q2": [0, 1, None]})
+    src = tmp_path / f"w{suffix}"
+    frame.to_csv(src, index=False) if suffix == ".csv" else frame.to_parquet(src, index=False)
+    store = ingest(src, tmp_path / "out.zarr", id_column="student")
+    assert list(store.subjects) == ["101", "102", "103"] and list(store.items) == ["q1", "q2"]
+    np.testing.assert_array_equal(store.load(), [[1, 0], [0, 1], [1, -1]])
+    with pytest.raises(SettingsError, match=r"no column 'pupil' \(--id-column\); the header has "
+                                            r"\['q1', 'student', 'q2'\]"):
+        ingest(src, tmp_path / "other.zarr", id_column="pupil")
+    with pytest.raises(DataFormatError, match=r'column 1 "q1": cannot tell subject ids'):
+        ingest(src, tmp_path / "other.zarr")
