@@ -84,6 +84,10 @@ def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: 
     try:
         for k, path in enumerate(files):
             for rec in reader.read(path, metric):
+                if np.isnan(rec.values).any():  # JSON NaN: a log holds no missing responses
+                    r = int(np.argmax(np.isnan(rec.values)))
+                    raise DataFormatError(f"{rec.where(r)}: got NaN; expected a number (leave "
+                                          f"the sample out of the log if it has no score)")
                 values = _check_support(rec.values, kind, rec.where)
                 s = _codes(subjects, rec.subject_ids)[rec.subject]
                 i = _codes(items, rec.item_ids, rec.item_groups, groups)[rec.item]

@@ -96,6 +96,8 @@ def test_unit_scores_and_is_correct_metric(tmp_path):
      'line 2, field "evaluation": missing'),
     (eee_line("a", "e", "9", None, None), "line 2: no metric score on this line"),
     (eee_line("a", "e", 9.5, 1.0), 'line 2, field "sample_id": got 9.5'),
+    (eee_line("a", "e", "9", float("nan")), 'line 2, field "evaluation.score": got NaN'),
+    (eee_line("a", "e", "9", float("inf")), 'line 2, field "evaluation.score": got inf'),
 ])
 def test_malformed_line_names_file_line_and_field(tmp_path, bad, message):
     path = tmp_path / "in.jsonl"
