@@ -23,9 +23,9 @@ names), ``input_format``, ``checksum`` (see :func:`store_checksum` and
 :func:`sparse_checksum`), ``created`` (ISO 8601), ``integrity`` and, for float kinds, ``boundary`` (counts
 of observed values exactly 0 and exactly 1, and the first such cell).
 
-Integrity (``integrity`` "crc32c-chunks"): every array chunk ends with a CRC-32C of its
-encoded bytes (zarr's ``crc32c`` codec) and every chunk file is written, even one holding
-only missing cells. :func:`open_store` checks the attributes, every array's shape and dtype
+Integrity (``integrity`` "crc32c-chunks", :mod:`engine.data.integrity`): every array chunk
+ends with a CRC-32C of its encoded bytes (zarr's ``crc32c`` codec) and every chunk file is
+written, even one holding only missing cells. :func:`open_store` checks the attributes, every array's shape and dtype
 against them and that every chunk file is present (a ``stat`` per shard file, no data
 read); each read checks the CRCs of the chunks it decodes and names a damaged file. Stores
 written before this marker have no chunk CRCs: opening one recomputes the whole checksum.
@@ -50,6 +50,8 @@ import dask.array as da
 import numpy as np
 import zarr
 
+from engine.data.integrity import (INTEGRITY, REPAIR as _REPAIR, CheckedArray, array_options,
+                                   brief as _brief, open_checked as _open_checked)
 from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
 
 __all__ = ["FORMAT_VERSION", "INTEGRITY", "KINDS", "LAYOUTS", "SPARSE_DENSITY", "ResponseKind", "Store",
@@ -65,20 +67,6 @@ LAYOUTS = ("auto", "dense", "sparse")
 # 9 bytes per observation against 1 byte per cell, so about where COO becomes smaller.
 SPARSE_DENSITY = 0.1
 COO_FIELDS = ("subject_idx", "item_idx", "response")
-# Every chunk carries a CRC-32C and every chunk file exists (see the module doc).
-INTEGRITY = "crc32c-chunks"
-_REPAIR = "the store is damaged; re-run `irt-engine ingest` to rebuild it"
-
-
-def array_options() -> dict:
-    """``create_array`` keywords of every store array: zstd then a CRC-32C per chunk, and
-    chunks holding only the fill value written too (so a missing file is always damage)."""
-    from zarr.codecs import Crc32cCodec, ZstdCodec
-
-    return {"compressors": [ZstdCodec(level=0), Crc32cCodec()],
-            "config": {"write_empty_chunks": True}}
-
-
 def resolve_layout(layout: str, num_observed: int, num_subjects: int, num_items: int) -> str:
     """``dense`` or ``sparse`` for a requested ``layout`` (``auto`` picks by density)."""
     if layout not in LAYOUTS:
@@ -166,85 +154,6 @@ class Boundary:
     def to_dict(self) -> dict:
         return {"zeros": self.zeros, "ones": self.ones, "first_zero": self.first_zero,
                 "first_one": self.first_one}
-
-
-class CheckedArray:
-    """A read-only zarr array whose reads name the damaged chunk file on a decode error (a CRC
-    mismatch, a garbled or truncated chunk) instead of raising from inside zarr."""
-
-    def __init__(self, array: zarr.Array, path: Path):
-        self.array, self.path = array, Path(path)
-        self.shape, self.dtype, self.ndim = tuple(array.shape), array.dtype, array.ndim
-        self.chunks = tuple(array.chunks)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, key):
-        try:
-            return self.array[key]
-        except Exception as err:  # zarr, numcodecs and the codecs raise many types
-            raise DataFormatError(f"{self._damaged(key)}: cannot decode it "
-                                  f"({_brief(err)}); {_REPAIR}") from None
-
-    def _damaged(self, key) -> Path:
-        """The first chunk (shard) file under ``key`` that fails to decode on its own."""
-        outer = tuple(self.array.shards or self.array.chunks)
-        key = key if isinstance(key, tuple) else (key,)
-        spans = []
-        for d, n in enumerate(self.shape):
-            part = key[d] if d < len(key) and isinstance(key[d], slice) else slice(None)
-            start, stop, _ = part.indices(n)
-            spans.append(range(start // outer[d], -(-stop // outer[d])))
-        for coords in _product(spans):
-            region = tuple(slice(c * o, min((c + 1) * o, n))
-                           for c, o, n in zip(coords, outer, self.shape))
-            try:
-                self.array[region]
-            except Exception:
-                return self.path / self.array.metadata.encode_chunk_key(coords)
-        return self.path
-
-
-def _brief(err: Exception) -> str:
-    """One line naming an exception from inside zarr, at most ~120 characters."""
-    return f"{type(err).__name__}: {' '.join(str(err).split())[:120]}"
-
-
-def _product(spans):
-    if not spans:
-        yield ()
-        return
-    for head in spans[0]:
-        for tail in _product(spans[1:]):
-            yield (head, *tail)
-
-
-def _open_checked(path: Path, name: str, shape: tuple[int, ...], dtype: str,
-                  integrity: bool) -> CheckedArray:
-    """Open array ``name`` of the store at ``path``, checking its metadata file, shape, dtype
-    and (stores with ``integrity``) that each chunk file exists."""
-    meta_file = path / name / "zarr.json"
-    if not meta_file.is_file():
-        raise DataFormatError(f"{meta_file}: missing; {_REPAIR}")
-    try:
-        array = zarr.open_array(path / name, mode="r", zarr_format=3)
-    except Exception as err:
-        raise DataFormatError(f"{meta_file}: unreadable array metadata ({_brief(err)}); "
-                              f"{_REPAIR}") from None
-    if tuple(array.shape) != tuple(shape):
-        raise DataFormatError(f"{meta_file}: shape {list(array.shape)}, but the store's "
-                              f"attributes ({path / 'zarr.json'}) say {list(shape)}; {_REPAIR}")
-    if dtype != "str" and np.dtype(array.dtype) != np.dtype(dtype):
-        raise DataFormatError(f"{meta_file}: dtype {array.dtype}, expected {dtype}; {_REPAIR}")
-    if integrity:
-        outer = tuple(array.shards or array.chunks)
-        grid = [range(-(-n // o)) for n, o in zip(array.shape, outer)]
-        for coords in _product(grid):
-            chunk = path / name / array.metadata.encode_chunk_key(coords)
-            if not chunk.is_file():
-                raise DataFormatError(f"{chunk}: chunk file missing; {_REPAIR}")
-    return CheckedArray(array, path / name)
 
 
 @dataclass(frozen=True, eq=False)

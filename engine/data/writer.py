@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from engine.data.store import (COO_FIELDS, INTEGRITY, KINDS, Boundary, Store, _ATTR, _chunking,
-                               _move_into_place, array_options, canonical_bytes, check_values,
-                               check_id_list, check_writable, checksum_header, coo_bytes, format_version, hash_ids, observed,
-                               open_store)
+from engine.data.integrity import INTEGRITY, array_options
+from engine.data.store import (COO_FIELDS, KINDS, Boundary, Store, _ATTR, _chunking,
+                               _move_into_place, canonical_bytes, check_id_list, check_values,
+                               check_writable, checksum_header, coo_bytes, format_version,
+                               hash_ids, observed, open_store)
 from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["DenseWriter", "SparseWriter", "check_ids"]
