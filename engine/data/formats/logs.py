@@ -58,7 +58,7 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
     out = check_writable(out, overwrite)
     files = reader.files([Path(p) for p in inputs])
     budget = int(memory_budget or DEFAULT_BUDGET)
-    total = sum(p.stat().st_size for p in files)
+    total = sum(p.stat().st_size * (8 if p.suffix.lower() == ".gz" else 1) for p in files)
     bands = int(min(_MAX_BANDS, max(1, -(-(total // 64) * _PER_RECORD // budget))))
     scratch = out.parent / f".{out.name}.logs-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
