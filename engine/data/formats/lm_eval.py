@@ -2,7 +2,7 @@
 
 Layout (``lm_eval/loggers/evaluation_tracker.py`` in the ``lm-eval`` package, 0.4.x): one
 folder per model under the output path, holding ``results_<date>.json`` (the aggregate; its
-top-level ``model_name``, else ``pretrained=`` in ``config.model_args``, names the model) and
+top-level ``model_name``, else ``config.model_args`` as lm-eval reads it, names the model) and
 one ``samples_<task>_<date>.jsonl`` per task with the same ``<date>``. Each sample line
 (``lm_eval/evaluator.py``) carries ``doc_id``, ``filter``, ``metrics`` (the names) and one key
 per metric (``acc``, ``acc_norm``, ``exact_match``, ...). The item is ``<task>/<doc_id>`` (with
@@ -76,11 +76,11 @@ class LMEvalHarness:
         name = data.get("model_name") if isinstance(data, dict) else None
         if not isinstance(name, str) or not name.strip():
             args = (data.get("config") or {}).get("model_args") if isinstance(data, dict) else None
-            match = re.search(r"(?:^|,)\s*pretrained=([^,]+)", args) if isinstance(args, str) else None
-            if match is None:
-                raise DataFormatError(f'{results}: no "model_name" and no pretrained= in '
-                                      f'"config.model_args"; add "model_name": "<model>" to it')
-            name = match.group(1)
+            name = _name_from_args(args)
+            if name is None:
+                raise DataFormatError(f'{results}: no "model_name" and no pretrained= (or peft=, '
+                                      f'model=, path=, ...) in "config.model_args"; add '
+                                      f'"model_name": "<model>" to it')
         self._models[results] = name.strip()
         return self._models[results]
 
@@ -113,3 +113,19 @@ class LMEvalHarness:
         last = buf.take()
         if last is not None:
             yield last
+
+
+_PREFIXES = ("peft", "delta", "pretrained", "model", "path", "engine")  # lm-eval's own order
+
+
+def _name_from_args(args) -> str | None:
+    """The model name lm-eval derives from ``model_args`` (``GeneralConfigTracker
+    ._get_model_name`` in ``lm_eval/loggers/evaluation_tracker.py``)."""
+    if isinstance(args, dict):
+        return next((str(args[k]) for k in _PREFIXES if args.get(k)), None)
+    if isinstance(args, str):
+        for key in _PREFIXES:
+            match = re.search(rf"(?:^|,)\s*{key}=([^,]+)", args)
+            if match:
+                return match.group(1)
+    return None

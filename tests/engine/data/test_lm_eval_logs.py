@@ -108,6 +108,9 @@ def test_missing_results_file_and_model_name(tmp_path):
     root = tmp_path / "out"
     folder = write_run(root, "m", {"t": [sample(0, {"acc": 1.0})]})
     results = folder / f"results_{DATE}.json"
+    results.write_text(json.dumps({"config": {"model": "openai-chat-completions",
+                                              "model_args": "model=gpt-4o-mini,max_retries=3"}}))
+    assert list(ingest(root, tmp_path / "b.zarr").subjects) == ["gpt-4o-mini"]  # as lm-eval names it
     results.write_text(json.dumps({"config": {"model": "hf", "model_args": "dtype=float16"}}))
     with pytest.raises(DataFormatError, match=f'{results}: no "model_name" and no pretrained='):
         ingest(root, tmp_path / "a.zarr", fmt="lm-eval")
