@@ -99,8 +99,9 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         Files (CSV, TSV, Parquet, jsonl; ``.gz`` for text) or folders of them (sorted).
     out : path
         Store directory to create (atomically).
-    fmt : {"wide", "long", "jsonl"}, optional
-        Input format; detected from extension and columns when None.
+    fmt : {"wide", "long", "jsonl", "every-eval-ever", "lm-eval", "helm", "inspect"}, optional
+        Input format; detected from extension and columns (evaluation logs: from their
+        layout, ``engine.data.formats``) when None.
     kind : {"binary", "unit", "nonnegative"}, optional
         Response kind; when None, the smallest kind holding every value (0/1 -> binary,
         within [0, 1] -> unit, >= 0 -> nonnegative). Binary is stored int8 (-1 missing), the
