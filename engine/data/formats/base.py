@@ -221,6 +221,16 @@ def pick_metric(obj: dict, metric: Sequence[str], path: Path, line: int,
                           f"comma-separated, are tried in order)")
 
 
+def choose_named(present: Sequence[str], wanted: Sequence[str], where: str, noun: str) -> str:
+    """The first of ``wanted`` among ``present`` (names of stats, scorers, ...); raises naming
+    those present and ``--metric`` when none is there."""
+    pick = next((m for m in wanted if m in present), None)
+    if pick is None:
+        raise DataFormatError(f"{where}: no {noun} {' or '.join(wanted)} ({noun}s present: "
+                              f"{', '.join(sorted(present)) or 'none'}); pick one with --metric NAME")
+    return pick
+
+
 def _short(value) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."

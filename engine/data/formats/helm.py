@@ -20,7 +20,8 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from engine.data.formats.base import RecordBuffer, Records, cannot_read, text_id, walk_files
+from engine.data.formats.base import (RecordBuffer, Records, cannot_read, choose_named, text_id,
+                                      walk_files)
 from engine.errors import DataFormatError
 
 __all__ = ["HelmRuns"]
@@ -104,12 +105,7 @@ class HelmRuns:
                 if isinstance(name, dict) and isinstance(name.get("name"), str) \
                         and not name.get("perturbation"):
                     by_name.setdefault(name["name"], stat)
-            pick = next((m for m in metric if m in by_name), None)
-            if pick is None:
-                raise DataFormatError(f"{where}: no stat {' or '.join(metric)} for instance "
-                                      f"{instance!r} (stats present: "
-                                      f"{', '.join(sorted(by_name)) or 'none'}); pick one with "
-                                      f"--metric NAME")
+            pick = choose_named(list(by_name), metric, f"{where}, instance {instance!r}", "stat")
             buf.field = pick
             buf.add(model, f"{scenario}/{instance}", scenario, _value(by_name[pick], where, pick), n)
             if buf.full():

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from engine.data.formats.base import RecordBuffer, Records, walk_files
+from engine.data.formats.base import RecordBuffer, Records, choose_named, walk_files
 from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["InspectLogs", "EXTRA"]
@@ -93,12 +93,8 @@ class InspectLogs:
                     raise DataFormatError(f"{path} sample {n} (id {sample.id!r}): scorers "
                                           f"{', '.join(scores) or 'none'}; pick one with --metric "
                                           f"NAME")
-                pick = next((m for m in want if m in scores), None)
-                if pick is None:
-                    raise DataFormatError(f"{path} sample {n} (id {sample.id!r}): no scorer "
-                                          f"{' or '.join(want)} (scorers present: "
-                                          f"{', '.join(scores) or 'none'}); pick one with "
-                                          f"--metric NAME")
+                pick = choose_named(list(scores), want, f"{path} sample {n} (id {sample.id!r})",
+                                    "scorer")
                 value = scores[pick].value
                 if isinstance(value, (list, dict)):
                     raise DataFormatError(f'{path} sample {n} (id {sample.id!r}), scorer "{pick}": '

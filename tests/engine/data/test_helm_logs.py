@@ -71,8 +71,8 @@ def test_runs_become_one_matrix_by_scenario(tmp_path):
 def test_missing_stat_lists_those_present_and_trials_need_keep(tmp_path):
     runs = tmp_path / "runs" / "v1"
     folder = write_run(runs, "boolq", "m/a", [1.0, 0.0])
-    with pytest.raises(DataFormatError, match=r"per_instance_stats.json entry 1: no stat f1_score "
-                                              r"for instance 'id0' \(stats present: exact_match, "
+    with pytest.raises(DataFormatError, match=r"per_instance_stats.json entry 1, instance 'id0': "
+                                              r"no stat f1_score \(stats present: exact_match, "
                                               r"num_prompt_tokens, quasi_exact_match\)"):
         ingest(runs, tmp_path / "s.zarr", metric="f1_score")
     entries = json.loads((folder / "per_instance_stats.json").read_text())
