@@ -249,19 +249,29 @@ def _spill(files, batch_rows, subjects: _Ids, items: _Ids, starts, band_rows: in
             rec = np.empty(len(seen), spill)
             rec["s"], rec["i"], rec["v"] = s[seen], i[seen], v[seen]
             rec["g"] = starts[k] + offset + seen
-            band = rec["s"] // band_rows
-            order = np.argsort(band, kind="stable")
-            rec, band = rec[order], band[order]
-            cuts = np.flatnonzero(np.diff(band)) + 1
-            for part in np.split(rec, cuts):
-                if len(part):
-                    b = int(part["s"][0] // band_rows)
-                    if b not in handles:
-                        handles[b] = open(scratch / f"band-{b:06d}.bin", "ab")
-                    handles[b].write(part.tobytes())
+            append_by_band(rec, rec["s"] // band_rows, scratch, handles)
     finally:
         for f in handles.values():
             f.close()
+
+
+def band_file(scratch: Path, band: int) -> Path:
+    """The scratch file that holds band ``band``'s spilled records."""
+    return scratch / f"band-{band:06d}.bin"
+
+
+def append_by_band(rec: np.ndarray, band: np.ndarray, scratch: Path, handles: dict) -> None:
+    """Append each record to its band's scratch file (``band_file``), opening files on first
+    use into ``handles`` (the caller closes them)."""
+    if not len(rec):
+        return
+    order = np.argsort(band, kind="stable")
+    rec, band = rec[order], band[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(band)) + 1]
+    for part, b in zip(np.split(rec, starts[1:]), band[starts].tolist()):
+        if b not in handles:
+            handles[b] = open(band_file(scratch, b), "ab")
+        handles[b].write(part.tobytes())
 
 
 def _conflict(where, subjects: _Ids, items: _Ids, rec: np.ndarray, clash: np.ndarray,
@@ -282,7 +292,7 @@ def _write_bands(writer, layout: str, scratch: Path, S: int, N: int, band_rows: 
     spill, spec = _spill_dtype(writer.kind), KINDS[writer.kind]
     for b, r0 in enumerate(range(0, S, band_rows)):
         rows = min(band_rows, S - r0)
-        path = scratch / f"band-{b:06d}.bin"
+        path = band_file(scratch, b)
         rec = np.fromfile(path, spill) if path.exists() else np.empty(0, spill)
         path.unlink(missing_ok=True)
         local = rec["s"].astype(np.int64) - r0

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from engine.data.formats.base import LogReader
 from engine.data.ingest import _check_support, fmt_value
-from engine.data.long import DEFAULT_BUDGET, ingest_long
+from engine.data.long import DEFAULT_BUDGET, append_by_band, band_file, ingest_long
 from engine.data.store import Store, check_writable
 from engine.errors import DataFormatError, SettingsError
 
@@ -93,14 +93,7 @@ def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: 
                 i = _codes(items, rec.item_ids, rec.item_groups, groups)[rec.item]
                 out = np.empty(len(values), _REC)
                 out["s"], out["i"], out["v"], out["f"], out["r"] = s, i, values, k, rec.lines
-                band = out["s"] % bands
-                order = np.argsort(band, kind="stable")
-                out, band = out[order], band[order]
-                for part in np.split(out, np.flatnonzero(np.diff(band)) + 1):
-                    b = int(part["s"][0] % bands)
-                    if b not in handles:
-                        handles[b] = open(scratch / f"band-{b:04d}.bin", "ab")
-                    handles[b].write(part.tobytes())
+                append_by_band(out, out["s"] % bands, scratch, handles)
     finally:
         for f in handles.values():
             f.close()
@@ -131,7 +124,7 @@ def _resolve(files: list[Path], subjects: dict, items: dict, bands: int, scratch
                         ("response", pa.float64())])
     with pq.ParquetWriter(long_file, schema) as writer:
         for b in range(bands):
-            path = scratch / f"band-{b:04d}.bin"
+            path = band_file(scratch, b)
             if not path.exists():
                 continue
             rec = np.fromfile(path, _REC)
