@@ -855,10 +855,6 @@ def main(argv: list[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else 2
     use_compilation_cache()
     try:
-        if getattr(args, "max_passes", 1) < 1 or getattr(args, "draws", 1) < 1:
-            raise SettingsError("--max-passes and --draws must be >= 1")
-        if getattr(args, "mc_draws", 0) < 0:
-            raise SettingsError(f"--mc-draws must be >= 0 (0 = automatic), got {args.mc_draws}")
         stdout, sys.stdout = sys.stdout, EscapedStream(sys.stdout)
         try:
             with warnings.catch_warnings():

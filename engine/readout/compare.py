@@ -337,19 +337,15 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
     return table
 
 
-def _atomic(path: Path, write) -> None:
-    atomic_write(path, write)
-
-
 def write_comparison(table: pd.DataFrame, out: str | Path) -> tuple[Path, Path]:
     """Write ``compare.parquet`` and ``compare.json`` (the settings) into ``out``, each
     atomically (a temporary file in the same directory, then a rename)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     parquet, settings = out / "compare.parquet", out / "compare.json"
-    _atomic(parquet, lambda p: pd.DataFrame(table).to_parquet(p, index=False))
+    atomic_write(parquet, lambda p: pd.DataFrame(table).to_parquet(p, index=False))
     meta = {**table.attrs.get("settings", {}), "ranking": table["model"].tolist()}
-    _atomic(settings, lambda p: p.write_text(json.dumps(meta, indent=2, default=str)))
+    atomic_write(settings, lambda p: p.write_text(json.dumps(meta, indent=2, default=str)))
     return parquet, settings
 
 

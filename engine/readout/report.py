@@ -16,7 +16,6 @@ import base64
 import html
 import io
 import json
-import os
 from pathlib import Path
 
 import matplotlib
@@ -26,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from engine.atomic import atomic_write  # noqa: E402
 from engine.errors import SettingsError  # noqa: E402
 from engine.readout.items import (FLAG_THRESHOLD, SET_ASIDE_NOTE, item_bank, item_flags,  # noqa: E402
                                   review_order)
@@ -415,10 +415,4 @@ intervals overlap the group leader's.</p>
 
 
 def _atomic_write(path: Path, data: bytes) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return atomic_write(path, lambda tmp: tmp.write_bytes(data))

@@ -99,6 +99,10 @@ def test_items_table_through_planted_tmp_symlink(tmp_path, monkeypatch):
     assert main(["items", str(tmp_path / "r"), "--out", str(tmp_path / "flags.csv")]) == 0
     assert (outside / "precious.txt").read_text() == "keep me"
     assert len(pd.read_csv(tmp_path / "flags.csv")) == 6
+    (tmp_path / ".page.html.tmp").symlink_to(outside / "precious.txt")
+    assert main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "page.html")]) == 0
+    assert (outside / "precious.txt").read_text() == "keep me"
+    assert (tmp_path / "page.html").read_text().lstrip().lower().startswith("<!doctype html")
 
 
 def _tiny(tmp_path):
