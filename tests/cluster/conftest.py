@@ -70,3 +70,17 @@ def stability_ctx():
     options = tuple(sorted(full.extra["model_options"].items()))
     return StabilityContext(FitContext(y, "2pl", options, full.guide, settings, passes=12),
                             ability_of(full.spec, full.guide.loc), subject_accuracy(y))
+
+
+def ingest_simulated(directory, num_subjects: int, num_items: int, seed: int, name: str):
+    """A simulated 2PL matrix written as a wide CSV in ``directory`` and ingested to ``name``."""
+    import pandas as pd
+
+    from engine.data import ingest
+
+    y = simulate_2pl(num_subjects, num_items, seed=seed)
+    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(y.shape[1])])
+    df.insert(0, "subject", [f"s{i}" for i in range(y.shape[0])])
+    df.to_csv(directory / "wide.csv", index=False)
+    return ingest(directory / "wide.csv", directory / name).path
+

@@ -18,7 +18,7 @@ from cluster.runner import run_trials
 from cluster.settings import RunnerSettings, StabilitySettings
 from cluster.stability import plan
 from cluster.trials import stability_batch
-from tests.cluster.conftest import is_loopback, simulate_2pl
+from tests.cluster.conftest import ingest_simulated, is_loopback, simulate_2pl
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = StabilitySettings(sizes=(10, 30), trials_per_size=4)
@@ -85,14 +85,7 @@ def test_node_removed_and_worker_killed_mid_run_yield_every_trial_once(
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory):
-    from engine.data import ingest
-
-    y = simulate_2pl(24, 120, seed=3)
-    d = tmp_path_factory.mktemp("store")
-    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(y.shape[1])])
-    df.insert(0, "subject", [f"s{i}" for i in range(y.shape[0])])
-    df.to_csv(d / "wide.csv", index=False)
-    return ingest(d / "wide.csv", d / "store").path
+    return ingest_simulated(tmp_path_factory.mktemp("store"), 24, 120, seed=3, name="store")
 
 
 def _cli(*args) -> list[str]:

@@ -14,7 +14,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from tests.cluster.conftest import is_loopback, simulate_2pl
+from tests.cluster.conftest import ingest_simulated, is_loopback
 from tests.cluster.raycluster import RayStartCluster, listeners_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,14 +36,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from engine.data import ingest
-
-    y = simulate_2pl(24, 60, seed=3)
-    d = tmp_path_factory.mktemp("store")
-    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(y.shape[1])])
-    df.insert(0, "subject", [f"s{i}" for i in range(y.shape[0])])
-    df.to_csv(d / "wide.csv", index=False)
-    return ingest(d / "wide.csv", d / "store.zarr").path
+    return ingest_simulated(tmp_path_factory.mktemp("store"), 24, 60, seed=3, name="store.zarr")
 
 
 def _env(cluster, *, token: bool) -> dict:
