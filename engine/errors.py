@@ -13,6 +13,7 @@ __all__ = [
     "ModelError",
     "RunNotFoundError",
     "RunExistsError",
+    "RunDamagedError",
 ]
 
 
@@ -38,6 +39,10 @@ class RunNotFoundError(IRTError, FileNotFoundError):
 
 class RunExistsError(IRTError, FileExistsError):
     """A run directory already exists and overwriting was not asked for."""
+
+
+class RunDamagedError(IRTError, ValueError):
+    """A run file is missing, truncated or changed since the fit wrote it; refit the run."""
 
 
 class SettingsError(IRTError, ValueError):

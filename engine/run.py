@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -15,7 +14,8 @@ import jax
 import numpy as np
 import pandas as pd
 
-from engine.errors import RunExistsError, RunNotFoundError
+from engine import runfiles
+from engine.errors import RunExistsError
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
 from engine.models.registry import get_model
@@ -27,7 +27,7 @@ from engine.readout.ranking import pairwise_beats, rank_stats
 __all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS", "store_candidates"]
 
 PAIRWISE_MAX_SUBJECTS = 2000
-FORMAT_VERSION = 1
+FORMAT_VERSION = runfiles.FORMAT_VERSION  # 2: fit.json records every file's checksum
 
 
 @dataclass
@@ -42,8 +42,9 @@ class Run:
     items: pd.DataFrame
 
     def pairwise(self) -> np.ndarray | None:
-        f = self.path / "pairwise.npz"
-        return np.load(f, allow_pickle=False)["p_beats"] if f.exists() else None
+        if "pairwise.npz" not in self.info.get("files", {}) and not (self.path / "pairwise.npz").exists():
+            return None
+        return runfiles.read_npz(self.path, self.info, "pairwise.npz")["p_beats"]
 
 
 def _versions() -> dict:
@@ -122,8 +123,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        _subject_table(res, draws, top_k).to_parquet(tmp / "subjects.parquet", index=False)
-        _item_table(res).to_parquet(tmp / "items.parquet", index=False)
+        runfiles.write_table(_subject_table(res, draws, top_k), tmp / "subjects.parquet")
+        runfiles.write_table(_item_table(res), tmp / "items.parquet")
         arrays = {f"loc/{k}": v for k, v in res.guide.loc.items()}
         arrays |= {f"log_scale/{k}": v for k, v in res.guide.log_scale.items()}
         np.savez(tmp / "guide.npz", **arrays)
@@ -160,7 +161,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "versions": _versions(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        (tmp / "fit.json").write_text(json.dumps(info, indent=2, default=float))
+        runfiles.seal(tmp, info)  # fit.json last: every file's size and SHA-256, and its own
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -190,15 +191,17 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
 
 
 def load_run(path: str | Path) -> Run:
-    """Reload a run directory written by ``save_run``."""
+    """Reload a run directory written by ``save_run``, every file read through
+    ``engine.runfiles`` (checked against fit.json's checksums; a damaged or missing file is
+    a ``RunDamagedError`` naming it)."""
     path = Path(path)
-    if not (path / "fit.json").is_file():
-        raise RunNotFoundError(f"{path} is not a run directory (no fit.json); run `irt-engine fit` first")
-    info = json.loads((path / "fit.json").read_text())
+    info = runfiles.read_info(path)
+    runfiles.check_present(path, info)
     spec = get_model(info["model"], **info["model_options"])
-    with np.load(path / "guide.npz", allow_pickle=False) as z:
-        loc = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("loc/")}
-        log_scale = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("log_scale/")}
+    z = runfiles.read_npz(path, info, "guide.npz")
+    loc = {k.split("/", 1)[1]: v for k, v in z.items() if k.startswith("loc/")}
+    log_scale = {k.split("/", 1)[1]: v for k, v in z.items() if k.startswith("log_scale/")}
     return Run(path, spec, GuideState(loc, log_scale), info,
-               pd.read_parquet(path / "subjects.parquet"), pd.read_parquet(path / "items.parquet"))
+               runfiles.read_table(path, info, "subjects.parquet"),
+               runfiles.read_table(path, info, "items.parquet"))
 

@@ -1,0 +1,184 @@
+"""Run files that check themselves: one writer that records a SHA-256 per file in fit.json,
+one loader that verifies it and names the damaged or missing file.
+
+``save_run`` writes every file of a run directory, then :func:`seal` writes ``fit.json``
+with ``files`` (name -> size and SHA-256 of the bytes written) and ``fit_json_sha256`` (the
+SHA-256 of fit.json's own text without that key). Parquet tables are also written with
+pyarrow's page checksums (:func:`write_table`) and read with their verification on.
+
+Every read-out reads run files through :func:`read_info`, :func:`read_table`,
+:func:`read_npz` (and :func:`check_present` for the files it does not read). Each reads the
+file's bytes once, checks size and SHA-256 against fit.json, and parses those same bytes, so
+a truncated, flipped or missing file is a :class:`RunDamagedError` naming it and the fix.
+
+Runs written before checksums were recorded (``format_version`` 1: no ``files`` in fit.json)
+are read unverified; a decode error still names the file. A ``format_version`` 2 fit.json
+without its ``files`` record is damage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.errors import RunDamagedError, RunNotFoundError
+
+__all__ = ["FORMAT_VERSION", "FIT_JSON", "file_record", "seal", "write_table", "read_info",
+           "read_table", "read_npz", "check_present", "verified_bytes"]
+
+FORMAT_VERSION = 2  # 1: no checksums; 2: fit.json records size and SHA-256 of every run file
+FIT_JSON = "fit.json"
+_SELF = "fit_json_sha256"
+
+
+def _fix(path: Path) -> str:
+    return (f"refit it (irt-engine fit STORE --out {path} --overwrite) or restore the run "
+            f"directory from a copy")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_record(path: str | Path) -> dict:
+    """``{"bytes": size, "sha256": hex}`` of the file at ``path`` as it is on disk."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            size += len(block)
+    return {"bytes": size, "sha256": h.hexdigest()}
+
+
+def _fit_json_text(info: dict) -> str:
+    return json.dumps(info, indent=2, default=float)
+
+
+def seal(directory: str | Path, info: dict) -> dict:
+    """Write ``directory/fit.json``: ``info`` plus the record of every other file there
+    (:func:`file_record`) and fit.json's own checksum. Call it last, after every run file is
+    written. Returns the info written."""
+    directory = Path(directory)
+    files = {p.name: file_record(p) for p in sorted(directory.iterdir())
+             if p.is_file() and p.name != FIT_JSON}
+    info = {k: v for k, v in info.items() if k != _SELF} | {"format_version": FORMAT_VERSION,
+                                                          "files": files}
+    # the checksum covers the text written, reproduced from the parsed JSON on load
+    info = json.loads(_fit_json_text(info))
+    info[_SELF] = _sha256(_fit_json_text(info).encode())
+    (directory / FIT_JSON).write_text(_fit_json_text(info))
+    return info
+
+
+def write_table(df: pd.DataFrame, path: str | Path) -> None:
+    """Write ``df`` as Parquet with pyarrow's per-page CRC checksums."""
+    df.to_parquet(path, index=False, write_page_checksum=True)
+
+
+def read_info(run_dir: str | Path) -> dict:
+    """fit.json of ``run_dir``, its own checksum verified when it records one.
+
+    Raises
+    ------
+    RunNotFoundError: no fit.json. RunDamagedError: fit.json unreadable, not a JSON object,
+    or its text changed since it was written.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / FIT_JSON
+    if not path.is_file():
+        raise RunNotFoundError(f"{run_dir} is not a run directory (no fit.json); run "
+                               f"`irt-engine fit` first")
+    try:
+        info = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunDamagedError(f"run file {path} is damaged (not readable JSON: {err}); "
+                              f"{_fix(run_dir)}") from None
+    if not isinstance(info, dict):
+        raise RunDamagedError(f"run file {path} is damaged (not a JSON object); {_fix(run_dir)}")
+    version = info.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise RunDamagedError(f"run file {path}: format_version {version!r} is not one this "
+                              f"irt-engine reads (1 to {FORMAT_VERSION}); upgrade irt-engine or "
+                              f"{_fix(run_dir)}")
+    if version >= 2:
+        recorded = info.pop(_SELF, None)
+        if (recorded != _sha256(_fit_json_text(info).encode())
+                or not isinstance(info.get("files"), dict)):
+            raise RunDamagedError(f"run file {path} is damaged (its content no longer matches "
+                                  f"the checksum written with it); {_fix(run_dir)}")
+    return info
+
+
+def _record(run_dir: Path, info: dict, name: str) -> dict | None:
+    """fit.json's record of ``name``, or None for a run from before checksums."""
+    if int(info.get("format_version", 1)) < 2:
+        return None
+    record = info["files"].get(name)
+    if not isinstance(record, dict):
+        raise RunDamagedError(f"run file {run_dir / name} is not one fit.json records (fit.json "
+                              f"lists {', '.join(info['files']) or 'none'}); {_fix(run_dir)}")
+    return record
+
+
+def _missing(path: Path, run_dir: Path) -> RunDamagedError:
+    return RunDamagedError(f"run file {path} is missing; {_fix(run_dir)}")
+
+
+def check_present(run_dir: str | Path, info: dict) -> None:
+    """Every file fit.json records exists with its recorded size (a ``stat`` each, no read)."""
+    run_dir = Path(run_dir)
+    for name, record in (info.get("files") or {}).items():
+        path = run_dir / name
+        if not path.is_file():
+            raise _missing(path, run_dir)
+        if path.stat().st_size != record.get("bytes"):
+            raise RunDamagedError(f"run file {path} is damaged ({path.stat().st_size:,} bytes, "
+                                  f"fit.json records {record.get('bytes'):,}); {_fix(run_dir)}")
+
+
+def verified_bytes(run_dir: str | Path, info: dict, name: str) -> bytes:
+    """The bytes of run file ``name``, checked against fit.json's size and SHA-256."""
+    run_dir = Path(run_dir)
+    path = run_dir / name
+    record = _record(run_dir, info, name)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise _missing(path, run_dir) from None
+    if record is not None and (len(data) != record.get("bytes")
+                               or _sha256(data) != record.get("sha256")):
+        what = (f"{len(data):,} bytes, fit.json records {record.get('bytes'):,}"
+                if len(data) != record.get("bytes") else "its checksum does not match fit.json's")
+        raise RunDamagedError(f"run file {path} is damaged ({what}); {_fix(run_dir)}")
+    return data
+
+
+def _undecodable(path: Path, run_dir: Path, err: Exception) -> RunDamagedError:
+    text = " ".join(str(err).split())[:160] or type(err).__name__
+    return RunDamagedError(f"run file {path} is damaged (cannot decode it: {text}); {_fix(run_dir)}")
+
+
+def read_table(run_dir: str | Path, info: dict, name: str) -> pd.DataFrame:
+    """A verified Parquet table of the run (page checksums verified too)."""
+    run_dir = Path(run_dir)
+    data = verified_bytes(run_dir, info, name)
+    try:
+        return pd.read_parquet(io.BytesIO(data), page_checksum_verification=True)
+    except Exception as err:  # pyarrow raises several types for a damaged file
+        raise _undecodable(run_dir / name, run_dir, err) from None
+
+
+def read_npz(run_dir: str | Path, info: dict, name: str) -> dict[str, np.ndarray]:
+    """The arrays of a verified ``.npz`` run file, loaded whole (no pickles)."""
+    run_dir = Path(run_dir)
+    data = verified_bytes(run_dir, info, name)
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as err:  # zipfile, zlib and numpy raise several types
+        raise _undecodable(run_dir / name, run_dir, err) from None
