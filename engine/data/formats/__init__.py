@@ -1,44 +1,50 @@
-"""Evaluation-log readers: one module per format behind ``base.LogReader``.
+"""Input formats: one reader per format behind ``base.InputFormat``.
 
-``LOG_FORMATS`` names them (``ingest --format NAME``); ``detect_log_format`` picks one for
-inputs that are logs (``None`` for tables: wide, long, py-irt jsonl); ``ingest_logs`` writes
-a store from them through the long-format path.
+Tables (``wide``, ``long``, py-irt ``jsonl``) and evaluation logs (``every-eval-ever``,
+``lm-eval``, ``helm``, ``inspect``; ``base.LogReader``, written through ``logs.ingest_logs``)
+all share ``validate`` for values, ids and errors. ``FORMATS`` names them
+(``ingest --format NAME``), ``input_format`` returns one, and ``detect_format`` picks one for
+inputs (logs first, from their layout; then tables, from extension and header) and says
+which when the inputs mix formats.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import import_module
 from pathlib import Path
 
 from engine.errors import DataFormatError
 
-__all__ = ["ITEM_COLUMNS", "KEEP", "LOG_FORMATS", "detect_log_format", "ingest_logs", "log_reader",
-           "q_matrix_from"]
+__all__ = ["FORMATS", "ITEM_COLUMNS", "KEEP", "LOG_FORMATS", "TABLE_FORMATS", "detect_format",
+           "detect_log_format", "input_format", "ingest_logs", "log_reader", "q_matrix_from"]
 
 LOG_FORMATS = ("every-eval-ever", "lm-eval", "helm", "inspect")
+TABLE_FORMATS = ("wide", "long", "jsonl")
+FORMATS = TABLE_FORMATS + LOG_FORMATS
 KEEP = ("first", "latest", "mean")
 ITEM_COLUMNS = ("group",)  # the store's per-item columns from logs (meta "item_groups")
+_READERS = {"wide": ("wide", "WideTable"), "long": ("long", "LongTable"),
+            "jsonl": ("pyirt", "PyIrtJsonl"),
+            "every-eval-ever": ("every_eval_ever", "EveryEvalEver"),
+            "lm-eval": ("lm_eval", "LMEvalHarness"), "helm": ("helm", "HelmRuns"),
+            "inspect": ("inspect_ai", "InspectLogs")}
+_TABLE_ORDER = ("jsonl", "long", "wide")  # detection: the first whose ``detect`` holds
+
+
+def input_format(name: str):
+    """A fresh reader (``base.InputFormat``) for format ``name`` (one of ``FORMATS``)."""
+    if name not in _READERS:
+        raise DataFormatError(f"unknown input format {name!r}; use one of {list(FORMATS)}")
+    module, cls = _READERS[name]
+    return getattr(import_module(f"engine.data.formats.{module}"), cls)()
 
 
 def log_reader(name: str):
-    """A fresh reader for format ``name`` (one of ``LOG_FORMATS``)."""
-    if name == "every-eval-ever":
-        from engine.data.formats.every_eval_ever import EveryEvalEver
-
-        return EveryEvalEver()
-    if name == "lm-eval":
-        from engine.data.formats.lm_eval import LMEvalHarness
-
-        return LMEvalHarness()
-    if name == "helm":
-        from engine.data.formats.helm import HelmRuns
-
-        return HelmRuns()
-    if name == "inspect":
-        from engine.data.formats.inspect_ai import InspectLogs
-
-        return InspectLogs()
-    raise DataFormatError(f"unknown log format {name!r}; use one of {', '.join(LOG_FORMATS)}")
+    """A fresh reader for log format ``name`` (one of ``LOG_FORMATS``)."""
+    if name not in LOG_FORMATS:
+        raise DataFormatError(f"unknown log format {name!r}; use one of {', '.join(LOG_FORMATS)}")
+    return input_format(name)
 
 
 def detect_log_format(inputs: str | Path | Sequence[str | Path]) -> str | None:
@@ -57,6 +63,29 @@ def detect_log_format(inputs: str | Path | Sequence[str | Path]) -> str | None:
         listed = ", ".join(f"{p} ({n or 'a table'})" for p, n in found.items())
         raise DataFormatError(f"inputs mix formats: {listed}; ingest one format at a time")
     return names.pop()
+
+
+def detect_format(inputs: str | Path | Sequence[str | Path]) -> str:
+    """The format of ``inputs``: a log format when they are logs, else the table format of
+    every file (files of folders included); raises on an unknown file or mixed formats."""
+    from engine.data.formats.validate import expand_inputs
+
+    log = detect_log_format(inputs)
+    if log is not None:
+        return log
+    readers = [input_format(name) for name in _TABLE_ORDER]
+    found = {}
+    for path in expand_inputs(inputs):
+        name = next((r.name for r in readers if r.detect(path)), None)
+        if name is None:
+            raise DataFormatError(f"{path}: unknown input format (expected .csv, .tsv, "
+                                  f".parquet or .jsonl); rename it or pass fmt=/--format")
+        found.setdefault(name, path)
+    if len(found) > 1:
+        listed = ", ".join(f"{p} ({n})" for n, p in found.items())
+        raise DataFormatError(f"inputs mix formats {sorted(found)} ({listed}); ingest one "
+                              f"format at a time")
+    return found.popitem()[0]
 
 
 def ingest_logs(inputs, out, *, fmt: str, **options):

@@ -19,14 +19,18 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from engine.data.ingest import check_id_text
+from engine.data.formats.validate import cannot_read as _cannot_read
+from engine.data.formats.validate import check_id_text
 from engine.errors import DataFormatError
 
-__all__ = ["CHUNK_ROWS", "LogReader", "RecordBuffer", "Records", "cannot_read", "first_json",
+if TYPE_CHECKING:
+    from engine.data.store import Store
+
+__all__ = ["CHUNK_ROWS", "InputFormat", "LogFormat", "LogReader", "RecordBuffer", "Records", "cannot_read", "first_json",
            "is_jsonl", "json_lines", "pick_metric", "plain_lines", "text_id", "walk_files"]
 
 CHUNK_ROWS = 1 << 16
@@ -92,7 +96,37 @@ class RecordBuffer:
         return out
 
 
-class LogReader(Protocol):
+class InputFormat(Protocol):
+    """One input format, table or log: what ``ingest --format NAME`` picks.
+
+    ``name`` is its ``--format`` name and ``options`` the format-specific ingest options it
+    takes (``id_column``, ``metric``, ``keep``); ``detect`` says whether a path holds it and
+    ``ingest`` writes a store from input paths with the common options (``kind``,
+    ``chunks``, ``overwrite``, ``layout``, ``memory_budget``) and its own.
+    """
+
+    name: str
+    options: frozenset[str]
+
+    def detect(self, path: Path) -> bool:
+        """Whether ``path`` (a file, or a folder for logs) holds input of this format."""
+
+    def ingest(self, inputs: Sequence[Path], out: Path, **options) -> Store:
+        """Read ``inputs`` and write the store ``out``; raises ``DataFormatError``."""
+
+
+class LogFormat:
+    """The ``InputFormat.ingest`` of every evaluation-log reader: ``logs.ingest_logs``."""
+
+    options = frozenset({"metric", "keep"})
+
+    def ingest(self, inputs: Sequence[Path], out: Path, **options) -> Store:
+        from engine.data.formats.logs import ingest_logs
+
+        return ingest_logs(self, inputs, out, **options)
+
+
+class LogReader(InputFormat, Protocol):
     """One evaluation-log format.
 
     ``name`` is its ``--format`` name; ``metrics`` the value fields ``--metric`` may pick
@@ -117,9 +151,8 @@ def _open(path: Path) -> io.BufferedIOBase:
 
 
 def cannot_read(path: Path, err: Exception) -> DataFormatError:
-    text = " ".join(str(err).split())[:200] or type(err).__name__
-    return DataFormatError(f"{path}: cannot read it ({text}); check the file, or remove it from "
-                           f"the input folder")
+    """``validate.cannot_read`` for a log file: the fix is to check or remove it."""
+    return _cannot_read(path, err, "check the file, or remove it from the input folder")
 
 
 def json_lines(path: Path, skip: int = 0) -> Iterator[tuple[int, dict]]:

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from engine.data.formats.base import (RecordBuffer, Records, first_json, is_jsonl, json_lines,
-                                      pick_metric, plain_lines, text_id, walk_files)
+from engine.data.formats.base import (LogFormat, RecordBuffer, Records, first_json, is_jsonl,
+                                      json_lines, pick_metric, plain_lines, text_id, walk_files)
 from engine.errors import DataFormatError
 
 __all__ = ["EveryEvalEver"]
@@ -30,7 +30,7 @@ _KEYS = ("model_id", "evaluation_name", "sample_id")
 _METRICS = ("score", "is_correct")
 
 
-class EveryEvalEver:
+class EveryEvalEver(LogFormat):
     """Reader of Every Eval Ever instance-level ``.jsonl`` files (see the module doc)."""
 
     name = "every-eval-ever"

@@ -20,8 +20,8 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from engine.data.formats.base import (RecordBuffer, Records, cannot_read, choose_named, text_id,
-                                      walk_files)
+from engine.data.formats.base import (LogFormat, RecordBuffer, Records, cannot_read,
+                                      choose_named, text_id, walk_files)
 from engine.errors import DataFormatError
 
 __all__ = ["HelmRuns"]
@@ -43,7 +43,7 @@ def _load(path: Path):
                               f"run, or remove the run folder") from None
 
 
-class HelmRuns:
+class HelmRuns(LogFormat):
     """Reader of HELM ``per_instance_stats.json`` run folders (see the module doc)."""
 
     name = "helm"

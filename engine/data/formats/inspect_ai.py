@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from engine.data.formats.base import RecordBuffer, Records, choose_named, walk_files
+from engine.data.formats.base import (LogFormat, RecordBuffer, Records, choose_named,
+                                      walk_files)
 from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["InspectLogs", "EXTRA"]
@@ -49,7 +50,7 @@ def _api():
     return read_eval_log, read_eval_log_samples, value_to_float
 
 
-class InspectLogs:
+class InspectLogs(LogFormat):
     """Reader of Inspect AI logs (see the module doc)."""
 
     name = "inspect"

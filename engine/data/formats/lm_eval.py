@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from engine.data.formats.base import (RecordBuffer, Records, cannot_read, first_json, json_lines,
-                                      pick_metric, text_id, walk_files)
+from engine.data.formats.base import (LogFormat, RecordBuffer, Records, cannot_read, first_json,
+                                      json_lines, pick_metric, text_id, walk_files)
 from engine.errors import DataFormatError
 
 __all__ = ["LMEvalHarness"]
@@ -32,7 +32,7 @@ def _is_samples(path: Path) -> bool:
     return _SAMPLES.match(path.name) is not None
 
 
-class LMEvalHarness:
+class LMEvalHarness(LogFormat):
     """Reader of lm-evaluation-harness per-sample logs (see the module doc)."""
 
     name = "lm-eval"

@@ -1,6 +1,6 @@
 """Evaluation logs -> response store, through the long-format path, streaming.
 
-Pass 1 reads each file with its reader, checks each value (``ingest._check_support``: finite,
+Pass 1 reads each file with its reader, checks each value (``validate.check_support``: finite,
 storable, inside ``kind``; the error names file, line and field), codes subjects and items
 and appends ``(subject, item, value, file, line)`` records to scratch files, a band of
 subjects per file. Pass 2 loads one band at a time, finds the same model answering the same
@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.data.formats.base import LogReader
-from engine.data.ingest import _check_support, fmt_value
-from engine.data.long import DEFAULT_BUDGET, append_by_band, band_file, ingest_long
+from engine.data.formats.long import DEFAULT_BUDGET, append_by_band, band_file, ingest_long
+from engine.data.formats.validate import check_support, fmt_value
 from engine.data.store import Store, check_writable
 from engine.errors import DataFormatError, SettingsError
 
@@ -88,7 +88,7 @@ def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: 
                     r = int(np.argmax(np.isnan(rec.values)))
                     raise DataFormatError(f"{rec.where(r)}: got NaN; expected a number (leave "
                                           f"the sample out of the log if it has no score)")
-                values = _check_support(rec.values, kind, rec.where)
+                values = check_support(rec.values, kind, rec.where)
                 s = _codes(subjects, rec.subject_ids)[rec.subject]
                 i = _codes(items, rec.item_ids, rec.item_groups, groups)[rec.item]
                 out = np.empty(len(values), _REC)

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from engine.data import ingest
-from engine.data.ingest import _CELL_BYTES, _ID_BYTES
+from engine.data.formats.validate import CELL_BYTES as _CELL_BYTES, ID_BYTES as _ID_BYTES
 from engine.errors import DataFormatError, SettingsError
 
 
