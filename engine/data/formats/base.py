@@ -30,8 +30,9 @@ from engine.errors import DataFormatError
 if TYPE_CHECKING:
     from engine.data.store import Store
 
-__all__ = ["CHUNK_ROWS", "InputFormat", "LogFormat", "LogReader", "RecordBuffer", "Records", "cannot_read", "first_json",
-           "is_jsonl", "json_lines", "pick_metric", "plain_lines", "text_id", "walk_files"]
+__all__ = ["CHUNK_ROWS", "InputFormat", "LogFormat", "LogReader", "RecordBuffer", "Records",
+           "cannot_read", "first_json", "is_jsonl", "json_at_lines", "json_lines", "pick_metric",
+           "plain_lines", "text_id", "walk_files"]
 
 CHUNK_ROWS = 1 << 16
 
@@ -145,6 +146,10 @@ class LogReader(InputFormat, Protocol):
     def read(self, path: Path, metric: tuple[str, ...]) -> Iterator[Records]:
         """Records of one file, in chunks; raises ``DataFormatError`` naming file and line."""
 
+    # Optional: ``item_info(path, lines) -> {line: item_info.describe_sample(...)}``, what
+    # the format carries about the samples first seen at those lines of ``path`` (read only
+    # for files that bring new items).
+
 
 def _open(path: Path) -> io.BufferedIOBase:
     return gzip.open(path, "rb") if path.suffix.lower() == ".gz" else open(path, "rb")
@@ -182,6 +187,28 @@ def json_lines(path: Path, skip: int = 0) -> Iterator[tuple[int, dict]]:
                     raise DataFormatError(f"{path} line {n}: expected a JSON object per line, got "
                                           f"{type(obj).__name__}; fix the line")
                 yield n, obj
+    except (OSError, EOFError, zlib.error) as err:
+        raise cannot_read(path, err) from None
+
+
+def json_at_lines(path: Path, lines) -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for the given line numbers of a JSON-lines file (``.gz``
+    too), parsing only those lines; lines that are not a JSON object are skipped (the reader
+    has already named any problem there)."""
+    wanted = set(int(n) for n in lines)
+    last = max(wanted, default=0)
+    try:
+        with _open(path) as f:
+            for n, raw in enumerate(f, 1):
+                if n > last:
+                    return
+                if n in wanted:
+                    try:
+                        obj = json.loads(raw.decode("utf-8-sig" if n == 1 else "utf-8"))
+                    except ValueError:
+                        continue
+                    if isinstance(obj, dict):
+                        yield n, obj
     except (OSError, EOFError, zlib.error) as err:
         raise cannot_read(path, err) from None
 

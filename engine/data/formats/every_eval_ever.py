@@ -3,7 +3,9 @@
 One object per line (``every_eval_ever/schemas/instance_level_eval.schema.json`` in the
 ``every-eval-ever`` package): ``model_id`` is the subject, ``evaluation_name`` + ``/`` +
 ``sample_id`` the item (its group is the evaluation name), and the response is
-``evaluation.score`` (default) or ``evaluation.is_correct`` (``--metric is_correct``: 0/1).
+``evaluation.score`` (default) or ``evaluation.is_correct`` (``--metric is_correct``: 0/1);
+``sample_hash``, ``input`` (hashed) and ``metadata`` go to the store's item side table
+(``item_info``).
 Input is a file or a folder of them, nested as in the schema's repository
 (``<evaluation>/<developer>/<model>/*.jsonl``); the aggregate ``*.json`` records beside
 them are skipped. Several evaluations become one matrix; a model missing an evaluation has
@@ -21,7 +23,9 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from engine.data.formats.base import (LogFormat, RecordBuffer, Records, first_json, is_jsonl,
-                                      json_lines, pick_metric, plain_lines, text_id, walk_files)
+                                      json_at_lines, json_lines, pick_metric, plain_lines, text_id,
+                                      walk_files)
+from engine.data.formats.item_info import describe_sample
 from engine.errors import DataFormatError
 
 __all__ = ["EveryEvalEver"]
@@ -74,6 +78,13 @@ class EveryEvalEver(LogFormat):
             if done is None:
                 return
         yield from _read_lines(path, metric, done)
+
+    def item_info(self, path: Path, lines) -> dict[int, dict]:
+        """``sample_id``, ``sample_hash``, ``input`` and ``metadata`` of the given lines."""
+        return {n: describe_sample(sample_id=obj.get("sample_id"),
+                                   sample_hash=obj.get("sample_hash"), input=obj.get("input"),
+                                   metadata=obj.get("metadata"))
+                for n, obj in json_at_lines(path, lines)}
 
 
 def _read_lines(path: Path, metric: tuple[str, ...], skip: int) -> Iterator[Records]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from engine.data.formats.base import (LogFormat, RecordBuffer, Records, cannot_read,
                                       choose_named, text_id, walk_files)
+from engine.data.formats.item_info import describe_sample
 from engine.errors import DataFormatError
 
 __all__ = ["HelmRuns"]
@@ -113,6 +114,15 @@ class HelmRuns(LogFormat):
         last = buf.take()
         if last is not None:
             yield last
+
+
+    def item_info(self, path: Path, lines) -> dict[int, dict]:
+        """The instance id (and train trial) of the given entries; HELM keeps the instance's
+        text in the run's ``instances.json``, not in these stats."""
+        entries, wanted = _load(path), set(int(n) for n in lines)
+        return {n: describe_sample(sample_id=e.get("instance_id"),
+                                   metadata={"train_trial_index": e.get("train_trial_index")})
+                for n, e in enumerate(entries, 1) if n in wanted and isinstance(e, dict)}
 
 
 def _value(stat: dict, where: str, name: str) -> float:

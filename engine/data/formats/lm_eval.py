@@ -6,7 +6,8 @@ top-level ``model_name``, else ``config.model_args`` as lm-eval reads it, names 
 one ``samples_<task>_<date>.jsonl`` per task with the same ``<date>``. Each sample line
 (``lm_eval/evaluator.py``) carries ``doc_id``, ``filter``, ``metrics`` (the names) and one key
 per metric (``acc``, ``acc_norm``, ``exact_match``, ...). The item is ``<task>/<doc_id>`` (with
-``/<filter>`` before the doc id when the filter is not ``none``), its group the task.
+``/<filter>`` before the doc id when the filter is not ``none``), its group the task; the
+item side table (``item_info``) keeps ``doc_hash``, a hash of ``doc`` and the target.
 ``--metric`` picks the metric (a comma list is tried in order); without it a task's single
 metric is used and several are an error listing them. Runs are ordered by ``<date>``
 (``--keep latest`` / ``first``).
@@ -20,7 +21,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from engine.data.formats.base import (LogFormat, RecordBuffer, Records, cannot_read, first_json,
-                                      json_lines, pick_metric, text_id, walk_files)
+                                      json_at_lines, json_lines, pick_metric, text_id, walk_files)
+from engine.data.formats.item_info import describe_sample
 from engine.errors import DataFormatError
 
 __all__ = ["LMEvalHarness"]
@@ -113,6 +115,16 @@ class LMEvalHarness(LogFormat):
         last = buf.take()
         if last is not None:
             yield last
+
+
+    def item_info(self, path: Path, lines) -> dict[int, dict]:
+        """``doc_id``, ``doc_hash``, ``doc`` (the input) and the target and prompt/target
+        hashes (metadata) of the given lines."""
+        keys = ("target", "prompt_hash", "target_hash")
+        return {n: describe_sample(sample_id=obj.get("doc_id"), sample_hash=obj.get("doc_hash"),
+                                   input=obj.get("doc"),
+                                   metadata={k: obj[k] for k in keys if k in obj} or None)
+                for n, obj in json_at_lines(path, lines)}
 
 
 _PREFIXES = ("peft", "delta", "pretrained", "model", "path", "engine")  # lm-eval's own order

@@ -7,6 +7,8 @@ subjects per file. Pass 2 loads one band at a time, finds the same model answeri
 item more than once (an error naming both lines, unless ``keep`` is ``first``, ``latest``
 or ``mean``; runs are in the reader's run order) and writes the resolved observations to a
 scratch long-format Parquet file, which ``ingest_long`` validates and writes as the store.
+Items are described as they first appear (``item_info``: file, line, sample hash, a hash
+of the input, metadata), streamed to a side table that goes into the store with it.
 Memory is a chunk of records plus one band, whatever the number of files.
 """
 
@@ -22,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.data.formats.base import LogReader
+from engine.data.formats.item_info import ITEM_INFO, ItemTable
 from engine.data.formats.long import DEFAULT_BUDGET, append_by_band, band_file, ingest_long
 from engine.data.formats.validate import check_support, fmt_value
 from engine.data.store import Store, check_writable
@@ -63,26 +66,32 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
     scratch = out.parent / f".{out.name}.logs-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
     try:
-        subjects, items, groups = _spill(reader, files, metric, kind, bands, scratch)
+        table = ItemTable(scratch / ITEM_INFO)
+        try:
+            subjects, items, groups = _spill(reader, files, metric, kind, bands, scratch, table)
+        finally:
+            item_table = table.close()
         long_file = scratch / "responses.parquet"
         _resolve(files, subjects, items, bands, scratch, long_file, keep, kind,
                  getattr(reader, "unit", "line"))
         return ingest_long([long_file], out, kind=kind, chunks=chunks, overwrite=overwrite,
                            layout=layout, memory_budget=memory_budget,
                            source=[str(p) for p in files], input_format=reader.name,
-                           item_groups=dict(zip(items, groups)))
+                           item_groups=dict(zip(items, groups)),
+                           side_files={ITEM_INFO: item_table} if item_table else None)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: str | None,
-           bands: int, scratch: Path) -> tuple[dict, dict, list]:
+           bands: int, scratch: Path, table: ItemTable) -> tuple[dict, dict, list]:
     subjects: dict[str, int] = {}
     items: dict[str, int] = {}
     groups: list[str] = []
     handles: dict[int, object] = {}
     try:
         for k, path in enumerate(files):
+            new_items: list[tuple[str, str, int]] = []  # (item, group, line) first seen here
             for rec in reader.read(path, metric):
                 if np.isnan(rec.values).any():  # JSON NaN: a log holds no missing responses
                     r = int(np.argmax(np.isnan(rec.values)))
@@ -90,10 +99,16 @@ def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: 
                                           f"the sample out of the log if it has no score)")
                 values = check_support(rec.values, kind, rec.where)
                 s = _codes(subjects, rec.subject_ids)[rec.subject]
-                i = _codes(items, rec.item_ids, rec.item_groups, groups)[rec.item]
+                before = len(items)
+                codes = _codes(items, rec.item_ids, rec.item_groups, groups)
+                if codes.size and codes.max() >= before:
+                    new_items += _first_seen(rec, codes, before)
+                i = codes[rec.item]
                 out = np.empty(len(values), _REC)
                 out["s"], out["i"], out["v"], out["f"], out["r"] = s, i, values, k, rec.lines
                 append_by_band(out, out["s"] % bands, scratch, handles)
+            if new_items:
+                table.add(_item_rows(reader, path, new_items))
     finally:
         for f in handles.values():
             f.close()
@@ -101,6 +116,22 @@ def _spill(reader: LogReader, files: list[Path], metric: tuple[str, ...], kind: 
         raise DataFormatError(f"{', '.join(map(str, files))}: no responses in these files; "
                               f"expected one line per (model, sample)")
     return subjects, items, groups
+
+
+def _first_seen(rec, codes: np.ndarray, before: int) -> list[tuple[str, str, int]]:
+    """``(item id, group, line)`` of the chunk's items that are new (code >= ``before``), at
+    the first line that shows each."""
+    distinct, first = np.unique(rec.item, return_index=True)
+    return [(rec.item_ids[j], rec.item_groups[j], int(rec.lines[r]))
+            for j, r in zip(distinct.tolist(), first.tolist()) if codes[j] >= before]
+
+
+def _item_rows(reader, path: Path, new_items: list[tuple[str, str, int]]) -> list[dict]:
+    """Side-table rows (``item_info``) of the items first seen in ``path``."""
+    info = getattr(reader, "item_info", None)
+    found = info(path, [line for _, _, line in new_items]) if info else {}
+    return [{"item": item, "group": group, "file": str(path), "line": line,
+             **found.get(line, {})} for item, group, line in new_items]
 
 
 def _codes(codes: dict, ids: list[str], new_groups: list[str] | None = None,

@@ -184,8 +184,12 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
                 chunks: Sequence[int] = (1024, 8192), overwrite: bool = False,
                 layout: str = "auto", memory_budget: int | None = None,
                 batch_rows: int = 1 << 20, source: Sequence[str] | None = None,
-                input_format: str = "long", item_groups: dict[str, str] | None = None) -> Store:
+                input_format: str = "long", item_groups: dict[str, str] | None = None,
+                side_files: dict[str, Path] | None = None) -> Store:
     """Ingest long-format files (CSV/Parquet) into a store, streaming; see the module doc.
+
+    ``side_files`` (store file name -> path) are moved into the store before it is committed,
+    so they appear with it or not at all (``item_info.parquet`` from evaluation logs).
 
     Raises
     ------
@@ -238,6 +242,8 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
                                     where)
             _check_nonempty(n_s, subjects, where)
             _check_nonempty(n_i, items, where)
+            for name, path in (side_files or {}).items():
+                shutil.move(path, writer.tmp / name)
             return writer.commit()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
