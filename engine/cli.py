@@ -860,7 +860,10 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 if not _debug(args):  # a user reads Python's warning text as a failure
                     warnings.simplefilter("ignore")
-                return args.func(args)
+                from engine.data.remote import url_outputs
+
+                with url_outputs(args):  # --out s3://...: written locally, uploaded at the end
+                    return args.func(args)
         finally:
             sys.stdout = stdout
     except IRTError as err:

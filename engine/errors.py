@@ -14,6 +14,7 @@ __all__ = [
     "RunNotFoundError",
     "RunExistsError",
     "RunDamagedError",
+    "RemoteError",
 ]
 
 
@@ -51,3 +52,8 @@ class SettingsError(IRTError, ValueError):
 
 class ModelError(IRTError, ValueError):
     """Unknown model name or a model that does not fit the data's response kind."""
+
+
+class RemoteError(IRTError, OSError):
+    """An object store (s3://, gs://) refused or failed: a missing package, missing
+    credentials, a bucket that does not exist, an endpoint that cannot be reached."""

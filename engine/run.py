@@ -56,7 +56,7 @@ def _versions() -> dict:
 def _store_location(data: dict, out: Path) -> dict:
     """The store recorded two ways: absolute, and relative to the run directory, so the
     run is read from any working directory and still finds a store moved along with it."""
-    if not data.get("store"):
+    if not data.get("store") or "://" in str(data["store"]):  # none, or a URL: kept as given
         return dict(data)
     store = Path(data["store"]).resolve()
     return data | {"store": str(store), "store_from_run": os.path.relpath(store, out.resolve())}
@@ -72,7 +72,9 @@ def store_candidates(run: "Run") -> list[Path]:
     if data.get("store_from_run"):
         out.append(run.path / data["store_from_run"])
     if data.get("store"):
-        out.append(Path(data["store"]))
+        from engine.data.remote import as_location
+
+        out.append(as_location(data["store"]))  # a local path, or the URL of a remote store
     return list(dict.fromkeys(out))
 
 
@@ -193,8 +195,11 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
 def load_run(path: str | Path) -> Run:
     """Reload a run directory written by ``save_run``, every file read through
     ``engine.runfiles`` (checked against fit.json's checksums; a damaged or missing file is
-    a ``RunDamagedError`` naming it)."""
-    path = Path(path)
+    a ``RunDamagedError`` naming it). A URL (s3://, gs://, file://) is read from a private
+    local copy (``engine.data.remote.fetch_run``)."""
+    from engine.data.remote import fetch_run
+
+    path = fetch_run(path)
     info = runfiles.read_info(path)
     runfiles.check_present(path, info)
     spec = get_model(info["model"], **info["model_options"])

@@ -40,7 +40,7 @@ class CheckedArray:
     mismatch, a garbled or truncated chunk) instead of raising from inside zarr."""
 
     def __init__(self, array: zarr.Array, path: Path):
-        self.array, self.path = array, Path(path)
+        self.array, self.path = array, path if isinstance(path, str) and "://" in path else Path(path)
         self.shape, self.dtype, self.ndim = tuple(array.shape), array.dtype, array.ndim
         self.chunks = tuple(array.chunks)
 
@@ -91,11 +91,15 @@ def open_checked(path: Path, name: str, shape: tuple[int, ...], dtype: str,
                   integrity: bool) -> CheckedArray:
     """Open array ``name`` of the store at ``path``, checking its metadata file, shape, dtype
     and (stores with ``integrity``) that each chunk file exists."""
+    from engine.data.remote import URL, is_file, list_files, zarr_store
+
+    remote = isinstance(path, URL)
     meta_file = path / name / "zarr.json"
-    if not meta_file.is_file():
+    if not is_file(meta_file):
         raise DataFormatError(f"{meta_file}: missing; {REPAIR}")
     try:
-        array = zarr.open_array(path / name, mode="r", zarr_format=3)
+        array = zarr.open_array(zarr_store(path / name) if remote else path / name, mode="r",
+                                zarr_format=3)
     except Exception as err:
         raise DataFormatError(f"{meta_file}: unreadable array metadata ({brief(err)}); "
                               f"{REPAIR}") from None
@@ -107,8 +111,10 @@ def open_checked(path: Path, name: str, shape: tuple[int, ...], dtype: str,
     if integrity:
         outer = tuple(array.shards or array.chunks)
         grid = [range(-(-n // o)) for n, o in zip(array.shape, outer)]
+        listed = set(list_files(path / name)) if remote else None  # one listing, no stat each
         for coords in _product(grid):
-            chunk = path / name / array.metadata.encode_chunk_key(coords)
-            if not chunk.is_file():
+            key = array.metadata.encode_chunk_key(coords)
+            chunk = path / name / key
+            if not (key in listed if remote else chunk.is_file()):
                 raise DataFormatError(f"{chunk}: chunk file missing; {REPAIR}")
     return CheckedArray(array, path / name)

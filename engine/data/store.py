@@ -52,6 +52,7 @@ import zarr
 
 from engine.data.integrity import (INTEGRITY, REPAIR as _REPAIR, CheckedArray, array_options,
                                    brief as _brief, open_checked as _open_checked)
+from engine.data.remote import URL, as_location, filesystem, is_file, list_files, zarr_store
 from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
 
 __all__ = ["FORMAT_VERSION", "INTEGRITY", "KINDS", "LAYOUTS", "SPARSE_DENSITY", "ResponseKind", "Store",
@@ -294,6 +295,12 @@ class Store:
 
 
 def _stamp(path: Path) -> tuple:
+    if isinstance(path, URL):  # an object's identity: its size and ETag / modification time
+        try:
+            info = filesystem(path).info((path / "zarr.json").key, refresh=True)
+        except Exception:
+            return ("missing",)
+        return (info.get("size"), str(info.get("ETag") or info.get("LastModified")))
     try:
         st = os.stat(path / "zarr.json")
     except OSError:
@@ -351,13 +358,16 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
         If the store is from a newer format version, or is damaged (the message names the
         missing or damaged file or attribute).
     """
-    path = Path(path)
+    path = as_location(path)
+    remote = isinstance(path, URL)
     hint = "run `irt-engine ingest INPUT --out STORE` to create one"
-    if not path.exists():
+    if not (is_file(path / "zarr.json") if remote else path.exists()):
+        if remote:
+            list_files(path)  # a missing bucket, or credentials, is named as such
         raise StoreNotFoundError(f"{path}: no such response store; {hint}")
     stamp = _stamp(path)
     try:
-        group = zarr.open_group(path, mode="r", zarr_format=3)
+        group = zarr.open_group(zarr_store(path) if remote else path, mode="r", zarr_format=3)
         meta = group.attrs[_ATTR]
     except Exception as err:  # zarr raises several types for "not a group"
         raise StoreNotFoundError(f"{path}: not an irt-engine response store ({_brief(err)}); "
@@ -492,8 +502,9 @@ def _is_store(path: Path) -> bool:
 
 
 def check_writable(out: str | Path, overwrite: bool) -> Path:
-    """Raise ``StoreExistsError`` unless ``out`` may be (over)written; return it as a Path."""
-    out = Path(out)
+    """Raise ``StoreExistsError`` unless ``out`` may be (over)written; return it as a Path
+    (a ``file://`` URL as its local path)."""
+    out = as_location(out)
     if out.exists() or out.is_symlink():
         if not overwrite:
             raise StoreExistsError(f"{out}: already exists; pass overwrite=True (--overwrite) "
@@ -553,6 +564,13 @@ def write_store(responses: np.ndarray, subjects: Sequence[str], items: Sequence[
     StoreExistsError
         ``out`` exists and ``overwrite`` is False (or it is not a store).
     """
+    if isinstance(as_location(out), URL):  # written locally, then uploaded
+        from engine.data.remote import staged_store
+
+        with staged_store(as_location(out), overwrite) as local:
+            write_store(responses, subjects, items, local, kind=kind, source=source,
+                        input_format=input_format, chunks=chunks, layout=layout)
+        return open_store(out)
     if kind not in KINDS:
         raise DataFormatError(f"kind {kind!r} is not supported by this version; "
                               f"supported kinds: {sorted(KINDS)}")

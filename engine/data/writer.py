@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import secrets
 import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import numpy as np
 import zarr
 
 from engine.data.integrity import INTEGRITY, array_options
+from engine.data.remote import URL, _check_store_target, as_location, list_files, publish_store
 from engine.data.store import (COO_FIELDS, KINDS, Boundary, Store, _ATTR, _chunking,
                                _move_into_place, canonical_bytes, check_id_list, check_values,
                                check_writable, checksum_header, coo_bytes, format_version,
@@ -47,6 +49,13 @@ class _Writer:
         self.kind, self.spec = kind, KINDS[kind]
         self.subjects, self.items = check_ids(subjects, items)
         self.shape = (len(self.subjects), len(self.items))
+        self.remote, self.staging = as_location(out), None
+        if isinstance(self.remote, URL):  # written locally, uploaded on commit
+            _check_store_target(self.remote, list_files(self.remote), overwrite)
+            self.staging = Path(tempfile.mkdtemp(prefix="irt-store-"))
+            out, overwrite = self.staging / (self.remote.name or "store"), False
+        else:
+            self.remote = None
         self.out, self.overwrite = check_writable(out, overwrite), overwrite
         self.source, self.input_format = [str(s) for s in source], input_format
         # each item's group (evaluation / task), from evaluation logs: meta "item_groups"
@@ -78,6 +87,8 @@ class _Writer:
         """Remove the temporary directory; ``out`` is untouched."""
         self.done = True
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
 
     def _flush(self, final: bool) -> None:
         raise NotImplementedError
@@ -105,10 +116,15 @@ class _Writer:
                 meta["item_groups"] = self.item_groups
             self.group.attrs[_ATTR] = meta
             _move_into_place(self.tmp, self.out, self.overwrite)
+            if self.remote is not None:
+                publish_store(self.out, self.remote)
         except BaseException:
             self.abort()
             raise
         self.done = True
+        if self.remote is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            return open_store(self.remote)
         return open_store(self.out)
 
 
