@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["atomic_write", "private_dir", "exclusive_lock"]
+__all__ = ["atomic_write", "private_dir", "exclusive_lock", "remove_leftovers", "LEFTOVER_KINDS"]
+
+# What writers of ``--out NAME`` leave beside it while they work, as ``.NAME.<kind>-<random>``:
+# tmp (the new run or store being written), old (the previous one, renamed aside during the
+# swap), spill and logs (ingest's scratch bands).
+LEFTOVER_KINDS = ("tmp", "old", "spill", "logs")
 
 
 def atomic_write(path: str | Path, write_fn: Callable[[Path], object]) -> Path:
@@ -58,7 +65,9 @@ def exclusive_lock(target: str | Path, *, what: str = "--out"):
 
     A second process asking for the same target fails at once with a clear error instead of
     both writing it. The lock is the kernel's (``flock``): it ends with the process, so a
-    killed writer never leaves a stale lock behind, only the empty lock file.
+    killed writer never leaves a stale lock behind, only the empty lock file (a writer that
+    finishes removes it). Once the lock is held, what a killed writer left beside ``target``
+    is cleaned up (:func:`remove_leftovers`).
     """
     import fcntl
 
@@ -67,13 +76,57 @@ def exclusive_lock(target: str | Path, *, what: str = "--out"):
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = target.parent / f".{target.name}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             raise RunExistsError(f"another irt-engine process is writing {what} {target} (it holds "
                                  f"{lock}); wait for it to finish or choose another {what}") from None
+        try:  # the file locked is still the one named (a finishing holder unlinks it)
+            if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        remove_leftovers(target)  # a killed writer's: no live one exists while we hold the lock
         yield
     finally:
+        lock.unlink(missing_ok=True)  # still held: a waiter that opened it retries on a new file
         os.close(fd)
+
+
+def remove_leftovers(target: str | Path) -> list[Path]:
+    """Clean up after writers of ``target`` that were killed: call it only while holding
+    ``target``'s :func:`exclusive_lock`, so none of them is alive.
+
+    A writer killed inside the swap of a finished directory may have left ``target`` absent
+    and the previous one renamed aside (``.NAME.old-*``): that one is renamed back, so the
+    last good run, checkpoint or store is kept. Every other ``.NAME.<kind>-*`` beside
+    ``target`` (:data:`LEFTOVER_KINDS`: half-written directories and ingest's spill) is
+    removed; a symlink is removed, never followed. Returns the paths removed or restored.
+    """
+    target = Path(target)
+    parent = target.parent
+    if not parent.is_dir():
+        return []
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.({'|'.join(LEFTOVER_KINDS)})-[A-Za-z0-9_]+")
+    found = sorted((p for p in parent.iterdir() if pattern.fullmatch(p.name)),
+                   key=lambda p: p.lstat().st_mtime, reverse=True)
+    touched = []
+    if not (target.exists() or target.is_symlink()):
+        aside = [p for p in found if ".old-" in p.name and p.is_dir() and not p.is_symlink()
+                 and any(p.iterdir())]
+        if aside:  # the newest previous directory goes back where it was
+            os.replace(aside[0], target)
+            found.remove(aside[0])
+            touched.append(target)
+    for p in found:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        touched.append(p)
+    return touched

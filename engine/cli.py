@@ -94,14 +94,16 @@ def _progress(enabled: bool, max_passes: int):
 
 
 def cmd_ingest(args) -> int:
+    from engine.atomic import exclusive_lock
     from engine.data import ingest
 
     from engine.infer.settings import parse_bytes
 
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
-    store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite,
-                   layout=args.layout, memory_budget=budget, kind=args.kind,
-                   id_column=args.id_column, metric=args.metric, keep=args.keep)
+    with exclusive_lock(Path(args.out)):  # one writer; a killed one's spill and temp removed
+        store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite,
+                       layout=args.layout, memory_budget=budget, kind=args.kind,
+                       id_column=args.id_column, metric=args.metric, keep=args.keep)
     if args.format is None:
         print(f"detected format {store.meta.get('input_format')}")
     print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
@@ -113,7 +115,7 @@ def cmd_ingest(args) -> int:
 def _check_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to fit into a finished run or an unfinished one's checkpoint unless told to."""
     from engine.errors import RunExistsError
-    from engine.infer.checkpoint import has_checkpoint
+    from engine.infer.checkpoint import has_checkpoint, remove_leftovers
 
     if out.is_symlink():
         raise RunExistsError(f"--out {out} is a symlink; irt-engine neither writes through nor "
@@ -122,6 +124,7 @@ def _check_run_dir(out: Path, resume: bool, overwrite: bool) -> None:
         return
     if not out.is_dir():
         raise RunExistsError(f"--out {out} is a file, not a directory; choose another --out")
+    remove_leftovers(out)  # a killed checkpoint write's temporary files (the fit holds the lock)
     is_run = (out / "fit.json").is_file() or has_checkpoint(out)
     if overwrite and not is_run and any(out.iterdir()):
         raise RunExistsError(f"--out {out} is not a run directory (no fit.json or checkpoint.json), so "
