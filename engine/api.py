@@ -9,6 +9,7 @@ import dask
 import dask.array as da
 import numpy as np
 
+from engine.compile_cache import count_compiles, use_compilation_cache
 from engine.data.blocks import BlockSource, InMemorySource
 from engine.data.kinds import READS, as_responses, boundary_counts, detect_kind, source_for
 from engine.data.sparse import SparseSource
@@ -245,9 +246,12 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
                        "frozen": sorted(frozen), "shape": list(shape),
                        "checksum": info.get("checksum"), "init": init is not None}
         checkpointer = Checkpointer(Path(checkpoint_dir), settings.checkpoint_every, fingerprint)
+    use_compilation_cache()  # IRT_ENGINE_COMPILATION_CACHE=0 turns it off
     if factor["method"] == "quadrature":  # abilities integrated out (engine.infer.marginal)
-        result = fit_marginal_result(spec, y_fit if constant.any() else y, settings)
-    else:
+        with count_compiles() as compiles:
+            result = fit_marginal_result(spec, y_fit if constant.any() else y, settings)
+        result.extra["compile"] = compiles.to_dict()
+    else:  # fit_source counts its own compilation
         result = fit_source(spec, source, settings, init=init, frozen=frozen,
                             progress_fn=progress_fn, checkpointer=checkpointer, resume=resume)
         if y is not None and _one_scalar_ability(spec) and not frozen:
@@ -276,6 +280,7 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str = "vague",
     """
     from engine.infer.nuts import NutsSettings, check_nuts_memory, nuts_fit_result
 
+    use_compilation_cache()
     settings = settings or NutsSettings()
     options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
     options = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in options.items()}

@@ -1,11 +1,26 @@
-"""The persistent JAX compilation cache that commands and Ray workers share."""
+"""The persistent JAX compilation cache that commands, the library API and Ray workers share,
+and a count of the compilation work a fit does.
+
+Every fit (``engine.fit``, ``irt-engine fit``, trials) calls :func:`use_compilation_cache`, so a
+second process fitting a data set of similar shape loads its XLA programs from the cache folder
+instead of compiling them (the fit pads its shapes to buckets: ``engine.infer.fit``).
+``IRT_ENGINE_COMPILATION_CACHE=0`` turns the cache off; ``JAX_COMPILATION_CACHE_DIR`` moves it.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
-__all__ = ["compilation_cache_dir", "use_compilation_cache"]
+__all__ = ["compilation_cache_dir", "compilation_cache_enabled", "use_compilation_cache",
+           "CompileStats", "count_compiles"]
+
+_OFF = "IRT_ENGINE_COMPILATION_CACHE"
 
 
 def compilation_cache_dir() -> str:
@@ -14,13 +29,110 @@ def compilation_cache_dir() -> str:
         Path.home() / ".cache" / "irt-engine" / "jax")
 
 
+def compilation_cache_enabled() -> bool:
+    """False when ``IRT_ENGINE_COMPILATION_CACHE=0`` (or ``false``/``off``/``no``)."""
+    return os.environ.get(_OFF, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
 def use_compilation_cache() -> None:
-    """Keep compiled programs between runs, so a repeated command skips most of its JAX
-    compilation (:func:`compilation_cache_dir`); ``IRT_ENGINE_COMPILATION_CACHE=0`` turns
-    it off."""
-    if os.environ.get("IRT_ENGINE_COMPILATION_CACHE", "1") == "0":
+    """Keep compiled programs between runs, so a repeated or similar fit skips most of its
+    XLA compilation (:func:`compilation_cache_dir`); ``IRT_ENGINE_COMPILATION_CACHE=0`` turns
+    it off.
+
+    Before JAX is imported this only sets JAX's own environment variables (a command that
+    never fits, such as ``leaderboard``, does not import JAX for it); once JAX is loaded it
+    sets its configuration. A directory the user configured in JAX is kept. Idempotent.
+    """
+    if not compilation_cache_enabled():
+        return
+    if "jax" not in sys.modules:
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", compilation_cache_dir())
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         return
     import jax
 
-    jax.config.update("jax_compilation_cache_dir", compilation_cache_dir())
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", compilation_cache_dir())
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        try:  # JAX decides once whether a cache is used: let it decide again with the folder
+            from jax._src import compilation_cache
+
+            compilation_cache.reset_cache()
+        except Exception:  # pragma: no cover - private API moved: the cache starts next process
+            pass
+
+
+class CompileStats:
+    """Compilation work seen while :func:`count_compiles` was open (all threads).
+
+    ``programs``: XLA programs obtained (compiled or loaded from the persistent cache);
+    ``cache_hits`` / ``cache_misses``: persistent-cache lookups; ``trace_s``: tracing to
+    jaxprs; ``lower_s``: lowering to MLIR; ``compile_s``: XLA compilation or cache loading.
+    """
+
+    def __init__(self):
+        self.programs = self.cache_hits = self.cache_misses = 0
+        self.trace_s = self.lower_s = self.compile_s = 0.0
+        self.wall_s = 0.0
+
+    def to_dict(self) -> dict:
+        return {"programs": self.programs, "cache_hits": self.cache_hits,
+                "cache_misses": self.cache_misses, "trace_s": round(self.trace_s, 4),
+                "lower_s": round(self.lower_s, 4), "xla_compile_s": round(self.compile_s, 4),
+                "total_s": round(self.trace_s + self.lower_s + self.compile_s, 4),
+                "cache": compilation_cache_dir() if compilation_cache_enabled() else None}
+
+
+# JAX's monitoring listeners are process-wide and cannot be scoped: one pair is registered
+# on first use and feeds whichever CompileStats are open.
+_open: list[CompileStats] = []
+_lock = threading.Lock()
+_registered = False
+
+_DURATIONS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+              "/jax/core/compile/backend_compile_duration": "compile_s"}
+_EVENTS = {"/jax/compilation_cache/cache_hits": "cache_hits",
+           "/jax/compilation_cache/cache_misses": "cache_misses"}
+
+
+def _on_duration(event: str, seconds: float, **_) -> None:
+    field = _DURATIONS.get(event)
+    if field is None:
+        return
+    with _lock:
+        for stats in _open:
+            setattr(stats, field, getattr(stats, field) + seconds)
+            if field == "compile_s":
+                stats.programs += 1
+
+
+def _on_event(event: str, **_) -> None:
+    field = _EVENTS.get(event)
+    if field is None:
+        return
+    with _lock:
+        for stats in _open:
+            setattr(stats, field, getattr(stats, field) + 1)
+
+
+@contextmanager
+def count_compiles() -> Iterator[CompileStats]:
+    """Count JAX's tracing, lowering and XLA compilation (or cache loads) inside the block."""
+    global _registered
+    from jax import monitoring
+
+    with _lock:
+        if not _registered:
+            monitoring.register_event_duration_secs_listener(_on_duration)
+            monitoring.register_event_listener(_on_event)
+            _registered = True
+        stats = CompileStats()
+        _open.append(stats)
+    start = time.perf_counter()
+    try:
+        yield stats
+    finally:
+        stats.wall_s = time.perf_counter() - start
+        with _lock:
+            _open.remove(stats)

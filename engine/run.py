@@ -153,6 +153,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             **({"quadrature": res.extra["quadrature"]} if "quadrature" in res.extra else {}),
             **res.extra.get("diagnostics", {"method": "vi"}),  # NUTS: R-hat, ESS, divergences
             "timings": {"wall_s": res.wall_time_s, "first_pass_with_compile_s": res.compile_time_s,
+                        # JAX tracing, lowering and XLA compilation (or cache loads), apart
+                        **({"compile": res.extra["compile"]} if "compile" in res.extra else {}),
                         "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)},
             "elbo_trace": res.trace,
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from engine.compile_cache import use_compilation_cache
 from engine.infer.elbo import make_block_terms
 from engine.infer.fit import converged_at
 from engine.infer.guide import FitState, GuideState
@@ -95,6 +96,7 @@ def fit_batch(spec: ModelSpec, y: np.ndarray, init: GuideState, seeds, num_passe
     -------
     BatchResult; ``converged[t]`` applies the convergence rule of ``fit_source`` to the trace.
     """
+    use_compilation_cache()
     y = np.asarray(y, np.int8)
     if y.ndim != 3:
         raise ValueError(f"y must be (trials, subjects, items), got shape {y.shape}")

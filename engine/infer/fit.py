@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engine.data.blocks import Block, BlockSource
+from engine.compile_cache import count_compiles, use_compilation_cache
+from engine.data.blocks import Block, BlockSource, InMemorySource
 from engine.data.streaming import prefetch
 from engine.infer.checkpoint import Checkpointer, FitProgress
 from engine.infer.elbo import add_terms, make_block_terms, make_observation_terms
@@ -21,7 +22,7 @@ from engine.infer.step import draw_many, init_opt_state, make_update, stack_draw
 from engine.infer.terms import Terms, terms_shapes
 from engine.models.spec import ModelSpec
 
-__all__ = ["fit_source", "FitResult", "converged_at"]
+__all__ = ["fit_source", "FitResult", "converged_at", "bucket_size"]
 
 
 @dataclass
@@ -116,7 +117,7 @@ _stack_draws = jax.jit(stack_draws)  # likewise for the draws axis of the update
 
 
 def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool,
-                   draws: int) -> threading.Thread:
+                   draws: int, valid=None) -> threading.Thread:
     """Compile ``update`` (and the sum of two groups' terms when a pass has several) on a
     background thread while the first pass compiles the draw and the terms: XLA releases
     the interpreter lock while it compiles, so with two or more cores they overlap. The
@@ -131,7 +132,7 @@ def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool,
                                  device)
             z = state.guide.loc
             stacked = [_stack_draws(*[x] * draws) for x in (z, z, lik)]
-            jax.block_until_ready(update(state, *stacked, jnp.float32(1.0)))
+            jax.block_until_ready(update(state, *stacked, jnp.float32(1.0), valid))
             if sum_groups:
                 jax.block_until_ready(_add_terms(lik, lik))
         except Exception:  # the real call compiles again and reports any error itself
@@ -140,6 +141,76 @@ def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool,
     thread = threading.Thread(target=run, name="irt-engine-compile", daemon=True)
     thread.start()
     return thread
+
+
+def bucket_size(n: int) -> int:
+    """The size ``n`` subjects or items are padded to: at least 8, then eight buckets per
+    doubling (at most 12.5% padding): 161 -> 176, 1,000 -> 1,024, 11,873 -> 12,288."""
+    if n <= 8:
+        return 8
+    step = max(1, (1 << ((n - 1).bit_length() - 1)) // 8)
+    return -(-n // step) * step
+
+
+def _bucketed(spec: ModelSpec, source: BlockSource, settings: FitSettings):
+    """``(padded source, (S_b, N_b))`` for a matrix held in memory in one tile, padded with
+    missing cells to bucketed sizes, so that data sets of similar shape run the same XLA
+    programs (and a new one finds them in the persistent compilation cache); ``None`` where
+    that does not apply (the setting is off, several tiles, or a model whose constants
+    depend on the shape, such as a Q-matrix)."""
+    if not (settings.bucket_shapes and isinstance(source, InMemorySource)) or spec.constants:
+        return None
+    S, N = source.num_subjects, source.num_items
+    Sb, Nb = bucket_size(S), bucket_size(N)
+    if len(source.keys()) != 1 or Sb * Nb > source.max_block_cells or (Sb, Nb) == (S, N):
+        return None
+    y = source.responses
+    padded = np.full((Sb, Nb), np.nan if np.issubdtype(y.dtype, np.floating) else -1, y.dtype)
+    padded[:S, :N] = y
+    return type(source)(padded, max_block_cells=source.max_block_cells), (Sb, Nb)
+
+
+def _pad_guide(spec: ModelSpec, guide: GuideState, shape: tuple[int, int]) -> GuideState:
+    """``guide`` grown to ``shape`` (subjects, items); new entries at the initial guide."""
+    base = init_guide(spec, *shape)
+    loc, log_scale = dict(base.loc), dict(base.log_scale)
+    for p in spec.params:
+        if p.owner == "global":
+            loc[p.name], log_scale[p.name] = guide.loc[p.name], guide.log_scale[p.name]
+            continue
+        n = np.shape(guide.loc[p.name])[0]
+        loc[p.name] = loc[p.name].copy()
+        log_scale[p.name] = log_scale[p.name].copy()
+        loc[p.name][:n] = np.asarray(guide.loc[p.name])
+        log_scale[p.name][:n] = np.asarray(guide.log_scale[p.name])
+    return GuideState(loc, log_scale)
+
+
+def _cut(spec: ModelSpec, tree: dict, S: int, N: int) -> dict:
+    """Per-block arrays (keyed by block name, or ``"a|b"`` pairs) cut back to S subjects and
+    N items."""
+    owner = {p.name: p.owner for p in spec.params}
+    size = {"subject": S, "item": N}
+    return {k: (np.asarray(v)[: size[owner[k.split("|")[0]]]]
+                if owner[k.split("|")[0]] in size else np.asarray(v)) for k, v in tree.items()}
+
+
+def _padding(spec: ModelSpec, S: int, N: int, shape: tuple[int, int]):
+    """``(valid, sizes)`` for ``update`` and ``draw``: 1 / 0 per entry of each padded block,
+    and each block's count of real entries (traced values: one program per bucket)."""
+    real = {"subject": S, "item": N}
+    valid, sizes = {}, {}
+    for p in spec.params:
+        full = p.full_shape(*shape)
+        if p.owner == "global":
+            valid[p.name] = np.ones(full, np.float32)
+            sizes[p.name] = np.int32(int(np.prod(full)))
+            continue
+        mask = (np.arange(full[0]) < real[p.owner]).astype(np.float32)
+        valid[p.name] = np.ascontiguousarray(
+            np.broadcast_to(mask.reshape((-1,) + (1,) * (len(full) - 1)), full))
+        sizes[p.name] = np.int32(real[p.owner] * int(np.prod(full[1:])))
+    return valid, sizes
 
 
 def _terms_factory(source: BlockSource):
@@ -164,8 +235,31 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     progress_fn : called as ``progress_fn(pass_index, record)`` after every pass.
     checkpointer : saves the fit's progress every ``checkpointer.every`` passes.
     resume : continue from ``checkpointer``'s checkpoint when there is one.
+
+    A matrix held in memory in one tile is padded with missing cells to bucketed sizes
+    (:func:`bucket_size`; ``settings.bucket_shapes``): padded entries take no part in the
+    fit, and a data set of similar shape reuses the compiled programs, from the persistent
+    compilation cache (:mod:`engine.compile_cache`) in a new process. ``extra["compile"]``
+    counts the programs and the time spent tracing, lowering and compiling them.
     """
-    S, N = source.num_subjects, source.num_items
+    use_compilation_cache()
+    with count_compiles() as compiles:
+        result = _fit_source(spec, source, settings, init=init, frozen=frozen,
+                             progress_fn=progress_fn, checkpointer=checkpointer, resume=resume)
+    result.extra["compile"] = compiles.to_dict()
+    return result
+
+
+def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, init, frozen,
+                progress_fn, checkpointer, resume) -> FitResult:
+    S0, N0 = S, N = source.num_subjects, source.num_items
+    valid = sizes = None
+    bucketed = _bucketed(spec, source, settings)
+    if bucketed is not None:
+        source, (S, N) = bucketed
+        valid, sizes = _padding(spec, S0, N0, (S, N))
+        if init is not None:
+            init = _pad_guide(spec, init, (S, N))
     K = num_local_devices(settings.num_devices)
     guide = init if init is not None else init_guide(spec, S, N)
     device = jax.local_devices()[0]
@@ -178,6 +272,8 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     terms_fn = make_parallel_terms(
         _terms_factory(source)(spec, S, N, with_hessian, frozenset(frozen)), K)
     update = make_update(spec, settings, frozenset(frozen))
+    if valid is not None:
+        valid, sizes = jax.device_put((valid, sizes), device)
     group_keys = _group_keys(source, K)
     load = _group_loader(source, K)
     cached = [load(keys) for keys in group_keys] if source.resident else None
@@ -199,7 +295,7 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     ahead = None
     if not (converged or failed) and len(trace) < settings.max_passes:
         ahead = _compile_ahead(update, state, shapes, sum_groups=len(group_keys) > 1,
-                               draws=draws)
+                               draws=draws, valid=valid)
     for pass_idx in range(len(trace), 0 if converged or failed else settings.max_passes):
         t0 = time.perf_counter()
         order = np.arange(len(group_keys))
@@ -212,7 +308,7 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
             feed = prefetch((load(group_keys[g]) for g in order), settings.prefetch)
         infos = []
         for chunk in np.array_split(order, min(settings.steps_per_pass, len(group_keys))):
-            state, zs, epss = draw_many(state, draws)
+            state, zs, epss = draw_many(state, draws, sizes)
             liks, observed = [None] * draws, 0
             for _ in chunk:
                 group, count = next(feed)
@@ -225,7 +321,7 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
                 observed += count
             scale = source.num_observed / max(observed, 1)
             state, info = update(state, _stack_draws(*zs), _stack_draws(*epss),
-                                 _stack_draws(*liks), jnp.float32(scale))
+                                 _stack_draws(*liks), jnp.float32(scale), valid)
             infos.append(info)
         infos = jax.device_get(infos)
         record = {
@@ -257,20 +353,27 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     # Polyak averaging over the final window removes most Monte Carlo jitter.
     final = jax.tree.map(lambda *g: np.mean(np.stack([np.asarray(x) for x in g]), axis=0), *recent) \
         if recent else jax.tree.map(np.asarray, state.guide)
+    final = GuideState(*final)
+    cross = {k: np.asarray(v) for k, v in jax.device_get(state.opt_state).items()} \
+        if settings.optimizer == "newton" and trace else {}
+    extra = {"source": type(source).__name__, "layout": source.layout, "mc_draws": draws}
+    if valid is not None:  # back to the real subjects and items
+        final = GuideState(_cut(spec, final.loc, S0, N0), _cut(spec, final.log_scale, S0, N0))
+        cross = _cut(spec, cross, S0, N0)
+        extra["bucket"] = [S, N]
     return FitResult(
         spec=spec,
-        guide=GuideState(*final),
+        guide=final,
         settings=settings,
         trace=trace,
         converged=converged,
         wall_time_s=wall,
         compile_time_s=compile_time,
-        num_subjects=S,
-        num_items=N,
+        num_subjects=S0,
+        num_items=N0,
         num_observed=source.num_observed,
         num_devices=K,
         frozen=tuple(sorted(frozen)),
-        extra={"source": type(source).__name__, "layout": source.layout, "mc_draws": draws},
-        cross={k: np.asarray(v) for k, v in jax.device_get(state.opt_state).items()}
-        if settings.optimizer == "newton" and trace else {},
+        extra=extra,
+        cross=cross,
     )

@@ -79,6 +79,9 @@ class FitSettings:
         variational fit; ``auto`` takes quadrature where it applies and subjects have at most
         ``quadrature_max_items`` observed responses (median), gaussian otherwise.
     quadrature_max_items : the ``auto`` switch's bound on responses per subject.
+    bucket_shapes : pad a matrix held in memory in one tile with missing cells to bucketed
+        sizes (``engine.infer.fit.bucket_size``), so data sets of similar shape share compiled
+        programs; the padding takes no part in the fit.
     """
 
     optimizer: str = "newton"
@@ -103,6 +106,7 @@ class FitSettings:
     prefetch: int = 2
     ability_factor: str = "gaussian"
     quadrature_max_items: int = 1000
+    bucket_shapes: bool = True
 
     def __post_init__(self):
         if self.ability_factor not in ABILITY_FACTORS:

@@ -25,19 +25,39 @@ __all__ = ["make_update", "make_optimizer", "init_opt_state", "draw", "draw_many
 
 
 @jax.jit
-def draw(state: FitState) -> tuple[FitState, dict, dict]:
-    """Advance the state's key and take one reparameterised draw from the guide."""
+def draw(state: FitState, sizes: dict | None = None) -> tuple[FitState, dict, dict]:
+    """Advance the state's key and take one reparameterised draw from the guide.
+
+    ``sizes`` (name -> int32 count of real entries, leading ones of each block) is given
+    when the guide is padded to a bucketed shape: the real entries then get exactly the
+    normals an unpadded guide of those sizes would get (JAX's partitionable Threefry makes
+    the first ``m`` of ``n`` normals the ``m`` normals of the same key) and padded entries
+    ``eps = 0``. The sizes are traced values, so one program serves every size in a bucket.
+    """
     key, sub = jax.random.split(state.rng_key)
-    z, eps = sample(state.guide, rng_key=sub)
-    return state._replace(rng_key=key), z, eps
+    if sizes is None:
+        z, eps = sample(state.guide, rng_key=sub)
+        return state._replace(rng_key=key), z, eps
+    names = sorted(state.guide.loc)
+    total = sum(state.guide.loc[n].size for n in names)
+    flat = jax.random.normal(sub, (total,), jnp.float32)
+    eps, offset = {}, jnp.zeros((), jnp.int32)
+    for n in names:
+        shape = state.guide.loc[n].shape
+        i = jnp.arange(state.guide.loc[n].size, dtype=jnp.int32)
+        real = i < sizes[n]
+        eps[n] = jnp.where(real, flat[jnp.where(real, offset + i, 0)], 0.0).reshape(shape)
+        offset = offset + sizes[n]
+    return state._replace(rng_key=key), reparameterise(state.guide, eps), eps
 
 
-def draw_many(state: FitState, draws: int) -> tuple[FitState, list, list]:
+def draw_many(state: FitState, draws: int, sizes: dict | None = None
+              ) -> tuple[FitState, list, list]:
     """``draws`` successive :func:`draw` calls: the state after them and the lists of ``z``
     and ``eps`` (one draw is exactly one :func:`draw`, so its random stream is unchanged)."""
     zs, epss = [], []
     for _ in range(draws):
-        state, z, eps = draw(state)
+        state, z, eps = draw(state, sizes)
         zs.append(z)
         epss.append(eps)
     return state, zs, epss
@@ -70,14 +90,54 @@ def init_opt_state(settings: FitSettings, guide: GuideState, lik_shapes: Terms):
     return {k: jnp.zeros(s.shape, s.dtype) for k, s in lik_shapes.cross.items()}
 
 
-def _total(spec: ModelSpec, z: dict, lik: Terms, scale) -> tuple[Terms, dict]:
+def _log_prior(spec: ModelSpec, z: dict, valid: dict | None):
+    """``log_prior``; with ``valid`` (name -> 1 real / 0 padded entry) padded entries count
+    for nothing."""
+    if valid is None:
+        return log_prior(spec, z)
+    env = {p.name: p.constrain(z[p.name]) for p in spec.params if p.owner == "global"}
+    return sum(jnp.sum(valid[p.name] * p.prior.log_prob(z[p.name], env)) for p in spec.params)
+
+
+def _prior_terms(spec: ModelSpec, z: dict, valid: dict | None) -> Terms:
+    """``prior_terms`` over the real entries (``valid``): padded ones get zero terms."""
+    if valid is None:
+        return prior_terms(spec, z)
+    f = lambda zz: _log_prior(spec, zz, valid)
+    value, grad = jax.value_and_grad(f)(z)
+    g_fn = jax.grad(f)
+    hess = {}
+    for p in spec.params:
+        tangent = {n: (jnp.ones_like(v) if n == p.name else jnp.zeros_like(v)) for n, v in z.items()}
+        hess[p.name] = jax.jvp(g_fn, (z,), (tangent,))[1][p.name]
+    return Terms(value, grad, hess)
+
+
+def _entropy(log_scale: dict, valid: dict | None):
+    if valid is None:
+        return entropy(log_scale)
+    half_log_2pie = 0.5 * (1.0 + jnp.log(2.0 * jnp.pi))
+    return sum(jnp.sum(valid[n] * (v + half_log_2pie)) for n, v in log_scale.items())
+
+
+def _keep_padded(new: GuideState, old: GuideState, valid: dict | None) -> GuideState:
+    """Padded entries stay where they started (they have no data and no prior terms)."""
+    if valid is None:
+        return new
+    pick = lambda part_new, part_old: {n: jnp.where(valid[n] > 0, v, part_old[n])
+                                       for n, v in part_new.items()}
+    return GuideState(pick(new.loc, old.loc), pick(new.log_scale, old.log_scale))
+
+
+def _total(spec: ModelSpec, z: dict, lik: Terms, scale, valid: dict | None = None
+           ) -> tuple[Terms, dict]:
     """Joint (likelihood + prior) terms, and a positive curvature for Newton precisions.
 
     Where the summed likelihood curvature of an entry is not concave (e.g. a
     discrimination far from its optimum) it contributes zero, so the prior sets the
     scale and steps stay ascending.
     """
-    prior = prior_terms(spec, z)
+    prior = _prior_terms(spec, z, valid)
     grad = {n: prior.grad[n] + scale * lik.grad.get(n, 0.0) for n in prior.grad}
     hess = {n: prior.hess[n] + scale * lik.hess.get(n, 0.0) for n in prior.hess}
     curv = {n: jnp.maximum(-prior.hess[n], 0.0) + jnp.maximum(-scale * lik.hess.get(n, 0.0), 0.0)
@@ -86,7 +146,8 @@ def _total(spec: ModelSpec, z: dict, lik: Terms, scale) -> tuple[Terms, dict]:
     return Terms(prior.value + scale * lik.value, grad, hess, cross), curv
 
 
-def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict, *, smooth: bool = True) -> StepInfo:
+def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict, *, smooth: bool = True,
+          valid: dict | None = None) -> StepInfo:
     """Diagnostics from per-draw ``tot`` and ``delta`` (leading draws axis), averaged.
 
     ``smooth``: also a second-order (Taylor) estimate of the ELBO around the locations,
@@ -94,7 +155,7 @@ def _info(guide: GuideState, tot: Terms, delta: dict, moved: dict, *, smooth: bo
     Newton step's guide). For other guides the estimate can be far off, so their smoothed
     ELBO is the plain Monte Carlo one.
     """
-    ent = entropy(guide.log_scale)
+    ent = _entropy(guide.log_scale, valid)
     elbo = _mean(tot.value) + ent
     if not smooth:
         max_step = jnp.max(jnp.stack([jnp.max(jnp.abs(m)) for m in moved.values()]))
@@ -130,7 +191,7 @@ def _move(guide: GuideState, moves, t) -> GuideState:
 
 
 def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_iters: int = 1,
-                       max_t: float = 0.5) -> GuideState:
+                       max_t: float = 0.5, valid: dict | None = None) -> GuideState:
     """Maximise the ELBO along each likelihood symmetry of ``spec``.
 
     The expected log-likelihood is constant along a symmetry, so only the prior term
@@ -146,9 +207,11 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_ite
 
             def objective(t):
                 z, shift = _along(z0, sym.moves, t)
-                prior = jnp.mean(jax.vmap(lambda zz: log_prior(spec, zz))(z))
+                prior = jnp.mean(jax.vmap(lambda zz: _log_prior(spec, zz, valid))(z))
                 # the log-scale shift is per entry, not per draw: drop the draws axis
-                return prior + sum(jnp.sum(d[0]) for d in shift.values())
+                if valid is None:
+                    return prior + sum(jnp.sum(d[0]) for d in shift.values())
+                return prior + sum(jnp.sum(valid[n] * d[0]) for n, d in shift.items())
 
             slope = lambda t: jax.jvp(objective, (t,), (jnp.float32(1.0),))[1]
             d1, d2 = jax.jvp(slope, (jnp.float32(0.0),), (jnp.float32(1.0),))
@@ -159,8 +222,12 @@ def _follow_symmetries(spec: ModelSpec, guide: GuideState, eps: dict, newton_ite
 
 
 def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = frozenset()) -> Callable:
-    """Build the jitted ``update(state, z, eps, lik_terms, scale) -> (state, info)``; ``z``,
-    ``eps`` and ``lik_terms`` carry a leading draws axis (see :func:`stack_draws`)."""
+    """Build the jitted ``update(state, z, eps, lik_terms, scale, valid=None) -> (state,
+    info)``; ``z``, ``eps`` and ``lik_terms`` carry a leading draws axis (see
+    :func:`stack_draws`). ``valid`` (name -> float 1 for a real entry, 0 for padding, in each
+    block's shape) is given when the guide is padded to a bucketed shape: padded entries
+    then add nothing to the prior, entropy or ELBO and never move, so the real entries
+    follow the unpadded fit."""
     optimizer = make_optimizer(settings)
     rho, rho_p = settings.damping, settings.precision_damping
     limits = {p.name: p.max_step for p in spec.params}  # per-block trust regions, if declared
@@ -168,7 +235,7 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
     free_syms = tuple(s for s in spec.symmetries if not any(m[0] in frozen for m in s.moves))
     symmetries = spec.replace(symmetries=free_syms) if free_syms else None
 
-    def newton(state: FitState, z, eps, lik: Terms, scale):
+    def newton(state: FitState, z, eps, lik: Terms, scale, valid=None):
         """One damped Newton step of every location, and the precisions moved towards the
         draws' curvature (gradients, curvatures and control variates are per draw, then
         averaged over the draws axis).
@@ -187,7 +254,7 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         (``steps_per_pass > 1``) keep the draw's curvature throughout.
         """
         guide = state.guide
-        tot, curv = jax.vmap(lambda zz, ll: _total(spec, zz, ll, scale))(z, lik)
+        tot, curv = jax.vmap(lambda zz, ll: _total(spec, zz, ll, scale, valid))(z, lik)
         delta = {n: z[n] - guide.loc[n] for n in z}
         # Stochastic steps (steps_per_pass > 1) see part of the data, whose curvature the
         # full-data precision does not match: they keep the draw's own curvature.
@@ -216,17 +283,22 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
             else:
                 loc[n], log_scale[n] = guide.loc[n] + step, -0.5 * jnp.log(prec)
                 moved[n] = step * jnp.sqrt(prec)
-        info = _info(guide, tot, delta, moved)
+                if valid is not None:
+                    moved[n] = moved[n] * valid[n]
+        info = _info(guide, tot, delta, moved, valid=valid)
         new = GuideState(loc, log_scale)
         if symmetries:
-            new = _follow_symmetries(symmetries, new, eps)
+            new = _follow_symmetries(symmetries, new, eps, valid=valid)
+        new = _keep_padded(new, guide, valid)
         return FitState(new, cross_mean, state.step + 1, state.rng_key), info
 
-    def adam(state: FitState, z, eps, lik: Terms, scale):
+    def adam(state: FitState, z, eps, lik: Terms, scale, valid=None):
         guide = state.guide
-        tot, _ = jax.vmap(lambda zz, ll: _total(spec, zz, ll, scale))(z, lik)
+        tot, _ = jax.vmap(lambda zz, ll: _total(spec, zz, ll, scale, valid))(z, lik)
         delta = {n: z[n] - guide.loc[n] for n in z}
         keep = {n: 0.0 if n in frozen else 1.0 for n in guide.loc}
+        if valid is not None:  # padded entries: no gradient, not even the entropy's
+            keep = {n: k * valid[n] for n, k in keep.items()}
         neg = GuideState(
             {n: -keep[n] * _mean(tot.grad[n]) for n in guide.loc},
             {n: -keep[n] * (_mean(tot.grad[n] * delta[n]) + 1.0) for n in guide.loc},
@@ -234,7 +306,8 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         updates, opt_state = optimizer.update(neg, state.opt_state, guide)
         new = optax.apply_updates(guide, updates)
         moved = {n: updates.loc[n] / jnp.exp(guide.log_scale[n]) for n in guide.loc}
-        info = _info(guide, tot, delta, moved, smooth=False)
-        return FitState(GuideState(*new), opt_state, state.step + 1, state.rng_key), info
+        info = _info(guide, tot, delta, moved, smooth=False, valid=valid)
+        new = _keep_padded(GuideState(*new), guide, valid)
+        return FitState(new, opt_state, state.step + 1, state.rng_key), info
 
     return jax.jit(newton if optimizer is None else adam)

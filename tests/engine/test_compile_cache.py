@@ -1,0 +1,132 @@
+"""Shape buckets and the persistent compilation cache: a new data set of similar shape in a
+fresh process loads its programs from the cache, the padding never changes a fit, the cache
+can be turned off, and ``leaderboard`` imports no JAX."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine
+from engine.infer.fit import bucket_size
+
+REPO = Path(__file__).resolve().parents[2]
+GAUSSIAN = dict(ability_factor="gaussian")  # the variational fit (auto would integrate out)
+
+
+def _simulate(S: int, N: int, seed: int, missing: float = 0.0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    theta, b = rng.normal(size=S), rng.normal(size=N)
+    a = np.exp(0.3 * rng.normal(size=N))
+    y = (rng.random((S, N)) < 1 / (1 + np.exp(-a * (theta[:, None] - b)))).astype(np.int8)
+    y[rng.random((S, N)) < missing] = -1
+    return y
+
+
+def test_bucket_size_pads_by_at_most_an_eighth():
+    sizes = np.arange(1, 5000)
+    buckets = np.array([bucket_size(int(n)) for n in sizes])
+    assert (buckets >= sizes).all() and (buckets >= 8).all()
+    big = sizes > 8
+    assert (buckets[big] <= np.ceil(sizes[big] * 1.125)).all()
+    assert (np.diff(buckets) >= 0).all()  # monotone: similar sizes share a bucket
+    assert len(set(buckets[(sizes >= 145) & (sizes <= 160)])) == 1
+    assert [bucket_size(n) for n in (5, 161, 1000, 11_873)] == [8, 176, 1024, 12_288]
+
+
+@pytest.mark.parametrize("model,settings", [
+    ("2pl", {}),
+    ("1pl", {"optimizer": "adam", "max_passes": 60, "min_passes": 60}),
+    ("3pl", {"max_passes": 40}),
+])
+def test_padding_does_not_change_the_fit(model, settings):
+    y = _simulate(150, 37, seed=3, missing=0.1)  # pads to 160 x 40
+    fits = [engine.fit(y, model=model, settings=engine.FitSettings(
+        seed=0, bucket_shapes=b, **GAUSSIAN, **settings)) for b in (True, False)]
+    padded, plain = fits
+    assert padded.extra["bucket"] == [160, 40] and "bucket" not in plain.extra
+    assert padded.num_passes == plain.num_passes
+    assert padded.elbo == pytest.approx(plain.elbo, rel=1e-5)
+    for name, value in plain.means().items():
+        assert padded.means()[name].shape == value.shape
+        np.testing.assert_allclose(padded.means()[name], value, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(padded.sds()[name], plain.sds()[name], rtol=1e-4, atol=1e-4)
+
+
+def test_padding_keeps_a_frozen_refit():
+    y = _simulate(90, 20, seed=5)
+    first = engine.fit(y, settings=engine.FitSettings(seed=0, **GAUSSIAN))
+    frozen = frozenset({"difficulty", "discrimination"})
+    refits = [engine.fit(y, init=first.guide, frozen=frozen, settings=engine.FitSettings(
+        seed=1, bucket_shapes=b, min_passes=5, **GAUSSIAN)) for b in (True, False)]
+    for name in ("ability", "difficulty"):
+        np.testing.assert_allclose(refits[0].means()[name], refits[1].means()[name], atol=1e-4)
+    np.testing.assert_array_equal(refits[0].means()["difficulty"], first.means()["difficulty"])
+
+
+_CHILD = """
+import json, sys
+import numpy as np
+import engine
+y = np.load(sys.argv[1])
+res = engine.fit(y, settings=engine.FitSettings(seed=0, ability_factor="gaussian"))
+print(json.dumps({"compile": res.extra["compile"], "bucket": res.extra.get("bucket")}))
+"""
+
+
+def _fit_in_fresh_process(y: np.ndarray, tmp_path: Path, env: dict) -> dict:
+    data = tmp_path / f"y{len(list(tmp_path.glob('y*.npy')))}.npy"
+    np.save(data, y)
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(data)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_similar_data_set_hits_the_cache_in_a_fresh_process(tmp_path):
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAX_", "IRT_ENGINE_COMPILATION"))}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
+    first = _fit_in_fresh_process(_simulate(150, 37, seed=1), tmp_path, env)
+    entries = sorted(p.name for p in cache.iterdir())
+    # a different matrix of another (similar) shape: the same bucket, so the same programs
+    second = _fit_in_fresh_process(_simulate(146, 39, seed=2, missing=0.05), tmp_path, env)
+    assert first["bucket"] == second["bucket"] == [160, 40]
+    assert first["compile"]["cache_misses"] > 0 and len(entries) > 0
+    assert second["compile"]["cache_misses"] == 0
+    assert second["compile"]["cache_hits"] > 0
+    assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new compiled
+    # IRT_ENGINE_COMPILATION_CACHE=0: JAX is given no cache, so it neither reads nor writes one
+    off = _fit_in_fresh_process(_simulate(150, 37, seed=3), tmp_path,
+                                {**{k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"},
+                                 "IRT_ENGINE_COMPILATION_CACHE": "0",
+                                 "HOME": str(tmp_path / "home")})
+    assert off["compile"]["cache_hits"] == 0 and off["compile"]["cache"] is None
+    assert not (tmp_path / "home").exists()
+
+
+def test_leaderboard_imports_no_jax(tmp_path):
+    from engine.run import save_run
+
+    y = _simulate(40, 12, seed=4)
+    run = save_run(engine.fit(y, settings=engine.FitSettings(seed=0, max_passes=20)),
+                   tmp_path / "run")
+    code = ("import sys; from engine.cli import main; rc = main(['leaderboard', sys.argv[1], '--top-k', '5']); "
+            "bad = sorted(m for m in ('jax', 'jaxlib', 'scipy.stats', 'zarr', 'dask') "
+            "if m in sys.modules); print('LOADED', bad); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, str(run.path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "LOADED []" in out.stdout
+    # the board is the one load_run's tables give (the path that imports the model)
+    from engine.readout.leaderboard import format_leaderboard, leaderboard
+
+    board = format_leaderboard(leaderboard(run.subjects, 5))
+    assert out.stdout.replace("LOADED []", "").strip() == board.strip()
