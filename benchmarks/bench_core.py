@@ -6,13 +6,22 @@ Writes benchmarks/results/core.json and core.md (``-quick`` suffix with --quick)
 
     python benchmarks/bench_core.py                       # all data sets, all tools
     python benchmarks/bench_core.py --datasets squad --skip-pyirt
+    python benchmarks/bench_core.py --processes            # everyday jobs as whole processes
+
+``--processes`` times what a user runs (issue 19): whole ``irt-engine`` command processes
+(``ingest`` + ``fit`` + ``leaderboard`` on LSAT7 and psych ``ability``; ``fit`` from a store on
+the simulated 161 x 11,873 2PL and NLU) beside whole mirt processes, each repeated (median), with
+an empty compilation cache (cold) and with the cache the cold run filled (warm), and the load
+average when each ran. Writes benchmarks/results/core-processes.json and .md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +35,12 @@ from simulate import simulate_2pl
 
 HERE = Path(__file__).resolve().parent
 NLU_PARQUET = HERE.parent.parent / "shared" / "data" / "nlu" / "responses_items_x_subjects.parquet"
+PSYCH = HERE.parent.parent / "shared" / "data" / "psych_human_r"
+IRT_ENGINE = str(Path(engine_side.ENGINE_PYTHON).parent / "irt-engine")
+# process benchmark: data set -> the irt-engine commands timed (ingest runs untimed otherwise)
+PROCESS_JOBS = {"lsat7": ("ingest", "fit", "leaderboard"),
+                "ability": ("ingest", "fit", "leaderboard"),
+                "squad": ("fit",), "nlu": ("fit",)}
 
 # dataset -> list of (model, tool, job); tool "irt-engine" runs engine_side, others incumbents
 JOBS = {
@@ -129,11 +144,159 @@ def _probe(y: np.ndarray, cores: int | None) -> dict:
     return res
 
 
+def _process_input(name: str, work: Path, args: argparse.Namespace) -> tuple[Path, np.ndarray]:
+    """The file ``irt-engine ingest`` reads for data set ``name`` and the int8 matrix (-1
+    missing) the incumbents fit."""
+    import pandas as pd
+
+    if name in ("lsat7", "ability"):
+        path = PSYCH / f"{name}.parquet"
+        df = pd.read_parquet(path)
+        y = df.drop(columns=["subject_id"]).astype("float32").fillna(-1).to_numpy().astype(np.int8)
+        return path, y
+    y = load_dataset(name, quick=args.quick, nlu_path=args.nlu_path)["responses"]
+    s, i = np.nonzero(y >= 0)
+    path = work / f"{name}.parquet"  # long form: subject,item,response
+    pd.DataFrame({"subject": s.astype(np.int32), "item": i.astype(np.int32),
+                  "response": y[s, i].astype(np.int8)}).to_parquet(path)
+    return path, y
+
+
+def _timed(cmd: list[str], env: dict) -> tuple[float, str]:
+    """Wall seconds of one whole process (and its output); a failure raises with its tail."""
+    start = time.perf_counter()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}: {out.stderr[-800:]}")
+    return seconds, out.stdout
+
+
+def _engine_round(name: str, data: Path, work: Path, cache: Path, env: dict,
+                  store: Path | None) -> dict:
+    """One ``ingest`` (when timed) + ``fit`` + ``leaderboard`` round in fresh processes."""
+    steps = PROCESS_JOBS[name]
+    env = {**env, "JAX_COMPILATION_CACHE_DIR": str(cache)}
+    row = {"load_avg_1m": round(os.getloadavg()[0], 2)}
+    tag = f"{time.time_ns()}"
+    if "ingest" in steps or store is None:
+        store = work / f"{name}-{tag}.zarr"
+        seconds, _ = _timed([IRT_ENGINE, "ingest", str(data), "--out", str(store)], env)
+        if "ingest" in steps:
+            row["ingest_s"] = seconds
+    run = work / f"{name}-{tag}-run"
+    row["fit_s"], _ = _timed([IRT_ENGINE, "fit", str(store), "--model", "2pl", "--out", str(run),
+                              "--quiet"], env)
+    if "leaderboard" in steps:
+        row["leaderboard_s"], _ = _timed([IRT_ENGINE, "leaderboard", str(run)], env)
+    info = json.loads((run / "fit.json").read_text())
+    row.update(total_s=sum(row.get(k, 0.0) for k in ("ingest_s", "fit_s", "leaderboard_s")),
+               passes=info["num_passes"], converged=info["converged"],
+               method=(info.get("ability_factor") or {}).get("method"),
+               fit_wall_s=info["timings"]["wall_s"],
+               first_pass_s=info["timings"]["first_pass_with_compile_s"],
+               compile=info["timings"].get("compile"),
+               cells_per_s=info["data"]["num_observed"] * info["num_passes"]
+               / max(info["timings"]["wall_s"], 1e-9))
+    shutil.rmtree(run, ignore_errors=True)
+    return row
+
+
+def _median_row(rows: list[dict]) -> dict:
+    """Per-field medians of repeated rounds (numbers), the first round's other fields."""
+    out = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(np.median([r[key] for r in rows]))
+    out["repeats"] = len(rows)
+    out["totals"] = [round(r["total_s"], 3) for r in rows]
+    return out
+
+
+def bench_processes(name: str, args: argparse.Namespace, work: Path) -> dict:
+    """irt-engine's commands cold and warm, and mirt's whole process, ``args.repeats`` times."""
+    data, y = _process_input(name, work, args)
+    observed = int(np.count_nonzero(y >= 0))
+    entry = dict(shape=list(y.shape), observed_cells=observed, steps=list(PROCESS_JOBS[name]),
+                 input=str(data), started=time.strftime("%Y-%m-%d %H:%M:%S"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    store = None
+    if "ingest" not in PROCESS_JOBS[name]:  # fit from a store: ingested once, untimed
+        store = work / f"{name}.zarr"
+        _timed([IRT_ENGINE, "ingest", str(data), "--out", str(store)], env)
+    cold, warm = [], []
+    for r in range(args.repeats):
+        cache = work / f"cache-{name}-{r}"  # empty: as a new user's first run
+        cold.append(_engine_round(name, data, work, cache, env, store))
+        warm.append(_engine_round(name, data, work, cache, env, store))
+        print(f"[{name}] irt-engine round {r + 1}: cold {cold[-1]['total_s']:.2f} s, "
+              f"warm {warm[-1]['total_s']:.2f} s (load {warm[-1]['load_avg_1m']})", flush=True)
+        shutil.rmtree(cache, ignore_errors=True)
+    entry["irt-engine cold"], entry["irt-engine warm"] = _median_row(cold), _median_row(warm)
+    if not args.skip_incumbents:
+        runs = []
+        for r in range(args.repeats):
+            load = round(os.getloadavg()[0], 2)
+            res = incumbents.run_incumbent("mirt_2pl", y, timeout=args.timeout)
+            res.pop("estimates", None)
+            if res.get("status") != "ok":
+                entry["mirt"] = res
+                break
+            runs.append({"load_avg_1m": load, "total_s": res["process_s"],
+                         "fit_wall_s": res["wall_s"], "passes": res.get("iterations"),
+                         "converged": res.get("converged"),
+                         "cells_per_s": observed * (res.get("iterations") or 0) / res["wall_s"]})
+            print(f"[{name}] mirt round {r + 1}: {runs[-1]['total_s']:.2f} s", flush=True)
+        if runs:
+            entry["mirt"] = _median_row(runs)
+    return entry
+
+
+def processes_markdown(results: dict) -> str:
+    """The process benchmark as a Markdown table."""
+    lines = ["| data | tool | commands | total s (median) | ingest s | fit s | leaderboard s | "
+             "fit wall s | passes | cells/s | compile: programs, hits, trace+lower+XLA s | load 1m |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v: "" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
+    for name, entry in results["datasets"].items():
+        shape = "x".join(str(n) for n in entry["shape"])
+        for tool in ("irt-engine cold", "irt-engine warm", "mirt"):
+            row = entry.get(tool)
+            if not row or "total_s" not in row:
+                continue
+            c = row.get("compile") or {}
+            comp = (f"{c.get('programs')}, {c.get('cache_hits')}, {c.get('total_s', 0):.2f}"
+                    if c else "")
+            steps = " + ".join(entry["steps"]) if tool != "mirt" else "python: fit + EAP"
+            lines.append(f"| {name} {shape} | {tool} | {steps} | {fmt(row['total_s'])} | "
+                         f"{fmt(row.get('ingest_s'))} | {fmt(row.get('fit_s'))} | "
+                         f"{fmt(row.get('leaderboard_s'))} | {fmt(row.get('fit_wall_s'))} | "
+                         f"{fmt(row.get('passes'))} | {row.get('cells_per_s', 0):.3g} | {comp} | "
+                         f"{fmt(row.get('load_avg_1m'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main_processes(args: argparse.Namespace) -> None:
+    """Run the process benchmark on ``args.datasets`` (default: all of PROCESS_JOBS)."""
+    names = args.datasets.split(",")
+    out_json = args.out_dir / ("core-processes-quick.json" if args.quick else "core-processes.json")
+    results = json.loads(out_json.read_text()) if out_json.exists() else {"datasets": {}}
+    results["machine"] = report.machine_info(incumbents.BENCH_PYTHON, engine_side.ENGINE_PYTHON)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="irtbench-proc-") as tmp:
+        for name in names:
+            results["datasets"][name] = bench_processes(name, args, Path(tmp))
+            out_json.write_text(json.dumps(results, indent=1, default=report.json_default))
+            out_json.with_suffix(".md").write_text(processes_markdown(results))
+    print(f"wrote {out_json} and {out_json.with_suffix('.md').name}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--datasets", default="squad,big,nlu",
-                   help="comma-separated subset of squad,big,nlu (default: all)")
+    p.add_argument("--datasets", default=None,
+                   help="comma-separated subset of squad,big,nlu (default: all; with --processes "
+                        "of lsat7,ability,squad,nlu)")
     p.add_argument("--skip-pyirt", action="store_true", help="do not run py-irt (minutes)")
     p.add_argument("--skip-engine", action="store_true",
                    help="incumbents only (no irt-engine fits; the JAX probe still runs)")
@@ -146,10 +309,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pyirt-epochs", type=int, default=2000)
     p.add_argument("--nlu-path", type=Path, default=NLU_PARQUET)
     p.add_argument("--out-dir", type=Path, default=HERE / "results")
+    p.add_argument("--processes", action="store_true",
+                   help="whole command processes, cold and warm cache, beside mirt's process "
+                        "(data sets lsat7, ability, squad, nlu)")
+    p.add_argument("--repeats", type=int, default=3, help="--processes: rounds per tool (median)")
+    p.add_argument("--skip-incumbents", action="store_true", help="--processes: no mirt")
     args = p.parse_args(argv)
-    unknown = set(args.datasets.split(",")) - set(JOBS)
+    known = PROCESS_JOBS if args.processes else JOBS
+    args.datasets = args.datasets or ",".join(known)
+    unknown = set(args.datasets.split(",")) - set(known)
     if unknown:
-        p.error(f"unknown data set(s) {sorted(unknown)}; choose from {sorted(JOBS)}")
+        p.error(f"unknown data set(s) {sorted(unknown)}; choose from {sorted(known)}")
     if args.quick:
         args.timeout, args.pyirt_epochs = min(args.timeout, 120.0), min(args.pyirt_epochs, 100)
     return args
@@ -158,6 +328,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and write core.json / core.md (merging other data sets' entries)."""
     args = parse_args(argv)
+    if args.processes:
+        main_processes(args)
+        return
     stem = "core-quick" if args.quick else "core"
     out_json = args.out_dir / f"{stem}.json"
     results = json.loads(out_json.read_text()) if out_json.exists() else {"datasets": {}}
