@@ -21,7 +21,8 @@ from cluster.resume import check_or_record, trial_record
 from cluster.runner import run_trials, session_for
 from cluster.settings import BootstrapSettings, RunnerSettings
 from cluster.trials import FitContext, TrialSpec, bootstrap_batch, trial_seed
-from engine.api import fit, load_responses
+from cluster.columns import StoreColumns, trial_responses
+from engine.api import fit
 from engine.infer.settings import FitSettings
 from engine.readout.posterior import draw_posterior
 from engine.readout.ranking import ranks_from_draws
@@ -83,12 +84,15 @@ def run_bootstrap(data, out: str | Path, settings: BootstrapSettings = Bootstrap
     rows), ``intervals.parquet`` and ``bootstrap.json`` under ``out``."""
     out = Path(out)
     t0 = time.perf_counter()
-    y, _, _, info = load_responses(data)
-    record = trial_record("bootstrap", settings, fit_settings, y)
+    y, info = trial_responses(data, fit_settings.memory_budget)  # over the budget: by reference
+    in_memory = not isinstance(y, StoreColumns)
+    record = trial_record("bootstrap", settings, fit_settings, y if in_memory else None,
+                          **({} if in_memory else {"responses": info["checksum"]}))
     check_or_record(out, record, ("bootstrap.parquet",), write=False)
     with session_for(runner):  # Ray's processes start before JAX's threads
         check_or_record(out, record, ("bootstrap.parquet",))
-        full = fit(y, settings.model, fit_settings, prior=settings.prior)
+        full = fit(y if in_memory else y.location, settings.model, fit_settings,  # streams
+                   prior=settings.prior)
         options = tuple(sorted(full.extra["model_options"].items()))
         # Each replicate takes the full fit's Monte Carlo draws per step (a replicate has the full
         # matrix's shape): with one draw, the 10 x 1,418 demo's 2PL replicates carried Monte Carlo

@@ -21,7 +21,8 @@ from cluster.runner import run_trials, session_for
 from cluster.settings import RunnerSettings, StabilitySettings
 from cluster.trials import (FitContext, StabilityContext, TrialSpec, ability_of, stability_batch,
                             subject_accuracy, trial_seed)
-from engine.api import fit, load_responses
+from cluster.columns import StoreColumns, trial_responses
+from engine.api import fit
 from engine.infer.settings import FitSettings
 
 __all__ = ["run_stability", "summarize_stability", "plot_stability", "StabilityOutput", "plan"]
@@ -116,18 +117,22 @@ def run_stability(data, out: str | Path, settings: StabilitySettings = Stability
     """
     out = Path(out)
     t0 = time.perf_counter()
-    y, _, _, info = load_responses(data)
+    y, info = trial_responses(data, fit_settings.memory_budget)  # over the budget: by reference
+    in_memory = not isinstance(y, StoreColumns)
     trials = plan(settings, y.shape[1])  # validates the sizes before anything is written
-    record = trial_record("stability", settings, fit_settings, y,
-                                      sizes=settings.resolved_sizes(y.shape[1]))
+    record = trial_record("stability", settings, fit_settings, y if in_memory else None,
+                          sizes=settings.resolved_sizes(y.shape[1]),
+                          **({} if in_memory else {"responses": info["checksum"]}))
     check_or_record(out, record, ("stability.parquet",), write=False)
     with session_for(runner):  # Ray's processes start before JAX's threads
         check_or_record(out, record, ("stability.parquet",))
-        full = fit(y, settings.model, fit_settings, prior=settings.prior)
+        full = fit(y if in_memory else y.location, settings.model, fit_settings,  # streams
+                   prior=settings.prior)
         options = tuple(sorted(full.extra["model_options"].items()))
+        accuracy = subject_accuracy(y) if in_memory else full.extra["stats"]["subject_mean"]
         ctx = StabilityContext(
             FitContext(y, settings.model, options, full.guide, fit_settings, settings.passes),
-            full_ability=ability_of(full.spec, full.guide.loc), full_accuracy=subject_accuracy(y))
+            full_ability=ability_of(full.spec, full.guide.loc), full_accuracy=accuracy)
         t_fit = time.perf_counter() - t0
         rows = run_trials(stability_batch, ctx, trials, out / "stability.parquet", runner,
                           desc="stability", on_batch=on_batch)

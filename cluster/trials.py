@@ -4,7 +4,9 @@ A trial is ``TrialSpec(group, index, seed)``; trials of one group share array sh
 batch of them is fitted at once with ``engine.infer.batch.fit_batch`` (``jax.vmap``). Each
 function here is pure given its context and specs: the runner may call it in this process or
 in a Ray task and gets the same rows. Contexts hold the data and the full fit used as warm
-start; they are plain arrays and names, cheap to ship to a Ray object store.
+start; they are plain arrays and names, cheap to ship to a Ray object store. A matrix larger
+than the memory budget is held by reference (``cluster.columns.StoreColumns``): each trial
+reads the items it samples from the store.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import jax
 import numpy as np
 from scipy.stats import kendalltau
 
+from cluster.columns import StoreColumns, columns
 from engine.api import set_aside_constant
 from engine.infer.batch import fit_batch, slice_guide
 from engine.infer.guide import GuideState
@@ -57,7 +60,7 @@ def _spec(model: str, options: tuple) -> ModelSpec:
 class FitContext:
     """The data and the full fit a family of trials refits from."""
 
-    y: np.ndarray  # int8 (subjects, items), -1 missing
+    y: np.ndarray | StoreColumns  # int8 (subjects, items), -1 missing; or the store by reference
     model: str
     model_options: tuple  # sorted (name, value) pairs for get_model
     guide: GuideState  # the full fit's posterior (numpy), the warm start
@@ -128,7 +131,7 @@ def stability_batch(ctx: StabilityContext, trials: list[TrialSpec]) -> list[dict
     for t in trials:
         perm = np.random.default_rng(t.seed).permutation(y.shape[1])
         samples += [np.sort(perm[:size]), np.sort(perm[size : 2 * size])]
-    ys = np.stack([y[:, s] for s in samples])
+    ys = np.stack([columns(y, s) for s in samples])  # from the store when y is by reference
     seeds = [t.seed + half for t in trials for half in (0, 1)]
     res = _refit(ctx.fit, ys, samples, seeds)
     spec = ctx.fit.spec
@@ -158,7 +161,7 @@ def bootstrap_batch(ctx: FitContext, trials: list[TrialSpec]) -> list[dict]:
     y = ctx.y
     N = y.shape[1]
     picks = [np.random.default_rng(t.seed).integers(0, N, N) for t in trials]
-    ys = np.stack([y[:, p] for p in picks])
+    ys = np.stack([columns(y, p) for p in picks])
     res = _refit(ctx, ys, picks, [t.seed for t in trials])
     abilities = ability_of(ctx.spec, res.guide.loc)  # (trials, subjects)
     ranks = ranks_from_draws(abilities)
