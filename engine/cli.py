@@ -512,7 +512,7 @@ def cmd_stability(args) -> int:
         sizes=parse_sizes(args.sizes) if args.sizes else None, trials_per_size=args.trials_per_size,
         model=args.model, prior=args.prior, passes=args.passes, bootstrap=args.bootstrap,
         seed=args.seed)
-    res = run_stability(args.store, args.out, settings, _runner(args), FitSettings(seed=args.seed))
+    res = run_stability(args.store, args.out, settings, _runner(args), _trial_fit_settings(args))
     cols = ["size", "method", "trials", "tau_between_mean", "tau_full_mean", "diff_mean",
             "diff_p_value"]
     print(res.summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -527,7 +527,7 @@ def cmd_bootstrap(args) -> int:
 
     settings = BootstrapSettings(replicates=args.replicates, model=args.model, prior=args.prior,
                                  passes=args.passes, seed=args.seed)
-    res = run_bootstrap(args.store, args.out, settings, _runner(args), FitSettings(seed=args.seed))
+    res = run_bootstrap(args.store, args.out, settings, _runner(args), _trial_fit_settings(args))
     print(res.intervals.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"wrote {res.path / 'bootstrap.parquet'}, intervals.parquet")
     return 0
@@ -590,9 +590,23 @@ def _runner_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", help="show Ray's own log lines")
 
 
+def _trial_fit_settings(args):
+    """Fit settings of a trial command: its seed, and its memory budget (over it, trials read
+    the items they sample from the store instead of receiving the whole matrix)."""
+    from engine.infer.settings import FitSettings, parse_bytes
+
+    budget = getattr(args, "memory_budget", None)
+    return FitSettings(seed=args.seed, memory_budget=parse_bytes(budget) if budget else None)
+
+
 def _trial_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("store")
-    p.add_argument("--out", required=True, help="directory for the results (resumes if present)")
+    p.add_argument("store", help="response store: a path or an s3://, gs://, file:// URL")
+    p.add_argument("--out", required=True, help="directory for the results (resumes if "
+                   "present); a URL is written locally and uploaded at the end")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="memory for the responses, e.g. 512M (default: half the available "
+                        "memory); over it, stability and bootstrap trials read the items they "
+                        "sample from the store")
     p.add_argument("--model", default="2pl", help="1pl, 2pl, 3pl, 4pl or feas")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
 

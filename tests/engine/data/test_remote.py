@@ -7,6 +7,7 @@ credentials and ``AWS_ENDPOINT_URL`` pointing at the local server, nothing else 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -122,8 +123,9 @@ def test_stability_on_an_s3_store_equals_the_local_run(s3, tmp_path):
     from engine.data.store import write_store
 
     write_store(y, remote.subjects, remote.items, tmp_path / "store.zarr")
+    # a budget under the matrix: the trials read the items they sample from the store (the URL)
     args = ["--sizes", "6", "--trials-per-size", "2", "--passes", "6", "--backend", "inprocess",
-            "--quiet"]
+            "--quiet", "--memory-budget", "100"]
     assert main(["stability", "s3://bkt/stab.zarr", "--out", "s3://bkt/stab", *args]) == 0
     assert main(["stability", str(tmp_path / "store.zarr"), "--out", str(tmp_path / "out"),
                  *args]) == 0
@@ -133,6 +135,8 @@ def test_stability_on_an_s3_store_equals_the_local_run(s3, tmp_path):
     want = pd.read_parquet(tmp_path / "out" / "stability.parquet")
     assert len(got) == 4  # two trials, two methods
     pd.testing.assert_frame_equal(got, want)
+    with s3.filesystem().open("bkt/stab/stability.json") as f:
+        assert json.load(f)["data"]["trial_data"] == "read from the store per trial"
     # a rerun into the same URL resumes from the uploaded trials: nothing is refitted
     assert main(["stability", "s3://bkt/stab.zarr", "--out", "s3://bkt/stab", *args]) == 0
 
