@@ -2,6 +2,7 @@
 refuse with an error naming the size and the streaming option, leaving nothing behind."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -72,3 +73,30 @@ def test_bad_budget_and_id_column_for_other_formats(tmp_path):
     with pytest.raises(SettingsError, match=r"--id-column\)? applies to wide input only"):
         ingest(src, tmp_path / "out.zarr", id_column="subject")
     _nothing_written(tmp_path)
+
+
+def test_fit_refuses_a_store_whose_parameters_exceed_the_budget(tmp_path, monkeypatch, capsys):
+    """A 1 x N store: its responses are tiny (and would stream), its N items' parameters are
+    not; the fit refuses before reading, naming the size and what to do."""
+    import engine.api as api
+    from engine.cli import main
+    from engine.data import write_store
+    from engine.infer.settings import FitSettings
+
+    n = 3000
+    y = (np.arange(n) % 2).astype(np.int8)[None, :]
+    store = write_store(y, ["m"], [f"q{j}" for j in range(n)], tmp_path / "s.zarr")
+    need = (1 + n) * api.FIT_ID_BYTES
+    monkeypatch.setattr(api, "default_memory_budget", lambda: need // 4)
+    from engine.data.formats.validate import size_text
+
+    with pytest.raises(SettingsError, match=r"s\.zarr: a fit of 1 subjects x 3,000 items needs "
+                       rf"about {re.escape(size_text(need))} for its parameters.*responses "
+                       r"already stream from the store, parameters cannot: raise --memory-budget"):
+        api.make_source(store, FitSettings(memory_budget=need - 1))
+    assert main(["fit", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "run"),
+                 "--memory-budget", str(need - 1)]) == 2
+    assert "a fit of 1 subjects x 3,000 items" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "fit.json").exists()
+    # a budget that holds the parameters lets it through; the responses load or stream
+    assert api.make_source(store, FitSettings(memory_budget=need)).num_items == n
