@@ -2,10 +2,10 @@
 
 ``ingest`` picks the reader (``engine.data.formats``: one module per format behind
 ``InputFormat``, sharing ``formats.validate`` for values, ids and errors), detecting the
-format when it is not given. Formats: "wide" (CSV/Parquet, a row per subject, a column per item), "long"
-(CSV/Parquet or a folder of them, columns subject, item, response; streamed in bounded
-memory by ``engine.data.formats.long``) and "jsonl" (py-irt lines
-``{"subject_id": ..., "responses": {item: value}}``), and the evaluation logs
+format when it is not given. Formats: "wide" (CSV/Parquet, a row per subject, a column per
+item), "long" (CSV/Parquet or a folder of them, columns subject, item, response; streamed
+in bounded memory by ``engine.data.formats.long``), "jsonl" (py-irt lines
+``{"subject_id": ..., "responses": {item: value}}``) and the evaluation logs
 (``every-eval-ever``, ``lm-eval``, ``helm``, ``inspect``). Locations in error messages are
 ``line N`` for CSV/jsonl (the CSV header is line 1) and ``row index N`` (0-based) for Parquet.
 

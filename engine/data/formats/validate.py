@@ -79,7 +79,7 @@ def size_text(n: float) -> str:
 
 
 def table_need(rows: int, cols: int) -> float:
-    """Bytes a rows x cols table takes while it is read and written (``CELL_BYTES``, ``ID_BYTES``)."""
+    """Bytes a rows x cols table takes while read and written (``CELL_BYTES``, ``ID_BYTES``)."""
     return float(rows) * cols * CELL_BYTES + (float(rows) + cols) * ID_BYTES
 
 
