@@ -114,6 +114,10 @@ def test_ingest_fit_leaderboard_through_s3_equal_the_local_fit(s3, csv, tmp_path
     assert s3.objects("bkt/cli/tables") == ["bkt/cli/tables/items.csv"]
     with s3.filesystem().open("bkt/cli/tables/items.csv") as f:
         assert len(pd.read_csv(f)) == 30
+    # report: the page and its PNGs beside it, uploaded beside each other
+    assert main(["report", "s3://bkt/cli/run", "--out", "s3://bkt/cli/page/report.html"]) == 0
+    page = s3.objects("bkt/cli/page")
+    assert "bkt/cli/page/report.html" in page and any(p.endswith(".png") for p in page)
 
 
 def test_stability_on_an_s3_store_equals_the_local_run(s3, tmp_path):
