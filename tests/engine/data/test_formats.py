@@ -122,3 +122,12 @@ def test_cli_says_which_format_it_detected(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "detected format every-eval-ever"
     np.testing.assert_array_equal(open_store(tmp_path / "s.zarr").load(), [[1, 0], [0, 1]])
+
+
+def test_cli_format_choices_are_the_readers():
+    from engine.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    fmt = next(a for a in sub.choices["ingest"]._actions if a.dest == "format")
+    assert tuple(fmt.choices) == FORMATS
