@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from engine.errors import IRTError, RemoteError, RunNotFoundError, SettingsError, StoreNotFoundError
+from engine.errors import IRTError, RemoteError, RunNotFoundError, SettingsError
 
 __all__ = ["URL", "MARKER", "SCHEMES", "is_url", "as_location", "filesystem", "zarr_store",
            "storage_options", "remote_errors", "is_file", "list_files", "publish_dir",
@@ -148,7 +148,6 @@ def _credentials_hint(url: URL) -> str:
 
 def _describe(url: URL, err: BaseException) -> str | None:
     """One line for a failure talking to an object store, or None if it is not one."""
-    text = f"{type(err).__name__}: {err}"
     bucket = url.key.split("/", 1)[0]
     chain, seen = [], err
     while seen is not None and len(chain) < 8:
@@ -163,7 +162,7 @@ def _describe(url: URL, err: BaseException) -> str | None:
                 f"{storage_options(url.scheme).get('endpoint_url', 'the default endpoint')}; "
                 f"create it first or check the URL")
     if any(k in text for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
-                               "Forbidden", "403")):
+                               "Forbidden", "PermissionError")):
         return f"{url}: access denied ({' '.join(str(err).split())[:100]}); {_credentials_hint(url)}"
     if any(k in text for k in ("EndpointConnectionError", "Could not connect", "ConnectTimeout",
                                "ClientConnectorError", "Cannot connect")):

@@ -1,0 +1,86 @@
+"""`submit -- fit` on a two-node token cluster (`ray start`, 127.0.0.1) with the store and the
+run on an S3-compatible server (moto, 127.0.0.1): the job reads s3://bkt/store.zarr and writes
+s3://bkt/run, and `leaderboard` reads that run here. Slow: it starts its own cluster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("moto")
+pytest.importorskip("s3fs")
+
+from tests.cluster.raycluster import RayStartCluster  # noqa: E402
+from tests.cluster.s3server import S3Server  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = S3Server()
+    try:
+        server.make_bucket("bkt")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, s3):
+    from engine.compile_cache import compilation_cache_dir
+
+    # the nodes' environment carries the credentials and endpoint, as on a cloud cluster
+    aws = {k: v for k, v in s3.env({}).items()}
+    c = RayStartCluster(tmp_path_factory.mktemp("raycluster"),
+                        env={"JAX_COMPILATION_CACHE_DIR": compilation_cache_dir(), **aws})
+    try:
+        c.start_head()
+        c.add_node("worker")
+        yield c
+    finally:
+        c.stop()
+
+
+def _cli(*args, env, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *map(str, args)],
+                          env=dict(env, PYTHONPATH=str(REPO)), cwd=cwd, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_submit_fit_reads_and_writes_s3(cluster, s3, tmp_path, monkeypatch):
+    import numpy as np
+    import pandas as pd
+
+    from tests.cluster.conftest import simulate_2pl
+
+    y = simulate_2pl(24, 60, seed=3)
+    df = pd.DataFrame(y, columns=[f"q{j}" for j in range(60)])
+    df.insert(0, "model", [f"m{i}" for i in range(24)])
+    df.to_csv(tmp_path / "r.csv", index=False)
+    env = s3.env({k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH")})
+    env["RAY_AUTH_TOKEN"] = cluster.token
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+    proc = _cli("ingest", tmp_path / "r.csv", "--out", "s3://bkt/store.zarr", env=env,
+                cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _cli("submit", "--address", cluster.dashboard, "--python", sys.executable, "--",
+                "fit", "s3://bkt/store.zarr", "--out", "s3://bkt/run", "--quiet",
+                env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "uploaded s3://bkt/run" in proc.stdout, proc.stdout[-2000:]
+    assert not list(tmp_path.glob("s3*"))  # nothing written under a path named like the URL
+    board = _cli("leaderboard", "s3://bkt/run", "--top-k", "24", env=env, cwd=tmp_path)
+    assert board.returncode == 0, board.stderr[-2000:]
+    assert all(f" m{i} " in board.stdout for i in range(24))
+    from engine.run import load_run
+
+    for key, value in s3.env({}).items():
+        monkeypatch.setenv(key, value)
+    run = load_run("s3://bkt/run")
+    assert run.info["data"]["store"] == "s3://bkt/store.zarr"
+    assert np.isfinite(run.subjects["ability_mean"]).all()
