@@ -22,7 +22,7 @@ from engine.infer.settings import FitSettings
 from engine.run import load_run
 
 CLI = [sys.executable, "-m", "engine.cli"]
-FIT = ["--model", "2pl", "--quiet", "--seed", "4", "--max-passes", "60", "--tol", "1e-12",
+FIT = ["--model", "2pl", "--quiet", "--seed", "4", "--max-passes", "30", "--tol", "1e-12",
        "--checkpoint-every", "2", "--draws", "100", "--ability-factor", "gaussian"]
 
 

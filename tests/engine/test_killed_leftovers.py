@@ -72,7 +72,7 @@ def test_kill_9_during_a_streamed_fit_then_resume_equals_a_whole_fit(tmp_path):
     source = make_source(open_store(tmp_path / "s"), FitSettings(memory_budget=parse_bytes(budget)))
     assert isinstance(source, StreamingSource)
     args = ["fit", str(tmp_path / "s"), "--model", "2pl", "--quiet", "--seed", "3",
-            "--max-passes", "80", "--tol", "1e-12", "--checkpoint-every", "2", "--draws", "100",
+            "--max-passes", "40", "--tol", "1e-12", "--checkpoint-every", "2", "--draws", "100",
             "--ability-factor", "gaussian", "--memory-budget", budget, "--out"]
     whole = subprocess.run(CLI + args + [str(tmp_path / "whole")], capture_output=True, text=True)
     assert whole.returncode == 0, whole.stderr
