@@ -4,6 +4,7 @@ s3://bkt/run, and `leaderboard` reads that run here. Slow: it starts its own clu
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,32 @@ def test_submit_fit_reads_and_writes_s3(cluster, s3, tmp_path, monkeypatch):
     run = load_run("s3://bkt/run")
     assert run.info["data"]["store"] == "s3://bkt/store.zarr"
     assert np.isfinite(run.subjects["ability_mean"]).all()
+
+
+def test_stability_with_address_reads_trial_items_from_s3(cluster, s3, tmp_path, monkeypatch):
+    """Under a budget smaller than the matrix, the trial tasks on both nodes read the items
+    they sample from the S3 store; every trial lands once and the result is uploaded."""
+    import pandas as pd
+
+    from tests.cluster.conftest import simulate_2pl
+    from engine.data.store import write_store
+
+    for key, value in s3.env({}).items():
+        monkeypatch.setenv(key, value)
+    y = simulate_2pl(24, 60, seed=4)
+    write_store(y, [f"m{i}" for i in range(24)], [f"q{j}" for j in range(60)],
+                "s3://bkt/stab.zarr")
+    env = s3.env({k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH")})
+    env["RAY_AUTH_TOKEN"] = cluster.token
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+    proc = _cli("stability", "s3://bkt/stab.zarr", "--out", "s3://bkt/stab", "--address",
+                cluster.address, "--sizes", "10", "--trials-per-size", "4", "--batch-size", "1",
+                "--passes", "6", "--quiet", "--memory-budget", "1K", env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fs = s3.filesystem()
+    with fs.open("bkt/stab/stability.parquet") as f:
+        rows = pd.read_parquet(f)
+    assert sorted(rows[rows["method"] == "irt"]["trial"]) == [0, 1, 2, 3]
+    with fs.open("bkt/stab/stability.json") as f:
+        info = json.load(f)
+    assert info["data"]["trial_data"] == "read from the store per trial"
