@@ -25,7 +25,8 @@ from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState, init_guide
 from engine.models.spec import ModelSpec
 
-__all__ = ["NutsSettings", "NutsDraws", "make_log_joint", "sample_nuts", "nuts_fit_result",
+__all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "make_sampler",
+           "sample_nuts", "pool_identical_rows", "nuts_fit_result",
            "nuts_memory_bytes", "check_nuts_memory", "diagnostics", "to_inference_data",
            "NUTS_CELL_FACTOR"]
 
@@ -115,19 +116,25 @@ def _check_model(spec: ModelSpec) -> None:
                          f"to sample; use a model with continuous parameter blocks")
 
 
-def make_log_joint(spec: ModelSpec, y: np.ndarray) -> Callable:
-    """``log_joint(z) -> scalar``: log prior plus log-likelihood of the whole matrix ``y``
-    (int8 with -1 missing, or float32 with NaN missing) at unconstrained ``z``."""
+def make_log_density(spec: ModelSpec, num_subjects: int, num_items: int) -> Callable:
+    """``log_density(z, y) -> scalar``: log prior plus log-likelihood of a whole matrix ``y``
+    (int8 with -1 missing, or float32 with NaN missing) at unconstrained ``z``; the data is an
+    argument, so one compiled program serves every matrix of this shape."""
     _check_model(spec)
-    num_subjects, num_items = y.shape
     loglik = make_log_likelihood(spec, num_subjects, num_items)
     rows, cols = jnp.arange(num_subjects), jnp.arange(num_items)
+
+    def log_density(z, y):
+        return log_prior(spec, z) + loglik(z, rows, cols, y)
+
+    return log_density
+
+
+def make_log_joint(spec: ModelSpec, y: np.ndarray) -> Callable:
+    """``log_joint(z) -> scalar``: :func:`make_log_density` at the matrix ``y``."""
+    log_density = make_log_density(spec, *np.shape(y))
     yd = jnp.asarray(y)
-
-    def log_joint(z):
-        return log_prior(spec, z) + loglik(z, rows, cols, yd)
-
-    return log_joint
+    return lambda z: log_density(z, yd)
 
 
 def nuts_memory_bytes(spec: ModelSpec, num_subjects: int, num_items: int,
@@ -176,53 +183,74 @@ def _initial_positions(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, k
     return out
 
 
-def _make_sampler(log_joint: Callable, settings: NutsSettings) -> Callable:
-    """``run(keys, positions) -> NutsDraws`` for all chains at once (to be jitted)."""
+def make_sampler(spec: ModelSpec, num_subjects: int, num_items: int,
+                 settings: NutsSettings) -> Callable:
+    """``sample(y, keys, positions) -> NutsDraws`` for all chains at once, jitted once for
+    this shape: a new matrix of the same shape and dtype reuses the compiled program (the
+    data is an argument, not a constant of the program).
+
+    ``keys`` is ``(chains, 2)``, ``positions`` each chain's unconstrained start per block
+    (:func:`_initial_positions`). Each chain adapts its own step size and diagonal mass
+    matrix (blackjax window adaptation), then draws.
+    """
     import blackjax
     from blackjax.adaptation.base import get_filter_adapt_info_fn
 
-    warmup = blackjax.window_adaptation(
-        blackjax.nuts, log_joint, target_acceptance_rate=settings.target_accept,
-        adaptation_info_fn=get_filter_adapt_info_fn(),  # keep no per-step warm-up history
-        max_num_doublings=settings.max_tree_depth)
+    log_density = make_log_density(spec, num_subjects, num_items)
 
-    def one_chain(key, position):
-        warm_key, draw_key = jax.random.split(key)
-        if settings.num_warmup > 0:
-            (state, params), _ = warmup.run(warm_key, position, num_steps=settings.num_warmup)
-        else:
-            state = blackjax.nuts.init(position, log_joint)
-            size = sum(v.size for v in jax.tree.leaves(position))
-            params = {"step_size": jnp.float32(0.1), "inverse_mass_matrix": jnp.ones(size)}
-        kernel = blackjax.nuts(log_joint, params["step_size"], params["inverse_mass_matrix"],
-                               max_num_doublings=settings.max_tree_depth)
+    def sample(y, keys, positions):
+        target = lambda z: log_density(z, y)
+        warmup = blackjax.window_adaptation(
+            blackjax.nuts, target, target_acceptance_rate=settings.target_accept,
+            adaptation_info_fn=get_filter_adapt_info_fn(),  # keep no per-step warm-up history
+            max_num_doublings=settings.max_tree_depth)
 
-        def body(state, k):
-            state, info = kernel.step(k, state)
-            return state, (state.position, info.is_divergent, info.acceptance_rate,
-                           info.num_integration_steps, state.logdensity)
+        def one_chain(key, position):
+            warm_key, draw_key = jax.random.split(key)
+            if settings.num_warmup > 0:
+                (state, params), _ = warmup.run(warm_key, position, num_steps=settings.num_warmup)
+            else:
+                state = blackjax.nuts.init(position, target)
+                size = sum(v.size for v in jax.tree.leaves(position))
+                params = {"step_size": jnp.float32(0.1), "inverse_mass_matrix": jnp.ones(size)}
+            kernel = blackjax.nuts(target, params["step_size"], params["inverse_mass_matrix"],
+                                   max_num_doublings=settings.max_tree_depth)
 
-        _, out = jax.lax.scan(body, state, jax.random.split(draw_key, settings.num_samples))
-        return NutsDraws(*out, params["step_size"])
+            def body(state, k):
+                state, info = kernel.step(k, state)
+                return state, (state.position, info.is_divergent, info.acceptance_rate,
+                               info.num_integration_steps, state.logdensity)
 
-    return jax.vmap(one_chain)
+            _, out = jax.lax.scan(body, state, jax.random.split(draw_key, settings.num_samples))
+            return NutsDraws(*out, params["step_size"])
+
+        return jax.vmap(one_chain)(keys, positions)
+
+    return jax.jit(sample)
 
 
-def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings) -> tuple[NutsDraws, dict]:
+def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
+                sampler: Callable | None = None) -> tuple[NutsDraws, dict]:
     """Draw from the exact posterior of ``spec`` given the whole matrix ``y``.
+
+    ``sampler`` (from :func:`make_sampler` for ``y``'s shape and these settings) is reused
+    when given, so many matrices of one shape compile once; its first call then compiles
+    inside ``wall_s`` (``compile_s`` is 0).
 
     Returns
     -------
     (draws, timings) : host arrays; timings hold ``wall_s`` and ``compile_s``.
     """
     start = time.perf_counter()
-    log_joint = make_log_joint(spec, y)
+    _check_model(spec)
     init_key, chain_key = jax.random.split(jax.random.PRNGKey(settings.seed))
     positions = _initial_positions(spec, y, settings, init_key)
     keys = jax.random.split(chain_key, settings.num_chains)
-    compiled = jax.jit(_make_sampler(log_joint, settings)).lower(keys, positions).compile()
+    yd = jnp.asarray(y)
+    if sampler is None:  # compile apart, to report the time it takes
+        sampler = make_sampler(spec, *np.shape(y), settings).lower(yd, keys, positions).compile()
     compile_s = time.perf_counter() - start
-    draws = jax.device_get(compiled(keys, positions))
+    draws = jax.device_get(sampler(yd, keys, positions))
     return draws, {"wall_s": time.perf_counter() - start, "compile_s": compile_s}
 
 
@@ -295,6 +323,35 @@ def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
             "mean_acceptance": float(np.mean(draws.acceptance_rate))}
 
 
+def pool_identical_rows(spec: ModelSpec, y: np.ndarray, draws: NutsDraws) -> tuple[NutsDraws, int]:
+    """Give subjects with identical response rows (missing cells included) the same draws.
+
+    Their abilities are exchangeable in the posterior, so each has the group's marginal;
+    draw ``t`` of the group is member ``t mod m``'s draw ``t`` (jointly drawn with every
+    other parameter at ``t``), so every member gets the same ability, interval, rank
+    statistics and tie group, from all members' draws. Only for models whose subjects have
+    one scalar block; returns ``(draws, rows whose draws were replaced)``.
+    """
+    subject = spec.by_owner("subject")
+    if len(subject) != 1 or subject[0].shape != ():
+        return draws, 0
+    rows = np.where(np.asarray(y) >= 0, np.asarray(y, np.float64), -1.0)  # NaN -> -1
+    _, group, counts = np.unique(rows, axis=0, return_inverse=True, return_counts=True)
+    group = group.reshape(-1)
+    if counts.max() == 1:
+        return draws, 0
+    name = subject[0].name
+    v = np.asarray(draws.position[name])  # (chains, samples, subjects)
+    t = np.arange(v.shape[0] * v.shape[1]).reshape(v.shape[:2])
+    out, pooled = v.copy(), 0
+    for g in np.flatnonzero(counts > 1):
+        members = np.flatnonzero(group == g)
+        pick = members[t % members.size]  # (chains, samples)
+        out[:, :, members] = np.take_along_axis(v, pick[..., None], axis=2)
+        pooled += members.size
+    return draws._replace(position={**draws.position, name: out}), pooled
+
+
 def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
                     subjects=None, items=None) -> FitResult:
     """Sample, diagnose and package NUTS draws as a :class:`FitResult`.
@@ -307,7 +364,12 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     draws, timings = sample_nuts(spec, y, settings)
     constrained = constrain_draws(spec, draws.position)
     idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
-    diag = diagnostics(spec, idata, settings, draws)
+    diag = diagnostics(spec, idata, settings, draws)  # of the chains as drawn
+    draws, pooled = pool_identical_rows(spec, y, draws)
+    if pooled:
+        constrained = constrain_draws(spec, draws.position)
+        idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
+    diag["pooled_rows"] = pooled
     flat = {k: np.asarray(v, np.float64).reshape((-1,) + v.shape[2:])
             for k, v in draws.position.items()}
     guide = GuideState({k: v.mean(axis=0).astype(np.float32) for k, v in flat.items()},

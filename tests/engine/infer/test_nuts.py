@@ -195,3 +195,63 @@ def test_log_joint_likelihood_equals_the_fit_terms(model):
     fit_terms = make_block_terms(spec, *shape, with_hessian=False, per_cell=True)
     assert float(ours) == pytest.approx(float(fit_terms(z, rows, cols, jnp.asarray(y)).value),
                                         rel=1e-5)
+
+
+def test_new_data_of_one_shape_reuses_the_compiled_sampler(monkeypatch):
+    """The data is an argument of the compiled sampler: two matrices, one trace."""
+    import engine.infer.nuts as nuts
+
+    traces = []
+    real = nuts.make_log_density
+
+    def counting(*args):
+        f = real(*args)
+
+        def log_density(z, y):
+            traces.append(1)  # runs only while jax traces
+            return f(z, y)
+
+        return log_density
+
+    monkeypatch.setattr(nuts, "make_log_density", counting)
+    settings = NutsSettings(num_chains=2, num_warmup=20, num_samples=10, seed=0)
+    spec = get_model("1pl")
+    sampler = nuts.make_sampler(spec, 12, 4, settings)
+    rng = np.random.default_rng(0)
+    y1, y2 = (rng.random((2, 12, 4)) < 0.5).astype(np.int8)
+    d1, _ = nuts.sample_nuts(spec, y1, settings, sampler=sampler)
+    first = len(traces)
+    d2, t2 = nuts.sample_nuts(spec, y2, settings, sampler=sampler)
+    assert first > 0 and len(traces) == first  # no new trace for the second matrix
+    assert not np.allclose(d1.position["ability"], d2.position["ability"])
+    # the same draws as a sampler compiled for y2 alone
+    d3, _ = nuts.sample_nuts(spec, y2, settings)
+    np.testing.assert_allclose(d2.position["ability"], d3.position["ability"], rtol=1e-5, atol=1e-5)
+
+
+def test_identical_sheets_get_identical_read_outs(tmp_path):
+    """Subjects with the same responses (missing cells included) share NUTS draws, so their
+    ability, interval, rank statistics and P(beats) are equal; a different sheet is not."""
+    rng = np.random.default_rng(7)
+    y = (rng.random((14, 5)) < 0.6).astype(np.int8)
+    y[1] = y[0]
+    y[2] = y[0]
+    y[5] = y[4]
+    y[5, 3] = -1  # same answers but one missing: a different sheet
+    y[6] = y[3]
+    res = fit_nuts(y, "1pl", FAST.replace(num_chains=2, num_samples=300))
+    _, counts = np.unique(y, axis=0, return_counts=True)
+    assert res.extra["diagnostics"]["pooled_rows"] == counts[counts > 1].sum() >= 5
+    a = res.draws["ability"]
+    np.testing.assert_array_equal(a[..., 0], a[..., 1])
+    np.testing.assert_array_equal(a[..., 0], a[..., 2])
+    np.testing.assert_array_equal(a[..., 3], a[..., 6])
+    assert not np.array_equal(a[..., 4], a[..., 5])
+    save_run(res, tmp_path / "run")
+    import pandas as pd
+    table = pd.read_parquet(tmp_path / "run" / "subjects.parquet").drop(columns=["subject"],
+                                                                        errors="ignore")
+    for i, j in ((0, 1), (0, 2), (3, 6)):
+        pd.testing.assert_series_equal(table.iloc[i], table.iloc[j], check_names=False)
+    p = np.load(tmp_path / "run" / "pairwise.npz")["p_beats"]
+    np.testing.assert_array_equal(p[0, 3:], p[1, 3:])
