@@ -12,6 +12,18 @@ guide's factor, both as Gaussians on the unconstrained scale. Items whose simula
 responses are all alike are fitted as unobserved (prior only), as every fit does.
 
     python benchmarks/bench_sbc.py --reps 100 --out benchmarks/results/sbc.json
+
+``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, vague
+priors as above, constant items set aside as ``fit_nuts`` does): one compiled sampler per
+model and shape (the data is its argument), 2 chains; each block's draws are thinned by
+its bulk ESS (stride ``ceil(draws / ESS)``) so the ranked draws are close to independent,
+and the rank among the ``m`` thinned draws is mapped to ``0..L`` as
+``floor((r + u) (L + 1) / (m + 1))``, ``u ~ U(0, 1)``, which is uniform when ``r`` is.
+``--time-limit`` (seconds per model and shape) stops a row early; the rows say how many
+replicates ran.
+
+    nice -n 10 python benchmarks/bench_sbc.py --method nuts --reps 200 \
+        --out benchmarks/results/sbc_nuts.json --plot benchmarks/results/sbc_nuts.png
 """
 
 from __future__ import annotations
@@ -67,6 +79,47 @@ def _ranks(model: str, s: int, n: int, rep: int, num_draws: int, factor: str) ->
     return out
 
 
+def _nuts_ranks(model: str, s: int, n: int, rep: int, num_draws: int, sampler, settings) -> dict:
+    """One replicate's ranks among thinned NUTS draws (see the module docstring)."""
+    import warnings
+
+    from engine.infer.nuts import sample_nuts
+    from engine.models.registry import get_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz as az
+    rng = np.random.default_rng(10_000 + rep)
+    t = _prior_draw(model, s, n, rng)
+    p = expit(np.exp(t["log_discrimination"])[None, :] * (t["ability"][:, None] - t["difficulty"][None, :]))
+    y = (rng.random((s, n)) < p).astype(np.int8)
+    constant = np.ptp(y, axis=0) == 0
+    y_fit = y.copy()
+    y_fit[:, constant] = -1  # prior only, as fit_nuts does
+    draws, _ = sample_nuts(get_model(model), y_fit, settings.replace(seed=rep), sampler=sampler)
+    pos = {k: np.asarray(v) for k, v in draws.position.items()}
+    out = {"converged": bool(draws.diverging.sum() == 0), "constant_share": float(constant.mean()),
+           "mean_steps": float(np.mean(draws.num_steps))}
+
+    def rank(chains: np.ndarray, truth: float) -> int:
+        ess = float(az.ess(chains[None] if chains.ndim == 1 else chains, method="bulk"))
+        flat = chains.reshape(-1)
+        thinned = flat[::max(1, int(np.ceil(flat.size / max(ess, 1.0))))]
+        r = int((thinned < truth).sum())
+        return int(np.floor((r + rng.random()) * (num_draws + 1) / (thinned.size + 1)))
+
+    out["ability"] = rank(pos["ability"][..., 0], t["ability"][0])
+    for label, found in (("informative", np.flatnonzero(~constant)), ("set aside", np.flatnonzero(constant))):
+        if not found.size:
+            continue
+        j = found[0]
+        out[f"difficulty ({label})"] = rank(pos["difficulty"][..., j], t["difficulty"][j])
+        if model == "2pl":  # the unconstrained block is log a
+            out[f"log_discrimination ({label})"] = rank(pos["discrimination"][..., j],
+                                                        t["log_discrimination"][j])
+    return out
+
+
 def chi_square(ranks: np.ndarray, num_draws: int, bins: int) -> tuple[float, float, list[int]]:
     counts = np.histogram(ranks, bins=bins, range=(0, num_draws + 1))[0]
     stat, p = stats.chisquare(counts)
@@ -85,6 +138,12 @@ def main() -> None:
     ap.add_argument("--replot", default=None, metavar="JSON", help="only redraw a results file")
     ap.add_argument("--ability-factor", default="gaussian", choices=["gaussian", "auto", "quadrature"],
                     help="the fit's ability factor (gaussian: the default mean-field fit)")
+    ap.add_argument("--method", default="fit", choices=["fit", "nuts"],
+                    help="fit: the default fit (--ability-factor); nuts: NUTS draws")
+    ap.add_argument("--nuts-warmup", type=int, default=300)
+    ap.add_argument("--nuts-samples", type=int, default=500, help="per chain (2 chains)")
+    ap.add_argument("--time-limit", type=float, default=float("inf"),
+                    help="seconds per model and shape; later replicates are skipped")
     args = ap.parse_args()
     if args.replot:
         _plot(json.loads(Path(args.replot).read_text())["rows"], args.plot)
@@ -94,18 +153,38 @@ def main() -> None:
     for model in args.models.split(","):
         for shape in args.shapes.split(","):
             s, n = map(int, shape.split("x"))
-            reps = [_ranks(model, s, n, r, args.draws, args.ability_factor) for r in range(args.reps)]
-            blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share"})
+            row_start = time.time()
+            if args.method == "nuts":
+                from engine.infer.nuts import NutsSettings, make_sampler
+                from engine.models.registry import get_model
+
+                settings = NutsSettings(num_chains=2, num_warmup=args.nuts_warmup,
+                                        num_samples=args.nuts_samples)
+                sampler = make_sampler(get_model(model), s, n, settings)
+                reps = []
+                for r in range(args.reps):
+                    if time.time() - row_start > args.time_limit:
+                        break
+                    reps.append(_nuts_ranks(model, s, n, r, args.draws, sampler, settings))
+            else:
+                reps = [_ranks(model, s, n, r, args.draws, args.ability_factor) for r in range(args.reps)]
+            blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share", "mean_steps"})
             for block in blocks:
                 ranks = np.array([r[block] for r in reps if block in r])
                 stat, p, counts = chi_square(ranks, args.draws, args.bins)
                 rows.append({"model": model, "shape": shape, "block": block, "reps": len(ranks),
                              "chi2": stat, "df": args.bins - 1, "p": p, "counts": counts,
                              "constant_share": float(np.mean([r["constant_share"] for r in reps])),
-                             "converged": float(np.mean([r["converged"] for r in reps]))})
+                             "converged": float(np.mean([r["converged"] for r in reps])),
+                             "row_wall_s": time.time() - row_start,
+                             **({"mean_steps": float(np.mean([r["mean_steps"] for r in reps]))}
+                                if args.method == "nuts" else {})})
                 print(f"{model} {shape} {block:34s} n={len(ranks):4d} chi2={stat:7.2f} "
                       f"p={p:.3f} {counts}", flush=True)
-    meta = {"ability_factor": args.ability_factor, "machine": platform.processor() or platform.machine(), "cores": 2, "reps": args.reps,
+    meta = {"method": args.method, "ability_factor": args.ability_factor,
+            **({"nuts": {"chains": 2, "warmup": args.nuts_warmup, "samples": args.nuts_samples,
+                         "thinning": "stride ceil(draws / bulk ESS) per block"}}
+               if args.method == "nuts" else {}), "machine": platform.processor() or platform.machine(), "cores": 2, "reps": args.reps,
             "draws": args.draws, "bins": args.bins, "wall_s": time.time() - t0, "rows": rows}
     Path(args.out).write_text(json.dumps(meta, indent=2))
     _plot(rows, args.plot)
