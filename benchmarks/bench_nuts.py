@@ -15,6 +15,13 @@ Parts:
   23,907 parameters), with reduced settings (``--squad-chains``, ``--squad-warmup``,
   ``--squad-samples``): the time per gradient and per draw, to say what a full run costs.
 
+- ``profile``: the 200 x 400 2PL's cost per gradient (one chain, and four under ``vmap``),
+  the sampler's compile time, and the posterior's geometry at the mode (Laplace: the exact
+  1,000 x 1,000 Hessian): the spread of the covariance's eigenvalues after whitening by
+  the marginal sds (what a diagonal mass matrix can do), after also taking out the model's
+  declared symmetry directions (shift, scale), and how closely those directions match the
+  top eigenvectors.
+
 Each NUTS time includes compilation (reported apart). ESS/s is the smallest bulk ESS over
 every parameter divided by the whole wall time.
 """
@@ -81,6 +88,72 @@ def _gradient_ms(y: np.ndarray, model: str = "2pl", reps: int = 20) -> float:
         out = g(z)
     jax.block_until_ready(out)
     return (time.perf_counter() - start) / reps * 1e3
+
+
+def profile(shape=(200, 400)) -> dict:
+    """Where the 200 x 400 2PL's NUTS time goes (see the module docstring)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax.flatten_util import ravel_pytree
+
+    from engine.infer.nuts import _initial_positions, make_log_joint, make_sampler
+    from engine.models.registry import get_model
+
+    y = simulate_2pl(*shape, seed=0)["responses"]
+    spec = get_model("2pl")
+    settings = NutsSettings()
+    positions = _initial_positions(spec, y, settings, jax.random.PRNGKey(0))
+    keys = jax.random.split(jax.random.PRNGKey(1), settings.num_chains)
+    start = time.perf_counter()
+    make_sampler(spec, *shape, settings).lower(jnp.asarray(y), keys, positions).compile()
+    compile_s = time.perf_counter() - start
+    log_joint = make_log_joint(spec, y)
+    g4 = jax.jit(jax.vmap(jax.value_and_grad(log_joint)))
+    jax.block_until_ready(g4(positions))
+    start = time.perf_counter()
+    for _ in range(50):
+        out = g4(positions)
+    jax.block_until_ready(out)
+    grad4_ms = (time.perf_counter() - start) / 50 * 1e3
+    flat, unravel = ravel_pytree({k: v[0] * 0 for k, v in positions.items()})
+    neg = jax.jit(lambda x: -log_joint(unravel(x)))
+    opt, vg = optax.lbfgs(), optax.value_and_grad_from_state(neg)
+
+    @jax.jit
+    def step(x, st):
+        v, g = vg(x, state=st)
+        u, st = opt.update(g, st, x, value=v, grad=g, value_fn=neg)
+        return optax.apply_updates(x, u), st
+
+    x, st = flat, opt.init(flat)
+    for _ in range(300):
+        x, st = step(x, st)
+    cov = np.linalg.inv(np.asarray(jax.jit(jax.hessian(neg))(x), np.float64))
+    sd = np.sqrt(np.diag(cov))
+    white = cov / sd[:, None] / sd[None, :]
+    val, vec = np.linalg.eigh(white)
+    mode = unravel(x)
+    names = sorted(mode)
+    tangent = lambda d: np.asarray(ravel_pytree({k: jnp.asarray(d[k], jnp.float32) for k in names})[0])
+    directions = {"shift": tangent({"ability": np.ones(shape[0]), "difficulty": np.ones(shape[1]),
+                                    "discrimination": np.zeros(shape[1])}),
+                  "scale": tangent({"ability": mode["ability"], "difficulty": mode["difficulty"],
+                                    "discrimination": -np.ones(shape[1])})}
+    overlap = {}
+    for name, v in directions.items():
+        u = v / sd
+        u /= np.linalg.norm(u)
+        overlap[name] = {"top1": float(abs(vec[:, -1] @ u)), "top2": float(abs(vec[:, -2] @ u)),
+                         "whitened_variance": float(u @ white @ u)}
+    rest = val[:-2]
+    return {"shape": list(shape), "compile_s": round(compile_s, 2),
+            "gradient_ms_1_chain": round(_gradient_ms(y), 3), "gradient_ms_4_chains_vmap":
+            round(grad4_ms, 3), "whitened_eigenvalues_top": val[-4:].tolist(),
+            "whitened_eigenvalues_bottom": val[:3].tolist(),
+            "sd_ratio_diagonal": float(np.sqrt(val[-1] / val[0])),
+            "sd_ratio_without_top2": float(np.sqrt(rest[-1] / rest[0])),
+            "symmetry_overlap": overlap}
 
 
 def lsat7(settings: NutsSettings) -> dict:
@@ -154,7 +227,9 @@ def main(argv=None) -> int:
     default = NutsSettings(seed=args.seed)
     for part in args.parts.split(","):
         print(f"== {part}", flush=True)
-        if part == "lsat7":
+        if part == "profile":
+            results[part] = profile()
+        elif part == "lsat7":
             results[part] = lsat7(default)
         elif part == "sim":
             results[part] = sim(default)
@@ -163,7 +238,7 @@ def main(argv=None) -> int:
                                                num_warmup=args.squad_warmup,
                                                num_samples=args.squad_samples, seed=args.seed))
         else:
-            raise SystemExit(f"unknown part {part!r}; use lsat7, sim or squad")
+            raise SystemExit(f"unknown part {part!r}; use profile, lsat7, sim or squad")
         print(json.dumps(results[part], indent=1, default=float)[:3000], flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
