@@ -241,8 +241,31 @@ def _nuts_and_save(args) -> None:
     print(f"wrote {run.path} (draws in draws.nc, ArviZ)")
 
 
+def _scalar_subjects(run_dir):
+    """A run's subjects table when its ability is one number, read without JAX or the model
+    (``None`` for vector abilities, which need the model's posterior draws)."""
+    from engine import runfiles
+
+    if "://" in str(run_dir):  # a URL: load_run fetches it
+        return None
+    path = Path(run_dir)
+    info = runfiles.read_info(path)
+    params = (info.get("spec") or {}).get("params") or []
+    ability = next((p for p in params if p.get("name") == "ability"), None)
+    if ability is None or list(ability.get("shape", [None])) != []:
+        return None
+    runfiles.check_present(path, info)
+    return runfiles.read_table(path, info, "subjects.parquet")
+
+
 def cmd_leaderboard(args) -> int:
     from engine.readout.leaderboard import format_leaderboard, leaderboard
+
+    if getattr(args, "by", None) is None and args.rank is None:
+        subjects = _scalar_subjects(args.run)  # the everyday board: no JAX to import
+        if subjects is not None:
+            print(format_leaderboard(leaderboard(subjects, args.top_k)))
+            return 0
     from engine.run import load_run
 
     run = load_run(args.run)
