@@ -20,7 +20,7 @@ from cluster.io import write_json_atomic, write_parquet_atomic
 from cluster.resume import check_or_record, trial_record
 from cluster.runner import run_trials, session_for
 from cluster.settings import BootstrapSettings, RunnerSettings
-from cluster.trials import FitContext, TrialSpec, bootstrap_batch, trial_seed
+from cluster.trials import FitContext, TrialSpec, bootstrap_batch, trial_fit_settings, trial_seed
 from cluster.columns import StoreColumns, trial_responses
 from engine.api import fit
 from engine.infer.settings import FitSettings
@@ -84,6 +84,7 @@ def run_bootstrap(data, out: str | Path, settings: BootstrapSettings = Bootstrap
     rows), ``intervals.parquet`` and ``bootstrap.json`` under ``out``."""
     out = Path(out)
     t0 = time.perf_counter()
+    fit_settings = trial_fit_settings(fit_settings)
     y, info = trial_responses(data, fit_settings.memory_budget)  # over the budget: by reference
     in_memory = not isinstance(y, StoreColumns)
     record = trial_record("bootstrap", settings, fit_settings, y if in_memory else None,

@@ -20,7 +20,7 @@ from cluster.resume import check_or_record, trial_record
 from cluster.runner import run_trials, session_for
 from cluster.settings import RunnerSettings, StabilitySettings
 from cluster.trials import (FitContext, StabilityContext, TrialSpec, ability_of, stability_batch,
-                            subject_accuracy, trial_seed)
+                            subject_accuracy, trial_fit_settings, trial_seed)
 from cluster.columns import StoreColumns, trial_responses
 from engine.api import fit
 from engine.infer.settings import FitSettings
@@ -117,6 +117,7 @@ def run_stability(data, out: str | Path, settings: StabilitySettings = Stability
     """
     out = Path(out)
     t0 = time.perf_counter()
+    fit_settings = trial_fit_settings(fit_settings)
     y, info = trial_responses(data, fit_settings.memory_budget)  # over the budget: by reference
     in_memory = not isinstance(y, StoreColumns)
     trials = plan(settings, y.shape[1])  # validates the sizes before anything is written

@@ -20,6 +20,7 @@ from scipy.stats import kendalltau
 
 from cluster.columns import StoreColumns, columns
 from engine.api import set_aside_constant
+from engine.errors import SettingsError
 from engine.infer.batch import fit_batch, slice_guide
 from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
@@ -43,6 +44,20 @@ class TrialSpec:
     @property
     def key(self) -> tuple[int, int]:
         return (self.group, self.index)
+
+
+def trial_fit_settings(fit_settings: FitSettings) -> FitSettings:
+    """The settings of a trial command's full fit: mean-field, as its trials' batched refits
+    are (``auto`` resolves to ``gaussian``), so the full fit and the trials share one scale.
+
+    Raises
+    ------
+    SettingsError : ``ability_factor="quadrature"`` was asked for.
+    """
+    if fit_settings.ability_factor == "quadrature":
+        raise SettingsError("trial commands refit by mean-field variational inference (their "
+                            "trials are batched); use --ability-factor auto or gaussian")
+    return fit_settings.replace(ability_factor="gaussian")
 
 
 def trial_seed(base: int, group: int, index: int) -> int:

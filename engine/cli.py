@@ -72,7 +72,7 @@ def _settings(args):
                        seed=args.seed, num_devices=args.devices, progress=not args.quiet,
                        checkpoint_every=getattr(args, "checkpoint_every", 0),
                        mc_draws=getattr(args, "mc_draws", 0),
-                       ability_factor=getattr(args, "ability_factor", "gaussian"),
+                       ability_factor=getattr(args, "ability_factor", "auto"),
                        memory_budget=parse_bytes(budget) if budget is not None else None)
 
 
@@ -641,7 +641,8 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
-    p.add_argument("--optimizer", default="newton", choices=["newton", "adam"])
+    p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
+                   help="auto (default): the model's own (adam for gamma), else newton")
     p.add_argument("--max-passes", type=_POSITIVE, default=500)
     p.add_argument("--tol", type=_TOL, default=1e-4, help="relative ELBO change to stop at")
     p.add_argument("--seed", type=int, default=0)
@@ -651,12 +652,12 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
                    help="Monte Carlo draws of the posterior averaged per step (default 0: "
                         "automatic, up to 16 below a million observed cells)")
     p.add_argument("--top-k", type=_POSITIVE, default=3, help="k of the P(top-k) column")
-    p.add_argument("--ability-factor", default="gaussian",
+    p.add_argument("--ability-factor", default="auto",
                    choices=["auto", "gaussian", "quadrature"],
                    help="quadrature: abilities integrated out (binary 1PL-4PL/feas, vague "
-                        "priors), items at their marginal mode; gaussian (default): mean-field; "
-                        "auto: quadrature up to 1,000 responses per subject (fit.json records "
-                        "which)")
+                        "priors), items at their marginal mode; gaussian: mean-field; auto (default): "
+                        "quadrature where it applies, up to 1,000 responses per subject "
+                        "(fit.json records which)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dims", type=_POSITIVE, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
     p.add_argument("--inflation-owner", default=None, choices=["both", "subject", "item"],
@@ -822,7 +823,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--q-matrix", default=None, help="items x skills CSV for NAME:q models")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
-    p.add_argument("--optimizer", default="newton", choices=["newton", "adam"])
+    p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
+                   help="auto (default): the model's own (adam for gamma), else newton")
     p.add_argument("--max-passes", type=_POSITIVE, default=500)
     p.add_argument("--tol", type=_TOL, default=1e-4, help="relative ELBO change to stop at")
     p.add_argument("--seed", type=int, default=0, help="held-out cells, fits and draws")

@@ -243,6 +243,7 @@ def fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings = Fit
     counts the programs and the time spent tracing, lowering and compiling them.
     """
     use_compilation_cache()
+    settings = settings.for_model(spec)
     with count_compiles() as compiles:
         result = _fit_source(spec, source, settings, init=init, frozen=frozen,
                              progress_fn=progress_fn, checkpointer=checkpointer, resume=resume)
@@ -288,7 +289,7 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
             order_key, trace, recent = progress.order_key, list(progress.trace), progress.recent
             elapsed, compile_time = progress.elapsed_s, progress.compile_s
     smooth = [r["elbo_smooth"] for r in trace if "error" not in r]
-    converged = bool(trace) and converged_at(smooth, settings.tol, settings.patience,
+    converged = bool(trace) and converged_at(smooth, settings.tol, settings.stop_window,
                                              settings.min_passes)
     failed = any("error" in r for r in trace)
     t_start = time.perf_counter()
@@ -342,7 +343,7 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
         recent = (recent + [jax.device_get(state.guide)])[-settings.patience:]
         if progress_fn is not None:
             progress_fn(pass_idx, record)
-        if converged_at(smooth, settings.tol, settings.patience, settings.min_passes):
+        if converged_at(smooth, settings.tol, settings.stop_window, settings.min_passes):
             converged = True
             break
         if checkpointer is not None and checkpointer.due(len(trace)):
@@ -354,6 +355,11 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
     final = jax.tree.map(lambda *g: np.mean(np.stack([np.asarray(x) for x in g]), axis=0), *recent) \
         if recent else jax.tree.map(np.asarray, state.guide)
     final = GuideState(*final)
+    if frozen and recent:  # held blocks keep their values to the bit (a float32 mean of
+        last = jax.tree.map(np.asarray, recent[-1])  # equal values can round)
+        final = GuideState({n: last.loc[n] if n in frozen else v for n, v in final.loc.items()},
+                           {n: last.log_scale[n] if n in frozen else v
+                            for n, v in final.log_scale.items()})
     cross = {k: np.asarray(v) for k, v in jax.device_get(state.opt_state).items()} \
         if settings.optimizer == "newton" and trace else {}
     extra = {"source": type(source).__name__, "layout": source.layout, "mc_draws": draws}

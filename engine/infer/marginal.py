@@ -123,12 +123,14 @@ def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray) -> Gu
 
 def choose_ability_factor(spec: ModelSpec, y: np.ndarray | None, ability_factor: str,
                           max_items: int, *, frozen: bool = False,
-                          init: bool = False) -> dict:
+                          init: bool = False, variational: bool = False) -> dict:
     """How the abilities are fitted, read from the model and the data, for fit.json.
 
     ``quadrature`` where :func:`marginal_applies`, the matrix is in memory, no block is
     frozen and no start is given, and (``auto``) the median subject has at most
-    ``max_items`` observed responses; ``gaussian`` (mean-field) otherwise.
+    ``max_items`` observed responses and no variational setting was asked for
+    (``variational``: an optimizer or Monte Carlo draws named); ``gaussian`` (mean-field)
+    otherwise.
 
     Raises
     ------
@@ -148,12 +150,16 @@ def choose_ability_factor(spec: ModelSpec, y: np.ndarray | None, ability_factor:
     if ability_factor == "quadrature" and reasons:
         raise SettingsError(f"ability_factor='quadrature': {'; '.join(reasons)}; use "
                             "--ability-factor gaussian or auto")
+    if variational and ability_factor == "auto":
+        reasons.append("variational settings were given (optimizer or Monte Carlo draws)")
     if ability_factor == "gaussian" or reasons:
         method = "gaussian"
     elif ability_factor == "quadrature":
         method = "quadrature"
     else:
         method = "quadrature" if record["items_per_subject"] <= max_items else "gaussian"
+    if method == "gaussian" and reasons:
+        record["gaussian_because"] = reasons
     return record | {"method": method}
 
 

@@ -34,7 +34,10 @@ def parse_bytes(text: str | int) -> int:
         raise SettingsError(f"memory budget {text!r} must be positive; write it like 512M or 4G")
     return value
 
-OPTIMIZERS = ("newton", "adam")
+OPTIMIZERS = ("auto", "newton", "adam")
+# Adam stops on its plain Monte Carlo ELBO, noisier than Newton's and still climbing slowly
+# when a window of ``patience`` passes sees no change: it compares windows this much longer
+_ADAM_WINDOW = 3
 ABILITY_FACTORS = ("auto", "gaussian", "quadrature")
 # mc_draws = 0: draws per step until a step evaluates about this many cells, at most
 # _MAX_AUTO_DRAWS (a 10 x 1,418 leaderboard takes 16; 161 x 11,873 takes 1)
@@ -47,8 +50,9 @@ class FitSettings:
     """How a model is fitted.
 
     optimizer : ``newton`` (natural-gradient variational Newton with the exact diagonal
-        curvature of the per-cell log-likelihood; few passes) or ``adam`` (optax Adam on
-        the reparameterised ELBO gradient).
+        curvature of the per-cell log-likelihood; few passes), ``adam`` (optax Adam on
+        the reparameterised ELBO gradient), or ``auto`` (the default): the one the model
+        declares (``ModelSpec.optimizer``, e.g. Gamma-IRT's ridge needs Adam), else newton.
     max_passes, min_passes : bounds on passes over the data.
     tol, patience : converged when the mean ELBO over the last ``patience`` passes differs
         from the mean over the ``patience`` before by less than ``tol`` (relative); the
@@ -75,8 +79,8 @@ class FitSettings:
     ability_factor : ``quadrature`` integrates each scalar ability out on adaptive
         quadrature and fits the items at their marginal posterior mode
         (:mod:`engine.infer.marginal`; binary models with one scalar ability and vague
-        priors, matrices held in memory); ``gaussian`` (the default for now) is the mean-field
-        variational fit; ``auto`` takes quadrature where it applies and subjects have at most
+        priors, matrices held in memory); ``gaussian`` is the mean-field variational fit;
+        ``auto`` (the default) takes quadrature where it applies and subjects have at most
         ``quadrature_max_items`` observed responses (median), gaussian otherwise.
     quadrature_max_items : the ``auto`` switch's bound on responses per subject.
     bucket_shapes : pad a matrix held in memory in one tile with missing cells to bucketed
@@ -84,7 +88,7 @@ class FitSettings:
         programs; the padding takes no part in the fit.
     """
 
-    optimizer: str = "newton"
+    optimizer: str = "auto"
     max_passes: int = 500
     min_passes: int = 10
     tol: float = 1e-4
@@ -104,9 +108,21 @@ class FitSettings:
     checkpoint_every: int = 0
     memory_budget: int | None = None
     prefetch: int = 2
-    ability_factor: str = "gaussian"
+    ability_factor: str = "auto"
     quadrature_max_items: int = 1000
     bucket_shapes: bool = True
+
+    def for_model(self, spec) -> "FitSettings":
+        """These settings with ``optimizer="auto"`` resolved for ``spec``."""
+        if self.optimizer != "auto":
+            return self
+        return dataclasses.replace(self, optimizer=getattr(spec, "optimizer", None) or "newton")
+
+    @property
+    def stop_window(self) -> int:
+        """Passes per window of the convergence test: ``patience``, three times that for
+        Adam (its plain Monte Carlo ELBO needs the longer window to see a slow climb)."""
+        return self.patience * (_ADAM_WINDOW if self.optimizer == "adam" else 1)
 
     def __post_init__(self):
         if self.ability_factor not in ABILITY_FACTORS:

@@ -173,6 +173,9 @@ class ModelSpec:
         minus an expected error), for models whose ability alone does not order subjects
         (a per-subject boundary probability): read-outs then rank subjects by its average
         over the items (``engine.readout.expected.score_draws``).
+    optimizer : the variational optimizer ``FitSettings(optimizer="auto")`` takes for this
+        model (``newton`` when None): a likelihood whose posterior has a curved ridge the
+        diagonal Newton step stalls on declares ``adam``.
     """
 
     name: str
@@ -188,6 +191,7 @@ class ModelSpec:
     initial: Callable | None = field(default=None, compare=False, repr=False)
     linear: Linear | None = field(default=None, compare=False, repr=False)
     score: Callable | None = field(default=None, compare=False, repr=False)
+    optimizer: str | None = None
 
     def __post_init__(self):
         if self.linear is not None:

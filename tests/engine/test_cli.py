@@ -104,7 +104,7 @@ def test_mc_draws_flag_reaches_the_fit(tmp_path):
     for flag, expected in ((["--mc-draws", "3"], 3), ([], 16)):  # 12 cells: automatic = 16
         run = tmp_path / f"r{expected}"
         assert main(["fit", str(store), *flag, "--model", "1pl", "--max-passes", "12",
-                     "--out", str(run), "--quiet"]) == 0
+                     "--ability-factor", "gaussian", "--out", str(run), "--quiet"]) == 0
         info = json.loads((run / "fit.json").read_text())
         assert info["mc_draws_per_step"] == expected
         assert info["settings"]["mc_draws"] == (expected if flag else 0)

@@ -147,7 +147,8 @@ def test_resume_with_a_larger_pass_cap_continues_the_fit(tmp_path):
     y = _matrix(50, 80, seed=6)
     store = write_store(y, [f"s{k}" for k in range(50)], [f"i{k}" for k in range(80)],
                         tmp_path / "s.zarr")
-    settings = FitSettings(max_passes=4, min_passes=4, seed=2, checkpoint_every=1)
+    settings = FitSettings(max_passes=4, min_passes=4, seed=2, checkpoint_every=1,
+                           ability_factor="gaussian")  # the path that checkpoints
     capped = fit(store, "2pl", settings, checkpoint_dir=tmp_path / "ckpt")
     assert capped.num_passes == 4
     longer = settings.replace(max_passes=8, min_passes=8)

@@ -30,7 +30,8 @@ def _ids(prefix, n):
     return [f"{prefix}{k}" for k in range(n)]
 
 
-SETTINGS = FitSettings(seed=0, max_passes=10, min_passes=10, max_block_cells=4096)
+SETTINGS = FitSettings(seed=0, max_passes=10, min_passes=10, max_block_cells=4096,
+                       ability_factor="gaussian")  # the path that streams
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,36 @@
+"""The default fit's choice between integrated (quadrature) and mean-field abilities."""
+
+import numpy as np
+
+from engine.api import fit
+from engine.infer.settings import FitSettings
+
+
+def _short_test(seed=0, s=300, n=10):
+    rng = np.random.default_rng(seed)
+    theta, b = rng.normal(size=s), rng.normal(size=n)
+    return (rng.random((s, n)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
+
+
+def test_default_integrates_abilities_on_a_short_test():
+    res = fit(_short_test(), "2pl")
+    factor = res.extra["ability_factor"]
+    assert factor["requested"] == "auto" and factor["method"] == "quadrature"
+    assert factor["items_per_subject"] == 10 and "gaussian_because" not in factor
+
+
+def test_variational_settings_keep_the_mean_field_fit():
+    for settings in (FitSettings(optimizer="newton"), FitSettings(mc_draws=4)):
+        factor = fit(_short_test(), "2pl", settings).extra["ability_factor"]
+        assert factor["method"] == "gaussian"
+        assert factor["gaussian_because"] == ["variational settings were given (optimizer or "
+                                              "Monte Carlo draws)"]
+
+
+def test_long_rows_and_other_models_stay_mean_field():
+    long = fit(_short_test(s=20, n=40), "2pl", FitSettings(quadrature_max_items=30))
+    assert long.extra["ability_factor"]["method"] == "gaussian"
+    assert "gaussian_because" not in long.extra["ability_factor"]  # read from the data
+    multi = fit(_short_test(), "mirt-comp", model_options={"dims": 2})
+    assert multi.extra["ability_factor"]["method"] == "gaussian"
+    assert "not binary with one scalar ability" in multi.extra["ability_factor"]["gaussian_because"][0]
