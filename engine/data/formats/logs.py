@@ -9,7 +9,8 @@ or ``mean``; runs are in the reader's run order) and writes the resolved observa
 scratch long-format Parquet file, which ``ingest_long`` validates and writes as the store.
 Items are described as they first appear (``item_info``: file, line, sample hash, a hash
 of the input, metadata), streamed to a side table that goes into the store with it.
-Memory is a chunk of records plus one band, whatever the number of files.
+Memory is a chunk of records plus one band (within half of ``memory_budget``), whatever the
+number of files; what each phase frees goes back to the system before the next.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import pyarrow.parquet as pq
 
 from engine.data.formats.base import LogReader
 from engine.data.formats.item_info import ITEM_INFO, ItemTable
-from engine.data.formats.long import DEFAULT_BUDGET, append_by_band, band_file, ingest_long
+from engine.data.formats.long import (DEFAULT_BUDGET, append_by_band, band_file, ingest_long,
+                                      release_memory)
 from engine.data.formats.validate import check_support, fmt_value
 from engine.data.store import Store, check_writable
 from engine.errors import DataFormatError, SettingsError
@@ -62,7 +64,8 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
     files = reader.files([Path(p) for p in inputs])
     budget = int(memory_budget or DEFAULT_BUDGET)
     total = sum(p.stat().st_size * (8 if p.suffix.lower() == ".gz" else 1) for p in files)
-    bands = int(min(_MAX_BANDS, max(1, -(-(total // 64) * _PER_RECORD // budget))))
+    # a band within half the budget: the other half for the id maps and what a pass leaves
+    bands = int(min(_MAX_BANDS, max(1, -(-(total // 64) * _PER_RECORD // (budget // 2)))))
     scratch = out.parent / f".{out.name}.logs-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
     try:
@@ -71,9 +74,11 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
             subjects, items, groups = _spill(reader, files, metric, kind, bands, scratch, table)
         finally:
             item_table = table.close()
+        release_memory()  # what reading the logs freed, before the bands
         long_file = scratch / "responses.parquet"
         _resolve(files, subjects, items, bands, scratch, long_file, keep, kind,
                  getattr(reader, "unit", "line"))
+        release_memory()
         return ingest_long([long_file], out, kind=kind, chunks=chunks, overwrite=overwrite,
                            layout=layout, memory_budget=memory_budget,
                            source=[str(p) for p in files], input_format=reader.name,
@@ -158,6 +163,7 @@ def _resolve(files: list[Path], subjects: dict, items: dict, bands: int, scratch
             path = band_file(scratch, b)
             if not path.exists():
                 continue
+            release_memory()  # the last band's arrays, before this one's
             rec = np.fromfile(path, _REC)
             path.unlink()
             key = rec["s"].astype(np.int64) * N + rec["i"]

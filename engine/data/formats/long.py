@@ -7,11 +7,14 @@ spill each observation as a record (subject, item, response, input row: 17 bytes
 binary, 20 for float kinds) to a scratch file per band of
 subject rows; (3) per band, build the band (a dense row band, or sorted observations),
 detect conflicting duplicates and write it to the store. Memory is a batch plus a
-band (``memory_budget``), whatever the number of cells.
+band, each within half of ``memory_budget``, whatever the number of cells; memory freed by a
+pass is given back to the system before the next (``release_memory``), so the peak is one
+phase on top of the id maps, not the sum of the phases.
 """
 
 from __future__ import annotations
 
+import ctypes
 import secrets
 import shutil
 import zlib
@@ -33,7 +36,8 @@ from engine.data.store import KINDS, Store, check_writable, resolve_layout
 from engine.data.writer import DenseWriter, SparseWriter
 from engine.errors import DataFormatError
 
-__all__ = ["DEFAULT_BUDGET", "LongTable", "append_by_band", "band_file", "ingest_long"]
+__all__ = ["DEFAULT_BUDGET", "LongTable", "append_by_band", "band_file", "ingest_long",
+           "release_memory"]
 
 DEFAULT_BUDGET = 512 << 20
 
@@ -50,6 +54,27 @@ def _value_bytes(kind: str) -> int:
 
 
 _MAX_BANDS = 256
+_PER_BATCH_ROW = 128  # a batch's Arrow columns, codes, values and their temporaries, per row
+_MIN_BATCH = 1 << 16
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (OSError, AttributeError):  # another C library: nothing to trim
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_memory() -> None:
+    """Give memory freed by a pass back to the system before the next one: Arrow's pool keeps
+    freed blocks, and glibc's heap keeps the freed NumPy buffers of a pass (130-200 MiB after
+    pass 1 of 50 M rows), which the next pass's peak would otherwise come on top of."""
+    pa.default_memory_pool().release_unused()
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 class LongTable:
@@ -142,7 +167,9 @@ def _read(path: Path, names: list[str], batch_rows: int) -> Iterator[pa.RecordBa
         text = [n for n in names[:2] if pa.types.is_string(schema.field(n).type)
                 or pa.types.is_large_string(schema.field(n).type)]
         with pq.ParquetFile(path, read_dictionary=text) as f:
-            yield from f.iter_batches(batch_size=batch_rows, columns=names)
+            for group in range(f.num_row_groups):  # a reader per row group: one reader across
+                # row groups holds on to Arrow memory that grows with the file (137 MiB at 50 M rows)
+                yield from f.iter_batches(batch_size=batch_rows, row_groups=[group], columns=names)
         return
     reader = pacsv.open_csv(
         path, read_options=pacsv.ReadOptions(block_size=16 << 20),
@@ -199,6 +226,9 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
     files = [Path(f) for f in files]
     out = check_writable(out, overwrite)
     budget = memory_budget or DEFAULT_BUDGET
+    # half the budget for a phase's own arrays (a batch, a band), half for what stays between
+    # phases (id maps, the store writer's chunk band) and what the allocators keep
+    batch_rows = max(_MIN_BATCH, min(batch_rows, budget // 2 // _PER_BATCH_ROW))
     subjects, items = _Ids("subject"), _Ids("item")
     file_rows, num_observed, detected = [0] * len(files), 0, _KindSeen()
 
@@ -217,6 +247,7 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
         raise DataFormatError(f"{', '.join(map(str, files))}: no rows; expected one row per "
                               f"(subject, item, response)")
     kind = kind or detected.kind
+    release_memory()
 
     def where(g: int) -> str:
         k = int(np.searchsorted(starts, g, side="right")) - 1
@@ -224,11 +255,12 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
 
     S, N = len(subjects.first), len(items.first)
     layout = resolve_layout(layout, num_observed, S, N)
-    band_rows = _band_rows(layout, S, N, num_observed, budget, chunks, _value_bytes(kind))
+    band_rows = _band_rows(layout, S, N, num_observed, budget // 2, chunks, _value_bytes(kind))
     scratch = out.parent / f".{out.name}.spill-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
     try:
         _spill(files, batch_rows, subjects, items, starts, band_rows, scratch, kind)
+        release_memory()
         common = dict(kind=kind, source=[str(p) for p in (source or files)],
                       input_format=input_format, overwrite=overwrite,
                       item_groups=None if item_groups is None else [item_groups[i]
@@ -321,6 +353,8 @@ def _write_bands(writer, layout: str, scratch: Path, S: int, N: int, band_rows: 
     spill, spec = _spill_dtype(writer.kind), KINDS[writer.kind]
     for b, r0 in enumerate(range(0, S, band_rows)):
         rows = min(band_rows, S - r0)
+        if b:
+            release_memory()  # the last band's arrays, before this one's
         path = band_file(scratch, b)
         rec = np.fromfile(path, spill) if path.exists() else np.empty(0, spill)
         path.unlink(missing_ok=True)
