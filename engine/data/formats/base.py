@@ -270,7 +270,12 @@ def pick_metric(obj: dict, metric: Sequence[str], path: Path, line: int,
             if isinstance(value, bool):
                 return name, float(value)
             if isinstance(value, (int, float)):
-                return name, float(value)
+                try:
+                    return name, float(value)
+                except OverflowError:  # an integer past float64's range
+                    raise DataFormatError(f'{path} line {line}, field "{prefix}{name}": got an '
+                                          f"integer of {len(str(value))} digits; expected a "
+                                          f"finite per-sample score (fix the value)") from None
             raise DataFormatError(f'{path} line {line}, field "{prefix}{name}": got {_short(value)}; '
                                   f"expected a per-sample number or true/false (a list or text "
                                   f"is a corpus-level or unscored metric: pick another with "
@@ -297,11 +302,14 @@ def _short(value) -> str:
 
 
 _BLANK = re.compile(rb"\n[ \t\r]*\n")
+_NOT_OBJECT = re.compile(rb"\n(?!\{|\Z)")  # a line not starting with "{" (pyarrow 26's
+# JSON reader crashes on a top-level null/array/scalar line under an explicit schema)
 
 
 def plain_lines(path: Path) -> bool:
-    """Whether ``path`` is uncompressed and has no blank line before its last record, so that
-    Arrow's JSON reader (which skips blank lines) numbers rows as the file numbers lines."""
+    """Whether ``path`` is uncompressed, has no blank line before its last record and every
+    line starts with ``{``, so that Arrow's JSON reader (which skips blank lines) numbers rows
+    as the file numbers lines and sees only objects."""
     if path.suffix.lower() == ".gz":
         return False
     try:
@@ -311,7 +319,8 @@ def plain_lines(path: Path) -> bool:
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 head = data[:64]
                 return (head[:3] != b"\xef\xbb\xbf" and _BLANK.search(b"\n" + head) is None
-                        and _BLANK.search(data) is None)
+                        and _BLANK.search(data) is None and head[:1] == b"{"
+                        and _NOT_OBJECT.search(data) is None)
     except OSError:
         return False
     return True

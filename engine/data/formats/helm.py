@@ -127,10 +127,15 @@ class HelmRuns(LogFormat):
 
 def _value(stat: dict, where: str, name: str) -> float:
     mean, total, count = stat.get("mean"), stat.get("sum"), stat.get("count")
-    for value in (mean,):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    if isinstance(total, (int, float)) and isinstance(count, int) and count > 0:
-        return float(total) / count
+    try:
+        for value in (mean,):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        if (isinstance(total, (int, float)) and not isinstance(total, bool)
+                and isinstance(count, int) and not isinstance(count, bool) and count > 0):
+            return float(total) / count
+    except (OverflowError, ZeroDivisionError):  # an integer past float64's range
+        raise DataFormatError(f'{where}, stat "{name}": "mean" or "sum" is an integer too large '
+                              f"for a float; expected a finite score (fix the value)") from None
     raise DataFormatError(f'{where}, stat "{name}": no numeric "mean" nor "sum" and "count"; '
                           f"expected a HELM Stat")
