@@ -9,14 +9,18 @@ evaluations of one file per model each), then in a fresh subprocess for each:
 - pyarrow's own JSON reader (``pyarrow.json.read_json`` per file, all columns, nothing kept):
   wall time, rows/s, peak RSS; it only parses, it does not build a store.
 
-Peak memory must not grow with the number of files: run it at 200 and 2,000 files.
+Peak memory must not grow with the number of files: run it at 200 and 2,000 files, and at
+equal rows (``--sizes 2000x5000,200x50000``). ``--gzip`` writes ``.jsonl.gz`` files (a sixth of
+the disk; both readers decompress). Peak RSS is the child's ``ru_maxrss``.
 
     python benchmarks/bench_logs_ingest.py --files 200,2000 --samples 1000 [--work DIR]
+    python benchmarks/bench_logs_ingest.py --sizes 200x5000,2000x5000,200x50000 [--kinds engine]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import resource
 import shutil
@@ -32,8 +36,9 @@ ROOT = HERE.parent
 EVALUATIONS = ("mmlu", "gsm8k", "hellaswag", "arc", "truthfulqa")
 
 
-def generate(folder: Path, files: int, samples: int, seed: int = 0) -> int:
-    """Write ``files`` model files of ``samples`` lines; returns the number of lines."""
+def generate(folder: Path, files: int, samples: int, seed: int = 0, gz: bool = False) -> int:
+    """Write ``files`` model files of ``samples`` lines (gzip-compressed with ``gz``); returns
+    the number of lines."""
     if (folder / ".done").exists():
         return files * samples
     shutil.rmtree(folder, ignore_errors=True)
@@ -55,7 +60,9 @@ def generate(folder: Path, files: int, samples: int, seed: int = 0) -> int:
         d = m % 40
         path = folder / "all" / f"dev{d}" / f"model-{m}" / f"{m:08x}-0000-4000-8000-000000000000_samples.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "w") as f:
+        opened = (gzip.open(path.with_suffix(".jsonl.gz"), "wt", compresslevel=1) if gz
+                  else open(path, "w"))
+        with opened as f:
             f.writelines(template.format(
                 ev=EVALUATIONS[k // per_eval], m=m, d=d, s=k, h=k * 2654435761 % (1 << 64),
                 a="B" if c else "A", v=int(c), c="true" if c else "false", g=k % 57)
@@ -79,7 +86,8 @@ def _child(kind: str, folder: str, out: str) -> None:
         store = ingest(folder, out, overwrite=True, memory_budget=256 << 20)
         rows = store.num_observed
     else:
-        for path in sorted(Path(folder).rglob("*.jsonl")):
+        for path in sorted(p for p in Path(folder).rglob("*.jsonl*")
+                           if p.name.endswith((".jsonl", ".jsonl.gz"))):
             rows += pj.read_json(path).num_rows
     wall = time.perf_counter() - start
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -98,6 +106,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", default="200,2000")
     parser.add_argument("--samples", type=int, default=1000)
+    parser.add_argument("--sizes", default=None,
+                        help="FILESxSAMPLES,... (instead of --files and --samples)")
+    parser.add_argument("--gzip", action="store_true", help="write .jsonl.gz files")
+    parser.add_argument("--kinds", default="engine,pyarrow")
     parser.add_argument("--work", default="/tmp/bench_logs")
     parser.add_argument("--out", default=str(HERE / "results" / "logs_ingest.json"))
     parser.add_argument("--child", nargs=3, default=None)
@@ -108,15 +120,17 @@ def main() -> None:
         return
     work = Path(args.work)
     rows = []
-    for files in map(int, args.files.split(",")):
-        folder = work / f"eee_{files}x{args.samples}"
+    sizes = ([tuple(map(int, x.split("x"))) for x in args.sizes.split(",")] if args.sizes
+             else [(files, args.samples) for files in map(int, args.files.split(","))])
+    for files, samples in sizes:
+        folder = work / f"eee_{files}x{samples}{'_gz' if args.gzip else ''}"
         t0 = time.perf_counter()
-        lines = generate(folder, files, args.samples)
+        lines = generate(folder, files, samples, gz=args.gzip)
         gen = time.perf_counter() - t0
-        size = sum(p.stat().st_size for p in folder.rglob("*.jsonl"))
-        row = {"files": files, "samples": args.samples, "lines": lines, "bytes": size,
-               "generate_s": gen}
-        for kind in ("engine", "pyarrow"):
+        size = sum(p.stat().st_size for p in folder.rglob("*.jsonl*"))
+        row = {"files": files, "samples": samples, "lines": lines, "bytes": size,
+               "gzip": args.gzip, "generate_s": gen}
+        for kind in args.kinds.split(","):
             row[kind] = measure(kind, folder, work / "store.zarr")
             print(files, kind, row[kind], flush=True)
         shutil.rmtree(work / "store.zarr", ignore_errors=True)
@@ -124,6 +138,8 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
     for r in rows:
+        if "engine" not in r or "pyarrow" not in r:
+            continue
         e, p = r["engine"], r["pyarrow"]
         print(f"{r['files']:>5} files x {r['samples']} samples ({r['bytes'] / 2**30:.2f} GiB): "
               f"irt-engine {e['wall_s']:.1f} s, {e['rows_per_s']:,.0f} rows/s, peak RSS "
