@@ -496,8 +496,18 @@ def helm_inputs(draw):
     return files, runs, keep
 
 
+def _helm_example(stat: str, keep=None):
+    spec = '{"name": "boolq:model=m", "adapter_spec": {"model": "m"}}'
+    stats = f'[{{"instance_id": "id0", "stats": [{stat}]}}]'
+    return ({"r/run_spec.json": spec, "r/per_instance_stats.json": stats},
+            [(("r",), spec, stats)], keep)
+
+
 @given(helm_inputs())
 @FUZZ
+@example(_helm_example(helm_stat("exact_match", "1" + "0" * 400)))  # was OverflowError
+@example(_helm_example(helm_stat("exact_match", "true")))  # a boolean sum was taken as 1
+@example(_helm_example(helm_stat("exact_match", "null", "3").replace('"count": 1', '"count": 4')))
 def test_helm_reader(inputs):
     files, runs, keep = inputs
     ordered = [(spec, stats) for _, spec, stats in sorted(runs)]  # the folder walk's order
