@@ -11,7 +11,8 @@ half-uploaded reads as finished:
 
 Credentials and endpoints come from the usual environment: ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` (or ``AWS_PROFILE``), ``AWS_ENDPOINT_URL_S3`` or
-``AWS_ENDPOINT_URL`` for an S3-compatible endpoint; ``GOOGLE_APPLICATION_CREDENTIALS`` for gs.
+``AWS_ENDPOINT_URL`` for an S3-compatible endpoint; ``GOOGLE_APPLICATION_CREDENTIALS`` for gs
+(``STORAGE_EMULATOR_HOST`` for a GCS emulator, read without credentials).
 Every failure (unknown scheme, missing extra, missing credentials, missing bucket) is one
 :class:`~engine.errors.RemoteError` line naming the URL and the fix.
 """
@@ -105,7 +106,13 @@ def as_location(value) -> Path | URL:
 
 
 def storage_options(scheme: str) -> dict:
-    """fsspec options for ``scheme`` from the environment (the S3 endpoint URL)."""
+    """fsspec options for ``scheme`` from the environment (the S3 endpoint URL; for gs, a
+    GCS emulator named in ``STORAGE_EMULATOR_HOST``, which takes no credentials)."""
+    if scheme in ("gs", "gcs"):
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        if emulator and not os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            return {"endpoint_url": emulator, "token": "anon"}
+        return {}
     if scheme != "s3":
         return {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -157,7 +164,9 @@ def _describe(url: URL, err: BaseException) -> str | None:
     if "NoCredentials" in text or "Unable to locate credentials" in text or \
             "DefaultCredentialsError" in text:
         return f"{url}: no credentials found; {_credentials_hint(url)}"
-    if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
+    gcs_missing = url.scheme != "s3" and isinstance(err, FileNotFoundError) and \
+        f"b/{bucket}/o" in str(err)  # gcsfs: the bucket's object listing is not there
+    if "NoSuchBucket" in text or "bucket does not exist" in text.lower() or gcs_missing:
         return (f"{url}: bucket {bucket!r} does not exist at "
                 f"{storage_options(url.scheme).get('endpoint_url', 'the default endpoint')}; "
                 f"create it first or check the URL")
@@ -167,7 +176,8 @@ def _describe(url: URL, err: BaseException) -> str | None:
     if any(k in text for k in ("EndpointConnectionError", "Could not connect", "ConnectTimeout",
                                "ClientConnectorError", "Cannot connect")):
         where = storage_options(url.scheme).get("endpoint_url", "the default endpoint")
-        return f"{url}: cannot reach {where}; check AWS_ENDPOINT_URL and the network"
+        fix = "AWS_ENDPOINT_URL" if url.scheme == "s3" else "STORAGE_EMULATOR_HOST"
+        return f"{url}: cannot reach {where}; check {fix} and the network"
     return None
 
 
