@@ -15,6 +15,7 @@ Markdown table.
 
     python benchmarks/bench_coverage.py [--seeds 5] [--ability-factor auto|gaussian|quadrature]
         [--models 1pl,2pl] [--shapes 2000x12,1000x50,200x400,50x1000] [--out PATH]
+        [--mirt /work/bench-venv/bin/python]
 
 ``raw_within_item`` scores the raw truth with the sds ``items.parquet`` reports (the
 quadrature fit's marginal sds; the mean-field fit's within-item marginal sds).
@@ -55,7 +56,31 @@ def _linking(sim: dict, model: str, fitted_ability: np.ndarray) -> tuple[float, 
     return k, float(np.mean(fitted_ability) - k * np.mean(sim["ability"]))
 
 
-def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto") -> dict:
+def mirt_wald(model: str, sim: dict, python: str) -> dict:
+    """Coverage of mirt for Python's 90% Wald intervals (EM, Oakes SEs; EAP +- 1.645 PSD for
+    abilities) of the raw truth, run in the bench venv's ``python`` (``mirt_wald.py``)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "y.npz", Path(tmp) / "mirt.json"
+        np.savez(src, responses=sim["responses"])
+        subprocess.run([python, str(HERE / "mirt_wald.py"), str(src), str(dst), model],
+                       check=True, capture_output=True)
+        est = json.loads(dst.read_text())
+    blocks = ["ability", "difficulty"] + (["discrimination"] if model == "2pl" else [])
+    out = {"wall_s": est["wall_s"], "tool_version": est["tool_version"]}
+    for block in blocks:
+        se = est.get(f"{block}_se")
+        if se is None:
+            continue
+        err = np.asarray(est[block]) - sim[block]
+        out[block] = float(np.mean(np.abs(err) <= Z90 * np.asarray(se)))
+    return out
+
+
+def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto",
+            mirt_python: str | None = None) -> dict:
     import engine
     from engine.readout.posterior import within_owner_scales
 
@@ -71,6 +96,8 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
     sds = res.sds()
     k, c = _linking(sim, model, np.asarray(res.guide.loc["ability"]))
     out["linking"] = {"k": k, "c": c}
+    if mirt_python:
+        out["mirt"] = mirt_wald(model, sim, mirt_python)
     marginal = within_owner_scales(res.spec, res.guide, "item", res.cross)
     for how, (kk, cc) in (("raw", (1.0, 0.0)), ("raw_within_item", (1.0, 0.0)),
                           ("linked", (k, c)), ("linked_within_item", (k, c))):
@@ -93,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "coverage.json"))
     ap.add_argument("--ability-factor", default="auto", choices=["auto", "gaussian", "quadrature"])
     ap.add_argument("--models", default="1pl,2pl")
+    ap.add_argument("--mirt", default=None, metavar="PYTHON",
+                    help="the bench venv's python: add mirt's Wald-interval coverage")
     ap.add_argument("--shapes", default=",".join(f"{a}x{b}" for a, b in SHAPES),
                     help="comma-separated SUBJECTSxITEMS")
     args = ap.parse_args(argv)
@@ -102,15 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     for m in models:
         for s in shapes:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                runs.append(measure(m, s, seed, args.ability_factor))
+                runs.append(measure(m, s, seed, args.ability_factor, args.mirt))
                 r = runs[-1]
                 print(m, s, seed, r["ability_factor"], f"{r['wall_s']:.1f} s", {
                     b: round(v["raw_within_item"]["coverage90"], 3) for b, v in r["blocks"].items()},
                     flush=True)
     lines = ["| model | subjects x items | fit | block | 90% coverage, raw truth, items.parquet sd "
              "(mean; range) | RMSE / sd | raw truth, guide sd | linked truth, items.parquet sd "
-             "| RMSE / sd | linking k | wall s (mean) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| RMSE / sd | linking k | wall s (mean) | mirt Wald, raw truth (mean; range) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in models:
         for s in shapes:
             group = [r for r in runs if r["model"] == m and r["shape"] == list(s)]
@@ -123,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
                     cells.append(f"{np.mean(cov):.3f} ({min(cov):.3f}-{max(cov):.3f})" +
                                  ("" if how == "raw" else f" | {np.mean(ratio):.2f}"))
                 fits = "/".join(sorted({r["ability_factor"] for r in group}))
+                wald = [r["mirt"][block] for r in group if block in r.get("mirt", {})]
+                wald_cell = f"{np.mean(wald):.3f} ({min(wald):.3f}-{max(wald):.3f})" if wald else "-"
                 lines.append(f"| {m} | {s[0]} x {s[1]} | {fits} | {block} | {' | '.join(cells)} | "
                              f"{min(ks):.2f}-{max(ks):.2f} | "
-                             f"{np.mean([r['wall_s'] for r in group]):.1f} |")
+                             f"{np.mean([r['wall_s'] for r in group]):.1f} | {wald_cell} |")
     table = "\n".join(lines)
     result = {"machine": {"platform": platform.platform(), "processor": platform.processor()},
               "seeds": args.seeds, "ability_factor": args.ability_factor, "runs": runs,

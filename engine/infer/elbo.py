@@ -210,9 +210,10 @@ def log_prior(spec: ModelSpec, z: dict) -> jax.Array:
     return sum(jnp.sum(p.prior.log_prob(z[p.name], env)) for p in spec.params)
 
 
-def prior_terms(spec: ModelSpec, z: dict) -> Terms:
-    """Log prior of unconstrained ``z`` with its gradient and per-block diagonal Hessian."""
-    f = lambda zz: log_prior(spec, zz)
+def prior_terms(spec: ModelSpec, z: dict, log_density=None) -> Terms:
+    """Log prior of unconstrained ``z`` with its gradient and per-block diagonal Hessian
+    (``log_density(z)`` in place of :func:`log_prior` when given)."""
+    f = log_density or (lambda zz: log_prior(spec, zz))
     value, grad = jax.value_and_grad(f)(z)
     g_fn = jax.grad(f)
     hess = {}

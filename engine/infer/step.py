@@ -103,14 +103,7 @@ def _prior_terms(spec: ModelSpec, z: dict, valid: dict | None) -> Terms:
     """``prior_terms`` over the real entries (``valid``): padded ones get zero terms."""
     if valid is None:
         return prior_terms(spec, z)
-    f = lambda zz: _log_prior(spec, zz, valid)
-    value, grad = jax.value_and_grad(f)(z)
-    g_fn = jax.grad(f)
-    hess = {}
-    for p in spec.params:
-        tangent = {n: (jnp.ones_like(v) if n == p.name else jnp.zeros_like(v)) for n, v in z.items()}
-        hess[p.name] = jax.jvp(g_fn, (z,), (tangent,))[1][p.name]
-    return Terms(value, grad, hess)
+    return prior_terms(spec, z, lambda zz: _log_prior(spec, zz, valid))
 
 
 def _entropy(log_scale: dict, valid: dict | None):

@@ -166,3 +166,18 @@ class RayStartCluster:
                 pass
         psutil.wait_procs(alive, timeout=10)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def two_node_cluster(root: Path, **env: str):
+    """A started head plus one worker node under ``root`` with ``env`` (and the engine's
+    compilation cache) in the nodes' environment; a generator for module fixtures: it yields
+    the cluster and stops what it started."""
+    from engine.compile_cache import compilation_cache_dir
+
+    c = RayStartCluster(root, env={"JAX_COMPILATION_CACHE_DIR": compilation_cache_dir(), **env})
+    try:
+        c.start_head()
+        c.add_node("worker")
+        yield c
+    finally:
+        c.stop()

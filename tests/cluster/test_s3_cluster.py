@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("moto")
 pytest.importorskip("s3fs")
 
-from tests.cluster.raycluster import RayStartCluster  # noqa: E402
+from tests.cluster.raycluster import two_node_cluster  # noqa: E402
 from tests.cluster.s3server import S3Server  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,18 +33,8 @@ def s3():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, s3):
-    from engine.compile_cache import compilation_cache_dir
-
     # the nodes' environment carries the credentials and endpoint, as on a cloud cluster
-    aws = {k: v for k, v in s3.env({}).items()}
-    c = RayStartCluster(tmp_path_factory.mktemp("raycluster"),
-                        env={"JAX_COMPILATION_CACHE_DIR": compilation_cache_dir(), **aws})
-    try:
-        c.start_head()
-        c.add_node("worker")
-        yield c
-    finally:
-        c.stop()
+    yield from two_node_cluster(tmp_path_factory.mktemp("raycluster"), **s3.env({}))
 
 
 def _cli(*args, env, cwd) -> subprocess.CompletedProcess:

@@ -15,23 +15,14 @@ import psutil
 import pytest
 
 from tests.cluster.conftest import ingest_simulated, is_loopback
-from tests.cluster.raycluster import RayStartCluster, listeners_of
+from tests.cluster.raycluster import listeners_of, two_node_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from engine.compile_cache import compilation_cache_dir
-
-    c = RayStartCluster(tmp_path_factory.mktemp("raycluster"),
-                        env={"JAX_COMPILATION_CACHE_DIR": compilation_cache_dir()})
-    try:
-        c.start_head()
-        c.add_node("worker")
-        yield c
-    finally:
-        c.stop()
+    yield from two_node_cluster(tmp_path_factory.mktemp("raycluster"))
 
 
 @pytest.fixture(scope="module")
