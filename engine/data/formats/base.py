@@ -301,7 +301,6 @@ def _short(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-_BLANK = re.compile(rb"\n[ \t\r]*\n")
 _NOT_OBJECT = re.compile(rb"\n(?!\{|\Z)")  # a line not starting with "{" (pyarrow 26's
 # JSON reader crashes on a top-level null/array/scalar line under an explicit schema)
 
@@ -318,9 +317,8 @@ def plain_lines(path: Path) -> bool:
                 return True
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 head = data[:64]
-                return (head[:3] != b"\xef\xbb\xbf" and _BLANK.search(b"\n" + head) is None
-                        and _BLANK.search(data) is None and head[:1] == b"{"
-                        and _NOT_OBJECT.search(data) is None)
+                # a blank line or a BOM is a line not starting with "{" too: one scan
+                return head[:1] == b"{" and _NOT_OBJECT.search(data) is None
     except OSError:
         return False
     return True
