@@ -23,6 +23,7 @@ from pathlib import Path
 from engine.data.formats.base import (LogFormat, RecordBuffer, Records, cannot_read,
                                       choose_named, text_id, walk_files)
 from engine.data.formats.item_info import describe_sample
+from engine.data.formats.validate import check_id_text
 from engine.errors import DataFormatError
 
 __all__ = ["HelmRuns"]
@@ -81,7 +82,8 @@ class HelmRuns(LogFormat):
         head, _, args = name.partition(":")
         kept = [a for a in args.split(",") if a and not a.startswith(("model=",
                                                                       "model_deployment="))]
-        return model.strip(), head + (":" + ",".join(kept) if kept else "")
+        model = check_id_text(model, "model", f'{spec_path}, field "adapter_spec.model"')
+        return model, head + (":" + ",".join(kept) if kept else "")
 
     def read(self, path: Path, metric: tuple[str, ...]) -> Iterator[Records]:
         model, scenario = self._run(path)

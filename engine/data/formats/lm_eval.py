@@ -23,6 +23,7 @@ from pathlib import Path
 from engine.data.formats.base import (LogFormat, RecordBuffer, Records, cannot_read, first_json,
                                       json_at_lines, json_lines, pick_metric, text_id, walk_files)
 from engine.data.formats.item_info import describe_sample
+from engine.data.formats.validate import check_id_text
 from engine.errors import DataFormatError
 
 __all__ = ["LMEvalHarness"]
@@ -83,7 +84,7 @@ class LMEvalHarness(LogFormat):
                 raise DataFormatError(f'{results}: no "model_name" and no pretrained= (or peft=, '
                                       f'model=, path=, ...) in "config.model_args"; add '
                                       f'"model_name": "<model>" to it')
-        self._models[results] = name.strip()
+        self._models[results] = check_id_text(name, "model", f"{results}, model name")
         return self._models[results]
 
     def read(self, path: Path, metric: tuple[str, ...]) -> Iterator[Records]:

@@ -416,9 +416,17 @@ def lm_eval_inputs(draw):
     return files, runs, metric, keep
 
 
+def _lm_eval_example(results: str):
+    date, samples = "2024-01-01T10-00-00.0", '{"doc_id": 0, "metrics": ["acc"], "acc": 1}\n'
+    return ({f"m/results_{date}.json": results, f"m/samples_t_{date}.jsonl": samples},
+            [(date, results, {"t": samples})], None, None)
+
+
 @given(lm_eval_inputs())
 @FUZZ
-def test_lm_eval_reader(inputs):
+@example(_lm_eval_example('{"model_name": "\\ud800"}'))  # was UnicodeEncodeError
+@example(_lm_eval_example('{"config": {"model_args": {"pretrained": "  "}}}'))  # empty model:
+def test_lm_eval_reader(inputs):  # was an error naming a scratch file
     files, runs, metric, keep = inputs
     if len({date for date, _, _ in runs}) != len(runs):
         return  # two runs of one date (the generator's dates are distinct by construction)
@@ -496,8 +504,8 @@ def helm_inputs(draw):
     return files, runs, keep
 
 
-def _helm_example(stat: str, keep=None):
-    spec = '{"name": "boolq:model=m", "adapter_spec": {"model": "m"}}'
+def _helm_example(stat: str, keep=None, model='"m"'):
+    spec = '{"name": "boolq:model=m", "adapter_spec": {"model": %s}}' % model
     stats = f'[{{"instance_id": "id0", "stats": [{stat}]}}]'
     return ({"r/run_spec.json": spec, "r/per_instance_stats.json": stats},
             [(("r",), spec, stats)], keep)
@@ -507,6 +515,7 @@ def _helm_example(stat: str, keep=None):
 @FUZZ
 @example(_helm_example(helm_stat("exact_match", "1" + "0" * 400)))  # was OverflowError
 @example(_helm_example(helm_stat("exact_match", "true")))  # a boolean sum was taken as 1
+@example(_helm_example(helm_stat("exact_match", "1"), model='"\\ud800"'))  # UnicodeEncodeError
 @example(_helm_example(helm_stat("exact_match", "null", "3").replace('"count": 1', '"count": 4')))
 def test_helm_reader(inputs):
     files, runs, keep = inputs
