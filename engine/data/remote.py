@@ -170,9 +170,12 @@ def _describe(url: URL, err: BaseException) -> str | None:
         return (f"{url}: bucket {bucket!r} does not exist at "
                 f"{storage_options(url.scheme).get('endpoint_url', 'the default endpoint')}; "
                 f"create it first or check the URL")
-    if any(k in text for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
-                               "Forbidden", "PermissionError")):
-        return f"{url}: access denied ({' '.join(str(err).split())[:100]}); {_credentials_hint(url)}"
+    denied = [k for k in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                          "Forbidden", "PermissionError") if k in text]
+    if denied:
+        detail = " ".join(str(err).split()).split(". ")[0].rstrip(".")[:160]
+        return (f"{url}: access denied ({denied[0]}: {detail}); check the key: "
+                f"{_credentials_hint(url)}")
     if any(k in text for k in ("EndpointConnectionError", "Could not connect", "ConnectTimeout",
                                "ClientConnectorError", "Cannot connect")):
         where = storage_options(url.scheme).get("endpoint_url", "the default endpoint")
