@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import dask
-import dask.array as da
 import numpy as np
 
 from engine.compile_cache import count_compiles, use_compilation_cache
@@ -14,7 +12,6 @@ from engine.data.blocks import BlockSource, InMemorySource
 from engine.data.kinds import READS, as_responses, boundary_counts, detect_kind, source_for
 from engine.data.sparse import SparseSource
 from engine.data.store import Store, open_store
-from engine.data.streaming import StreamingSource
 from engine.errors import DataFormatError, ModelError, SettingsError
 from engine.infer.checkpoint import Checkpointer
 from engine.infer.fit import FitResult, fit_source
@@ -61,6 +58,8 @@ def make_source(store: Store, settings: FitSettings) -> BlockSource:
     if store.num_subjects * store.num_items * cell_bytes * IN_MEMORY_FACTOR <= budget:
         return source_for(store.load(),  # checks the observed count against the metadata
                           settings.max_block_cells)
+    from engine.data.streaming import StreamingSource  # Dask only for stores it streams
+
     return StreamingSource.from_store(store, settings.max_block_cells)
 
 
@@ -99,6 +98,9 @@ def _store_stats(store: Store, source: BlockSource) -> dict[str, np.ndarray]:
     else:
         y = store.responses
         observed = y >= 0
+        import dask
+        import dask.array as da
+
         values = da.where(observed, y, 0).astype(np.float64)
         n_s, n_i, w_s, w_i = dask.compute(observed.sum(axis=1), observed.sum(axis=0),
                                           values.sum(axis=1), values.sum(axis=0))

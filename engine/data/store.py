@@ -46,7 +46,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import dask.array as da
 import numpy as np
 import zarr
 
@@ -201,6 +200,8 @@ class Store:
         return tuple(self.arrays[name].chunks)
 
     def _dask(self, name: str) -> da.Array:
+        import dask.array as da  # here: opening a store for a small fit needs no Dask
+
         array = self.arrays[name]
         token = f"irt-store-{name}-{self.meta.get('checksum')}-{self.path.resolve()}"
         return da.from_array(array, chunks=array.chunks, name=token, lock=False, asarray=True,
@@ -215,6 +216,7 @@ class Store:
         """
         if self.layout == "sparse":
             import dask
+            import dask.array as da
 
             return da.from_delayed(dask.delayed(self.load)(), self.shape,
                                    dtype=np.dtype(KINDS[self.kind].dtype))

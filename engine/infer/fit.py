@@ -12,7 +12,6 @@ import numpy as np
 
 from engine.compile_cache import count_compiles, use_compilation_cache
 from engine.data.blocks import Block, BlockSource, InMemorySource
-from engine.data.streaming import prefetch
 from engine.infer.checkpoint import Checkpointer, FitProgress
 from engine.infer.elbo import add_terms, make_block_terms, make_observation_terms
 from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
@@ -306,6 +305,8 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
         if cached is not None:
             feed = (cached[g] for g in order)
         else:
+            from engine.data.streaming import prefetch  # Dask only for sources read anew
+
             feed = prefetch((load(group_keys[g]) for g in order), settings.prefetch)
         infos = []
         for chunk in np.array_split(order, min(settings.steps_per_pass, len(group_keys))):

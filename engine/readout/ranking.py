@@ -38,8 +38,17 @@ def rank_stats(draws: np.ndarray, top_k: int = 3) -> dict[str, np.ndarray]:
 
 
 def pairwise_beats(draws: np.ndarray, chunk: int = 256) -> np.ndarray:
-    """``P[s, s'] = Pr(ability_s > ability_s')`` over draws, ``(S, S)``; chunked over rows."""
+    """``P[s, s'] = Pr(ability_s > ability_s')`` over draws, ``(S, S)``; chunked over rows.
+
+    Subjects whose draws are identical (shared by identical answer sheets) are compared
+    once: a questionnaire of 1,000 subjects with 32 distinct sheets costs a 32 x 32 table.
+    """
     T, S = draws.shape
+    if S > chunk:
+        distinct, inverse = np.unique(draws, axis=1, return_inverse=True)
+        if distinct.shape[1] < S // 2:
+            inverse = np.asarray(inverse).reshape(-1)
+            return pairwise_beats(distinct, chunk)[np.ix_(inverse, inverse)]
     out = np.empty((S, S), np.float32)
     for start in range(0, S, chunk):
         block = draws[:, start : start + chunk]

@@ -86,3 +86,14 @@ def test_internal_error_is_one_line_pointing_at_the_traceback(tmp_path, capsys, 
         os.unlink(log)
     with pytest.raises(ZeroDivisionError):
         main(["--debug", "leaderboard", str(tmp_path)])
+
+
+def test_an_in_memory_fit_never_imports_dask_array():
+    """Dask's array module (about a second to import) only for stores that stream."""
+    code = ("import sys, numpy as np\n"
+            "import engine\n"
+            "y = (np.random.default_rng(0).random((30, 6)) < 0.5).astype(np.int8)\n"
+            "engine.fit(y, model='1pl')\n"
+            "print('dask.array' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"

@@ -48,3 +48,12 @@ def test_tied_draws_share_the_best_rank():
     st = rank_stats(draws, top_k=3)
     for k, v in st.items():
         assert v[5] == v[2], k
+
+
+def test_pairwise_beats_of_shared_draws_equals_the_direct_count():
+    """Identical answer sheets share their draws: compared once, expanded exactly."""
+    rng = np.random.default_rng(3)
+    distinct = rng.normal(size=(300, 20)).astype(np.float32)
+    draws = distinct[:, rng.integers(0, 20, 700)]  # 700 subjects, 20 distinct columns
+    direct = (draws[:, :, None] > draws[:, None, :]).mean(axis=0)
+    np.testing.assert_array_equal(pairwise_beats(draws), direct.astype(np.float32))
