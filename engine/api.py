@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from engine.memory import default_memory_budget
 from engine.compile_cache import count_compiles, use_compilation_cache
 from engine.data.blocks import BlockSource, InMemorySource
 from engine.data.kinds import READS, as_responses, boundary_counts, detect_kind, source_for
@@ -31,15 +31,6 @@ _COO_BYTES = 9
 # optimizer state, gradients, read-out tables and ids. Peak RSS over a 590 MB start, 1 x
 # 1,000,000 binary store: 1PL 1.23 KiB per item (1.26 at 1 x 200,000), 2PL 2.5 KiB.
 FIT_ID_BYTES = 2600
-
-
-def default_memory_budget() -> int:
-    """Half the memory the machine has available now (at least 256 MiB)."""
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        available = 4 << 30
-    return max(256 << 20, available // 2)
 
 
 def make_source(store: Store, settings: FitSettings) -> BlockSource:

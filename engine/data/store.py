@@ -53,6 +53,7 @@ from engine.data.integrity import (INTEGRITY, REPAIR as _REPAIR, CheckedArray, a
                                    brief as _brief, open_checked as _open_checked)
 from engine.data.remote import URL, as_location, filesystem, is_file, list_files, zarr_store
 from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
+from engine.memory import ID_BYTES, default_memory_budget
 
 __all__ = ["FORMAT_VERSION", "INTEGRITY", "KINDS", "LAYOUTS", "SPARSE_DENSITY", "ResponseKind", "Store",
            "CheckedArray", "array_options",
@@ -337,6 +338,19 @@ def _check_meta(path: Path, meta: Any) -> dict:
     return meta
 
 
+def _check_id_memory(path, shape: tuple[int, int]) -> None:
+    """Refuse, before reading them, ids whose claimed count needs more memory than the budget
+    (a damaged or hand-edited zarr.json can claim any size)."""
+    need, budget = (shape[0] + shape[1]) * ID_BYTES, default_memory_budget()
+    if need > budget:
+        raise DataFormatError(
+            f"{path}: the store's attributes claim {shape[0]:,} subjects and {shape[1]:,} items, "
+            f"whose ids alone need about {need / 2 ** 30:.1f} GiB, more than the memory budget "
+            f"({budget / 2 ** 30:.1f} GiB, half the available memory); a damaged zarr.json can "
+            f"claim any size: re-run `irt-engine ingest` to rebuild it, or, if the store is "
+            f"that large, use a machine with more memory")
+
+
 def open_store(path: str | Path, *, verify: bool = False) -> Store:
     """Open a response store written by ``ingest`` or ``write_store``.
 
@@ -377,6 +391,7 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
     meta = _check_meta(path, dict(meta) if isinstance(meta, dict) else meta)
     integrity = meta.get("integrity") == INTEGRITY
     shape = (meta["num_subjects"], meta["num_items"])
+    _check_id_memory(path, shape)
     dtype = KINDS[meta["kind"]].dtype
     arrays = {"subjects": _open_checked(path, "subjects", shape[:1], "str", integrity),
               "items": _open_checked(path, "items", shape[1:], "str", integrity)}

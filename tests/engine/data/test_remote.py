@@ -215,7 +215,7 @@ def test_a_failed_write_leaves_nothing_at_the_url(s3):
 
 def test_streaming_fit_from_a_url_equals_the_fit_from_disk(s3, tmp_path):
     from engine.api import fit, make_source
-    from engine.api import StreamingSource
+    from engine.data.streaming import StreamingSource
     from engine.data.store import open_store, write_store
     from engine.infer.settings import FitSettings
 

@@ -1,0 +1,20 @@
+"""The memory budget: how much of this machine's memory a command may plan to use."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["default_memory_budget", "ID_BYTES"]
+
+# What reading one id costs in memory: the Python str (about 50-60 bytes for short ids), the
+# object array's pointer and the decoder's buffers.
+ID_BYTES = 128
+
+
+def default_memory_budget() -> int:
+    """Half the memory the machine has available now (at least 256 MiB)."""
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        available = 4 << 30
+    return max(256 << 20, available // 2)
