@@ -9,11 +9,8 @@ it without credentials), no GCE metadata probe, and gcsfs's experimental bucket-
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 
-from tests.cluster.s3server import free_port
+from tests.cluster.s3server import LoopbackServer
 
 SERVER = ("import sys, time\n"
           "from gcp_storage_emulator.server import create_server\n"
@@ -22,23 +19,11 @@ SERVER = ("import sys, time\n"
           "while True: time.sleep(3600)\n")
 
 
-class GCSServer:
-    """``gcp-storage-emulator`` on 127.0.0.1:PORT, started and stopped by its owner."""
+class GCSServer(LoopbackServer):
+    """``gcp-storage-emulator`` on 127.0.0.1:PORT."""
 
-    def __init__(self):
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(self.port)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if line.strip() == "ready":
-                return
-            if self.proc.poll() is not None:
-                raise RuntimeError("GCS emulator exited at start")
-        self.stop()
-        raise RuntimeError("GCS emulator did not start")
+    SCRIPT = SERVER
+    NAME = "GCS emulator"
 
     def env(self, base: dict | None = None) -> dict:
         """``base`` (default os.environ) plus this emulator's endpoint and no other GCP
@@ -57,21 +42,9 @@ class GCSServer:
         return gcsfs.GCSFileSystem(token="anon", endpoint_url=self.endpoint, project="test",
                                    skip_instance_cache=True)
 
-    def make_bucket(self, name: str) -> str:
-        self.filesystem().mkdir(name)
-        return name
-
     def objects(self, prefix: str) -> list[str]:
         fs = self.filesystem()
         try:
             return sorted(fs.find(prefix))
         except FileNotFoundError:
             return []
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+from tests.cluster.raycluster import free_port
+
 SERVER = ("import sys, time\n"
           "from moto.server import ThreadedMotoServer\n"
           "ThreadedMotoServer(ip_address='127.0.0.1', port=int(sys.argv[1])).start()\n"
@@ -20,20 +22,18 @@ SERVER = ("import sys, time\n"
           "while True: time.sleep(3600)\n")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class LoopbackServer:
+    """A server script run in its own process on 127.0.0.1:PORT (``SCRIPT`` gets the port as
+    its argument), ready once the port accepts connections; started and stopped by its owner."""
 
-
-class S3Server:
-    """``moto`` in server mode on 127.0.0.1:PORT, started and stopped by its owner."""
+    SCRIPT = SERVER
+    NAME = "moto server"
 
     def __init__(self):
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(self.port)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", self.SCRIPT, str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
@@ -41,10 +41,26 @@ class S3Server:
                     return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError("moto server exited at start")
+                    raise RuntimeError(f"{self.NAME} exited at start")
                 time.sleep(0.2)
         self.stop()
-        raise RuntimeError("moto server did not start")
+        raise RuntimeError(f"{self.NAME} did not start")
+
+    def make_bucket(self, name: str) -> str:
+        self.filesystem().mkdir(name)
+        return name
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class S3Server(LoopbackServer):
+    """``moto`` in server mode on 127.0.0.1:PORT."""
 
     def env(self, base: dict | None = None) -> dict:
         """``base`` (default os.environ) plus credentials and this endpoint."""
@@ -61,18 +77,6 @@ class S3Server:
         return s3fs.S3FileSystem(key="testing", secret="testing", endpoint_url=self.endpoint,
                                  skip_instance_cache=True)
 
-    def make_bucket(self, name: str) -> str:
-        self.filesystem().mkdir(name)
-        return name
-
     def objects(self, prefix: str) -> list[str]:
         fs = self.filesystem()
         return sorted(fs.find(prefix)) if fs.exists(prefix.split("/")[0]) else []
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
