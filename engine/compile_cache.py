@@ -51,9 +51,12 @@ def use_compilation_cache() -> None:
         return
     import jax
 
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        # JAX keeps only programs that took a second to compile: most of a fit's take less
+        # on a quiet machine (a directory set through JAX's environment keeps that default)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if jax.config.jax_compilation_cache_dir is None:
         jax.config.update("jax_compilation_cache_dir", compilation_cache_dir())
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         try:  # JAX decides once whether a cache is used: let it decide again with the folder
             from jax._src import compilation_cache
 
