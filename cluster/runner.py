@@ -25,7 +25,7 @@ from cluster.trials import TrialSpec
 from engine.atomic import private_dir
 from engine.errors import IRTError, SettingsError
 
-__all__ = ["run_trials", "ray_session", "session_for", "batches", "interleave", "done_keys", "worker_runtime_env", "LOOPBACK"]
+__all__ = ["run_trials", "ray_session", "session_for", "batches", "interleave", "done_keys", "worker_runtime_env", "loopback_only", "LOOPBACK"]
 
 LOOPBACK = "127.0.0.1"
 KEY = ("trial_group", "trial_index")
@@ -141,7 +141,7 @@ def ray_session(settings: RunnerSettings) -> Iterator[None]:
         yield
         return
     if not settings.address or _is_loopback(settings.address):
-        _loopback_only()
+        loopback_only()
     from cluster.auth import ClusterAuthError, ephemeral_token_env, find_token, is_auth_failure
     from cluster.auth import missing_token_message, token_env
 
@@ -205,14 +205,14 @@ def session_for(settings: RunnerSettings):
 def _is_loopback(address: str) -> bool:
     """Whether a Ray address (``HOST:PORT``, ``ray://HOST:PORT``) names this machine's loopback.
 
-    Joining one needs :func:`_loopback_only` too: otherwise Ray rewrites 127.0.0.1 to the
+    Joining one needs :func:`loopback_only` too: otherwise Ray rewrites 127.0.0.1 to the
     machine's network address and dials the cluster there.
     """
     host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
     return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
-def _loopback_only() -> None:
+def loopback_only() -> None:
     """Make a local Ray bind every process to 127.0.0.1.
 
     Ray otherwise advertises the machine's network address, even for a local instance. The

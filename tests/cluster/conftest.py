@@ -29,12 +29,14 @@ def is_loopback(host: str) -> bool:
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """Head plus one worker node (one CPU each) started with ``ray.cluster_utils.Cluster``."""
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax-cache")))
+    from cluster.runner import loopback_only, worker_runtime_env
+
+    # Also when an earlier test imported Ray: Ray reads the switch when it is imported, and
+    # otherwise rewrites 127.0.0.1 in ray.init's address to the machine's network address.
+    loopback_only()
     import ray
     from ray.cluster_utils import Cluster
-
-    from cluster.runner import worker_runtime_env
 
     before = listeners()
     cluster = Cluster(initialize_head=True, head_node_args={

@@ -123,3 +123,22 @@ def test_cli_bad_input_exits_2_with_the_fix(tmp_path, capsys):
         assert main(argv) == 2, argv
         assert message in capsys.readouterr().err, argv
     assert not (tmp_path / "o").exists()  # nothing written for a rejected command
+
+
+def test_loopback_only_keeps_127_0_0_1_when_ray_was_imported_first():
+    """Ray reads its loopback switch when first imported; joining 127.0.0.1 after another module
+    imported Ray must still dial 127.0.0.1, not the machine's network address (a test cluster
+    joined that way waited on an address nothing listened on)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import ray\n"
+            "from ray._private.services import canonicalize_bootstrap_address as c\n"
+            "from cluster.runner import loopback_only\n"
+            "loopback_only()\n"
+            "print(c('127.0.0.1:6379'), c('localhost:6379'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["127.0.0.1:6379", "127.0.0.1:6379"]
