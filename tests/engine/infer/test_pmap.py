@@ -31,8 +31,11 @@ print(json.dumps({"devices": jax.local_device_count(), "blocks": len(src.tile_or
 
 
 def test_four_devices_equal_one():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
+    # Four host devices share two cores here: on a loaded machine one device's thread can reach
+    # the all-reduce more than XLA's default 40 s after the others, and XLA then aborts.
+    flags = ("--xla_force_host_platform_device_count=4 "
+             "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
