@@ -21,14 +21,21 @@ from cluster.resume import check_or_record, trial_record
 from cluster.runner import run_trials, session_for
 from cluster.settings import DimensionsSettings, RunnerSettings
 from cluster.trials import ShuffleContext, TrialSpec, shuffle_batch, trial_seed
-from engine.api import fit, load_responses
+from engine.api import default_memory_budget, fit, load_responses
+from engine.errors import SettingsError
 from engine.infer.settings import FitSettings
 from engine.readout.dimensions import (correlation_eigenvalues, count_above, dimensions_table,
                                        envelope, fitted_probabilities, residual_eigenvalues,
                                        residual_null_eigenvalues, residual_steps, scree_plot,
                                        suggest_n_factors)
 
-__all__ = ["run_dimensions", "DimensionsOutput", "shuffled_spectra"]
+__all__ = ["run_dimensions", "DimensionsOutput", "shuffled_spectra", "check_dimensions_memory",
+           "DIMENSIONS_CELL_BYTES"]
+
+# The analysis holds the whole matrix, in float64 several times over (standardized responses,
+# the one-skill fit's probabilities, residuals, simulated data sets): peak RSS over the start,
+# measured per cell (benchmarks/bench_dimensions.py --memory).
+DIMENSIONS_CELL_BYTES = 40
 
 
 @dataclass
@@ -36,6 +43,35 @@ class DimensionsOutput:
     path: Path
     table: pd.DataFrame
     summary: dict
+
+
+def check_dimensions_memory(data, memory_budget: int | None = None):
+    """Refuse, before any response is read, a store whose matrix is over ``memory_budget``
+    (default: the fit's default budget) at ``DIMENSIONS_CELL_BYTES`` per cell; returns
+    ``data`` (a path or URL opened as a :class:`Store`).
+
+    Parallel analysis permutes every item's column over all subjects, and the residual
+    analysis needs every subject's fitted probabilities, so unlike a fit the analysis does not
+    stream.
+    """
+    from engine.data.formats.validate import size_text as size
+    from engine.data.store import Store, open_store
+
+    if isinstance(data, (str, Path)):
+        data = open_store(data)
+    if not isinstance(data, Store):
+        return data  # already in memory
+    budget = memory_budget or default_memory_budget()
+    cells = data.num_subjects * data.num_items
+    need = cells * DIMENSIONS_CELL_BYTES
+    if need > budget:
+        raise SettingsError(
+            f"{data.path}: dimensions holds the whole {data.num_subjects:,} x "
+            f"{data.num_items:,} matrix in memory, about {size(need)} "
+            f"(~{DIMENSIONS_CELL_BYTES} bytes per cell), over the memory budget of "
+            f"{size(budget)}; raise --memory-budget if the machine has the memory, or run it on "
+            "a sample of the subjects (the shuffles permute whole columns, so it cannot stream)")
+    return data
 
 
 def shuffled_spectra(rows: pd.DataFrame, k: int) -> np.ndarray:
@@ -56,6 +92,7 @@ def run_dimensions(data, out: str | Path, settings: DimensionsSettings = Dimensi
     out = Path(out)
     seconds = {}
     t0 = time.perf_counter()
+    data = check_dimensions_memory(data, fit_settings.memory_budget)
     y, _, _, info = load_responses(data)
     record = trial_record("dimensions", settings, None, y)
     check_or_record(out, record, ("shuffles.parquet",), write=False)

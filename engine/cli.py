@@ -559,12 +559,11 @@ def cmd_bootstrap(args) -> int:
 def cmd_dimensions(args) -> int:
     from cluster.dimensions import run_dimensions
     from cluster.settings import DimensionsSettings
-    from engine.infer.settings import FitSettings
 
     settings = DimensionsSettings(shuffles=args.shuffles, model=args.model, prior=args.prior,
                                   num_eigenvalues=args.num_eigenvalues,
                                   residual_simulations=args.residual_simulations, seed=args.seed)
-    res = run_dimensions(args.store, args.out, settings, _runner(args), FitSettings(seed=args.seed))
+    res = run_dimensions(args.store, args.out, settings, _runner(args), _trial_fit_settings(args))
     print(res.table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"suggested number of skills: {res.summary['n_factors']} ({res.summary['reading']})")
     print(f"wrote {res.path / 'eigenvalues.parquet'}, summary.json, scree.png")
@@ -629,7 +628,7 @@ def _trial_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
                    help="memory for the responses, e.g. 512M (default: half the available "
                         "memory); over it, stability and bootstrap trials read the items they "
-                        "sample from the store")
+                        "sample from the store, and dimensions refuses before reading")
     p.add_argument("--model", default="2pl", help="1pl, 2pl, 3pl, 4pl or feas")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
 

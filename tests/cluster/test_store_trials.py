@@ -95,3 +95,19 @@ def test_bootstrap_over_the_budget_reads_its_replicates_from_the_store(matrix, t
     assert isinstance(seen["context"].y, StoreColumns)
     assert sorted(out.replicates["replicate"].unique()) == [0, 1, 2]
     assert len(out.replicates) == 3 * 16
+
+
+def test_dimensions_over_the_budget_refuses_before_reading(matrix, tmp_path, monkeypatch):
+    """Parallel analysis cannot stream: over the budget it says so before any response is read."""
+    from cluster.dimensions import DIMENSIONS_CELL_BYTES, run_dimensions
+    from cluster.settings import DimensionsSettings
+    from engine.errors import SettingsError
+
+    y, path = matrix
+    monkeypatch.setattr(Store, "load", lambda self: pytest.fail("read the responses"))
+    need = y.size * DIMENSIONS_CELL_BYTES
+    with pytest.raises(SettingsError, match="raise --memory-budget") as err:
+        run_dimensions(path, tmp_path / "d", DimensionsSettings(shuffles=2), INPROCESS,
+                       FitSettings(seed=0, memory_budget=need - 1))
+    assert str(path) in str(err.value) and "16 x 40" in str(err.value)
+    assert not (tmp_path / "d").exists()
