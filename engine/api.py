@@ -201,7 +201,8 @@ def _resolve_streamed(model: str, options: dict, y, info: dict, shape, cells: di
 def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prior: str = "vague",
         signed_discrimination: bool = False, init: GuideState | None = None,
         frozen: frozenset = frozenset(), progress_fn=None, model_options: dict | None = None,
-        checkpoint_dir: str | Path | None = None, resume: bool = False) -> FitResult:
+        checkpoint_dir: str | Path | None = None, resume: bool = False,
+        on_checkpoint=None) -> FitResult:
     """Fit a named IRT model by variational inference.
 
     Parameters
@@ -215,6 +216,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     checkpoint_dir : save the fit's progress there every ``settings.checkpoint_every`` passes.
     resume : continue from the checkpoint in ``checkpoint_dir`` when there is one; the
         result equals an uninterrupted fit with the same seed.
+    on_checkpoint : called with ``checkpoint_dir`` after each checkpoint is written whole.
 
     A store larger than ``settings.memory_budget`` is streamed tile by tile; a sparse
     store is fitted from its observations. All sources run the same step.
@@ -260,7 +262,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         fingerprint = {"model": model, "model_options": options, "settings": kept,
                        "frozen": sorted(frozen), "shape": list(shape),
                        "checksum": info.get("checksum"), "init": init is not None}
-        checkpointer = Checkpointer(Path(checkpoint_dir), settings.checkpoint_every, fingerprint)
+        checkpointer = Checkpointer(Path(checkpoint_dir), settings.checkpoint_every, fingerprint,
+                                    on_saved=on_checkpoint)
     use_compilation_cache()  # IRT_ENGINE_COMPILATION_CACHE=0 turns it off
     if factor["method"] == "quadrature":  # abilities integrated out (engine.infer.marginal)
         with count_compiles() as compiles:

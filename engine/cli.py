@@ -160,7 +160,8 @@ def _fit_and_save(store_path, out, args) -> "object":
         res = fit(store_path, model=args.model, settings=settings, prior=args.prior,
                   signed_discrimination=args.signed_discrimination, progress_fn=update,
                   model_options=options,
-                  checkpoint_dir=out if settings.checkpoint_every else None, resume=resume)
+                  checkpoint_dir=out if settings.checkpoint_every else None, resume=resume,
+                  on_checkpoint=getattr(args, "on_checkpoint", None))  # a URL --out: uploads
     finally:
         for bar in bar or []:
             bar.close()

@@ -9,6 +9,10 @@ half-uploaded reads as finished:
 - a store's marker is its root ``zarr.json`` (the group attributes irt-engine reads);
 - a directory's marker (a run, a trial analysis) is :data:`MARKER`, listing every file.
 
+A fit to a URL with ``--checkpoint-every`` uploads each checkpoint as it is written (arrays
+first, then ``checkpoint.json``, which names them), so ``fit --out URL --resume`` continues a
+fit whose process or machine was lost.
+
 Credentials and endpoints come from the usual environment: ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` (or ``AWS_PROFILE``), ``AWS_ENDPOINT_URL_S3`` or
 ``AWS_ENDPOINT_URL`` for an S3-compatible endpoint; ``GOOGLE_APPLICATION_CREDENTIALS`` for gs
@@ -33,7 +37,8 @@ from engine.errors import IRTError, RemoteError, RunNotFoundError, SettingsError
 
 __all__ = ["URL", "MARKER", "SCHEMES", "is_url", "as_location", "filesystem", "zarr_store",
            "storage_options", "remote_errors", "is_file", "list_files", "publish_dir",
-           "publish_store", "download_dir", "fetch_run", "staged_store", "url_outputs"]
+           "publish_store", "download_dir", "fetch_run", "staged_store", "url_outputs",
+           "upload_checkpoint"]
 
 SCHEMES = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
 MARKER = ".irt-complete"
@@ -335,21 +340,48 @@ def _check_store_target(url: URL, names: list[str], overwrite: bool) -> None:
                                f"choose another output URL")
 
 
+def _in_progress(names: list[str]) -> bool:
+    """Whether the objects ``names`` are an unfinished fit's uploaded checkpoint."""
+    from engine.infer.checkpoint import CHECKPOINT_FILE
+
+    return CHECKPOINT_FILE in names and MARKER not in names and "fit.json" not in names
+
+
 def _check_run_target(url: URL, names: list[str], overwrite: bool, resume: bool) -> None:
     from engine.errors import RunExistsError
 
-    if resume:
-        raise SettingsError(f"--resume needs a local --out (a fit to {url} keeps its "
-                            f"checkpoints in a temporary directory); fit to a local --out and "
-                            f"copy it, or start over with --overwrite")
     if not names:
         return
-    if MARKER not in names and "fit.json" not in names:
+    if MARKER not in names and "fit.json" not in names and not _in_progress(names):
         raise RunExistsError(f"--out {url}: objects exist there and it is not a run directory; "
                              f"--overwrite will not remove them, choose another --out")
-    if not overwrite:
+    if overwrite:
+        return
+    if not _in_progress(names):
         raise RunExistsError(f"run directory {url} holds a finished run; pass --overwrite to "
                              f"replace it or choose another --out")
+    if not resume:
+        raise RunExistsError(f"run directory {url} holds the checkpoint of an unfinished fit; "
+                             f"pass --resume to continue it, or --overwrite to start over")
+
+
+def upload_checkpoint(local: Path, url: URL) -> None:
+    """Upload the checkpoint in ``local`` to ``url``: its arrays first, then ``checkpoint.json``
+    (one object, replaced whole), then the arrays it no longer names. A finished run still at
+    ``url`` (``--overwrite``) is removed first, marker first, so the two never mix."""
+    from engine.infer.checkpoint import CHECKPOINT_FILE
+
+    local = Path(local)
+    arrays = json.loads((local / CHECKPOINT_FILE).read_text())["arrays"]
+    with remote_errors(url):
+        fs = filesystem(url)
+        old = list_files(url)
+        if not _in_progress(old):
+            _remove(url, old, first=[MARKER, "fit.json"])
+            old = []
+        fs.put_file(str(local / arrays), (url / arrays).key)
+        fs.put_file(str(local / CHECKPOINT_FILE), (url / CHECKPOINT_FILE).key)
+        _remove(url, [n for n in old if n.startswith("checkpoint-") and n != arrays], first=[])
 
 
 @contextlib.contextmanager
@@ -392,6 +424,10 @@ def url_outputs(args) -> Iterator[None]:
         if command in _DIR_OUT and names:  # resume or --overwrite checks work on the copy
             download_dir(where, local, marker=MARKER if MARKER in names else None)
             (local / MARKER).unlink(missing_ok=True)
+        if command in _RUN_OUT:
+            if getattr(args, "resume", False) and _in_progress(names):
+                download_dir(where, local, marker=None)  # the checkpoint to continue from
+            args.on_checkpoint = lambda directory: upload_checkpoint(directory, where)
         if command in _FILE_OUT:
             local.parent.mkdir(parents=True, exist_ok=True)
         args.out = str(local)
@@ -408,4 +444,6 @@ def url_outputs(args) -> Iterator[None]:
         print(f"uploaded {where}")
     finally:
         args.out = out
+        if hasattr(args, "on_checkpoint"):
+            del args.on_checkpoint
         shutil.rmtree(tmp, ignore_errors=True)

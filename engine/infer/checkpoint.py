@@ -19,9 +19,9 @@ import json
 import os
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -122,11 +122,14 @@ class Checkpointer:
 
     ``fingerprint`` is a JSON-able identity of the fit (model, settings that change the
     result, data checksum and shape); a checkpoint with another fingerprint is refused.
+    ``on_saved`` is called with the directory after each checkpoint is whole (e.g. to upload
+    it next to a run that goes to object storage).
     """
 
     directory: Path
     every: int
     fingerprint: dict
+    on_saved: Callable[[Path], None] | None = field(default=None, compare=False)
 
     def due(self, passes_done: int) -> bool:
         return self.every > 0 and passes_done % self.every == 0
@@ -170,6 +173,8 @@ class Checkpointer:
             raise
         if previous and previous != name:
             (directory / previous).unlink(missing_ok=True)
+        if self.on_saved is not None:
+            self.on_saved(directory)
         return target
 
     def load(self, template: FitState) -> FitProgress | None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -262,3 +264,44 @@ def test_file_urls_are_local_paths(tmp_path, capsys):
     assert (tmp_path / "run" / "fit.json").is_file()
     assert main(["leaderboard", f"file://{tmp_path}/run"]) == 0
     assert "s0" in capsys.readouterr().out
+
+
+def test_kill_9_mid_fit_to_a_url_then_resume_equals_an_uninterrupted_fit(s3, tmp_path):
+    """A fit to s3:// uploads each checkpoint; after a kill -9 (no local state survives: the
+    process's private copy is lost with it), `--resume` continues from the uploaded one."""
+    from engine.cli import main
+    from engine.run import load_run
+
+    y = simulate_2pl(400, 60, seed=5)
+    df = pd.DataFrame(y, columns=[f"q{i}" for i in range(y.shape[1])])
+    df.insert(0, "system", [f"s{i}" for i in range(y.shape[0])])
+    df.to_csv(tmp_path / "r.csv", index=False)
+    assert main(["ingest", str(tmp_path / "r.csv"), "--out", str(tmp_path / "s.zarr")]) == 0
+    args = ["fit", tmp_path / "s.zarr", "--model", "2pl", "--quiet", "--seed", "4",
+            "--max-passes", "150", "--tol", "1e-12", "--checkpoint-every", "2", "--draws", "100",
+            "--ability-factor", "gaussian"]  # the mean-field fit checkpoints
+    _ok(_cli(*args, "--out", tmp_path / "whole", env=s3.env(), cwd=tmp_path))
+    url, key = "s3://bkt/killed", "bkt/killed/checkpoint.json"
+    env = dict(s3.env(), PYTHONPATH=str(REPO), TMPDIR=str(tmp_path / "tmp"))
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", *map(str, args), "--out", url],
+                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while key not in s3.objects("bkt/killed") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        pytest.skip("the fit finished before it could be killed on this machine")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = s3.objects("bkt/killed")
+    assert key in left and f"bkt/killed/{MARKER}" not in left
+    assert sum(k.endswith(".npz") for k in left) == 1  # the arrays checkpoint.json names
+    _one_line_error(_cli(*args, "--out", url, env=s3.env(), cwd=tmp_path),
+                    "holds the checkpoint of an unfinished fit; pass --resume")
+    resumed = _cli(*args, "--out", url, "--resume", env=s3.env(), cwd=tmp_path)
+    _ok(resumed)
+    assert "found no checkpoint" not in resumed.stderr  # it continued the uploaded checkpoint
+    a, b = load_run(tmp_path / "whole"), load_run(url)
+    np.testing.assert_array_equal(a.subjects["ability_mean"], b.subjects["ability_mean"])
+    np.testing.assert_array_equal(a.items["difficulty_mean"], b.items["difficulty_mean"])
+    assert not any("checkpoint" in k for k in s3.objects("bkt/killed"))  # the run replaced it
