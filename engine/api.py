@@ -249,6 +249,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         source = source_for(y_fit, settings.max_block_cells)
         info["constant_items"] = int(constant.sum())
     factor = choose_ability_factor(spec, y, settings.ability_factor, settings.quadrature_max_items,
+                                   max_cells=settings.quadrature_max_cells,
                                    frozen=bool(frozen), init=init is not None,
                                    variational=settings.optimizer != "auto" or settings.mc_draws > 0)
     if init is None and spec.initial is not None and y is not None:  # a model-declared start

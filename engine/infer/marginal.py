@@ -122,13 +122,15 @@ def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray) -> Gu
 
 
 def choose_ability_factor(spec: ModelSpec, y: np.ndarray | None, ability_factor: str,
-                          max_items: int, *, frozen: bool = False,
-                          init: bool = False, variational: bool = False) -> dict:
+                          max_items: int, *, max_cells: int | None = None,
+                          frozen: bool = False, init: bool = False,
+                          variational: bool = False) -> dict:
     """How the abilities are fitted, read from the model and the data, for fit.json.
 
     ``quadrature`` where :func:`marginal_applies`, the matrix is in memory, no block is
     frozen and no start is given, and (``auto``) the median subject has at most
-    ``max_items`` observed responses and no variational setting was asked for
+    ``max_items`` observed responses, the matrix at most ``max_cells`` observed cells (no
+    bound when ``None``) and no variational setting was asked for
     (``variational``: an optimizer or Monte Carlo draws named); ``gaussian`` (mean-field)
     otherwise.
 
@@ -137,8 +139,11 @@ def choose_ability_factor(spec: ModelSpec, y: np.ndarray | None, ability_factor:
     SettingsError : ``quadrature`` was asked for where it does not apply.
     """
     record = {"requested": ability_factor, "max_items_per_subject": max_items}
+    if max_cells is not None:
+        record["max_observed_cells"] = max_cells
     if y is not None:
         record["items_per_subject"] = items_per_subject(y)
+        record["observed_cells"] = int(np.count_nonzero(y >= 0))
     reasons = []
     if not marginal_applies(spec):
         reasons.append(f"model {spec.name!r} ({spec.description}) is not binary with one "
@@ -157,7 +162,9 @@ def choose_ability_factor(spec: ModelSpec, y: np.ndarray | None, ability_factor:
     elif ability_factor == "quadrature":
         method = "quadrature"
     else:
-        method = "quadrature" if record["items_per_subject"] <= max_items else "gaussian"
+        short = record["items_per_subject"] <= max_items
+        small = max_cells is None or record["observed_cells"] <= max_cells
+        method = "quadrature" if short and small else "gaussian"
     if method == "gaussian" and reasons:
         record["gaussian_because"] = reasons
     return record | {"method": method}

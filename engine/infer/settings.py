@@ -80,9 +80,12 @@ class FitSettings:
         quadrature and fits the items at their marginal posterior mode
         (:mod:`engine.infer.marginal`; binary models with one scalar ability and vague
         priors, matrices held in memory); ``gaussian`` is the mean-field variational fit;
-        ``auto`` (the default) takes quadrature where it applies and subjects have at most
-        ``quadrature_max_items`` observed responses (median), gaussian otherwise.
+        ``auto`` (the default) takes quadrature where it applies, subjects have at most
+        ``quadrature_max_items`` observed responses (median) and the matrix has at most
+        ``quadrature_max_cells`` observed cells, gaussian otherwise.
     quadrature_max_items : the ``auto`` switch's bound on responses per subject.
+    quadrature_max_cells : the ``auto`` switch's bound on observed cells (the quadrature fit
+        costs tens of times a mean-field pass per cell; BENCHMARKS.md, "Default fit").
     bucket_shapes : pad a matrix held in memory in one tile with missing cells to bucketed
         sizes (``engine.infer.fit.bucket_size``), so data sets of similar shape share compiled
         programs; the padding takes no part in the fit.
@@ -110,6 +113,7 @@ class FitSettings:
     prefetch: int = 2
     ability_factor: str = "auto"
     quadrature_max_items: int = 1000
+    quadrature_max_cells: int = 1_000_000
     bucket_shapes: bool = True
 
     def for_model(self, spec) -> "FitSettings":
@@ -140,7 +144,7 @@ class FitSettings:
         if self.patience < 1 or self.steps_per_pass < 1 or self.max_block_cells < 1:
             raise SettingsError("patience, steps_per_pass and max_block_cells must be >= 1")
         for name in ("checkpoint_every", "prefetch", "unbiased_after", "mc_draws",
-                     "quadrature_max_items"):
+                     "quadrature_max_items", "quadrature_max_cells"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.memory_budget is not None and self.memory_budget < 1:

@@ -34,3 +34,12 @@ def test_long_rows_and_other_models_stay_mean_field():
     multi = fit(_short_test(), "mirt-comp", model_options={"dims": 2})
     assert multi.extra["ability_factor"]["method"] == "gaussian"
     assert "not binary with one scalar ability" in multi.extra["ability_factor"]["gaussian_because"][0]
+
+
+def test_large_matrices_stay_mean_field():
+    y = _short_test()  # 300 x 10, every cell observed
+    small = fit(y, "2pl", FitSettings(quadrature_max_cells=3000)).extra["ability_factor"]
+    assert small["method"] == "quadrature" and small["observed_cells"] == 3000
+    large = fit(y, "2pl", FitSettings(quadrature_max_cells=2999)).extra["ability_factor"]
+    assert large["method"] == "gaussian" and large["max_observed_cells"] == 2999
+    assert FitSettings().quadrature_max_cells == 1_000_000
