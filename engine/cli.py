@@ -657,7 +657,7 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
                    help="quadrature: abilities integrated out (binary 1PL-4PL/feas, vague "
                         "priors), items at their marginal mode; gaussian: mean-field; auto (default): "
                         "quadrature where it applies, up to 1,000 responses per subject and "
-                        "1,000,000 observed cells (fit.json records which)")
+                        "500,000 observed cells (fit.json records which)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dims", type=_POSITIVE, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
     p.add_argument("--inflation-owner", default=None, choices=["both", "subject", "item"],

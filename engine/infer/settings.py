@@ -113,7 +113,7 @@ class FitSettings:
     prefetch: int = 2
     ability_factor: str = "auto"
     quadrature_max_items: int = 1000
-    quadrature_max_cells: int = 1_000_000
+    quadrature_max_cells: int = 500_000
     bucket_shapes: bool = True
 
     def for_model(self, spec) -> "FitSettings":

@@ -42,4 +42,4 @@ def test_large_matrices_stay_mean_field():
     assert small["method"] == "quadrature" and small["observed_cells"] == 3000
     large = fit(y, "2pl", FitSettings(quadrature_max_cells=2999)).extra["ability_factor"]
     assert large["method"] == "gaussian" and large["max_observed_cells"] == 2999
-    assert FitSettings().quadrature_max_cells == 1_000_000
+    assert FitSettings().quadrature_max_cells == 500_000
