@@ -84,8 +84,10 @@ def test_marginal_mode_and_covariance_match_scipy():
     finite-difference curvature inverts to the fit's item covariance (Louis)."""
     spec = get_model("2pl")
     y, _, _, _ = _simulate(300, 3, seed=3, log_a_sd=0.2)
-    guide, cross, info = fit_marginal(spec, y)
+    laplace = MarginalSettings(importance_max_params=0)  # the mode, not the posterior mean
+    guide, cross, info = fit_marginal(spec, y, laplace)
     assert info["converged"] and info["joint_item_covariance"]
+    assert info["item_moments"]["method"] == "laplace"
     patterns, _, counts = distinct_rows(y)
     x0 = np.stack([guide.loc["difficulty"], guide.loc["discrimination"]], -1).reshape(-1)
     x0 = x0.astype(np.float64)
@@ -106,6 +108,36 @@ def test_marginal_mode_and_covariance_match_scipy():
     sds = within_owner_scales(spec, guide, "item", cross)
     np.testing.assert_allclose(sds["difficulty"], np.sqrt(np.diag(cov)[0::2]), rtol=0.03)
     np.testing.assert_allclose(sds["discrimination"], np.sqrt(np.diag(cov)[1::2]), rtol=0.03)
+
+
+def test_item_posterior_means_match_scipy_on_a_skewed_posterior():
+    """30 subjects, an easy item: its marginal posterior is skewed, so its mode sits a quarter
+    of an sd from its mean. The fit reports the posterior mean and sd (importance sampling
+    from the Laplace approximation), checked against a 2-D grid of scipy-integrated marginal
+    posteriors of the two 1PL difficulties."""
+    rng = np.random.default_rng(1)
+    theta, b = rng.normal(size=30), np.array([-2.5, 0.3])
+    y = (rng.random((30, 2)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
+    guide, _, info = fit_marginal(get_model("1pl"), y)
+    assert info["item_moments"]["method"] == "importance"
+    assert info["item_moments"]["effective_draws"] > 1000
+    patterns, _, counts = distinct_rows(y)
+    tg = np.linspace(-9, 9, 3601)
+    mode = info["item_mode"][:, 0]
+    g1, g2 = np.meshgrid(np.linspace(mode[0] - 4, mode[0] + 4, 161),
+                         np.linspace(mode[1] - 3, mode[1] + 3, 121), indexing="ij")
+    p = 1 / (1 + np.exp(-(tg[:, None] - np.stack([g1, g2], -1)[..., None, :])))
+    lp = stats.norm.logpdf(g1, 0, np.sqrt(1e3)) + stats.norm.logpdf(g2, 0, np.sqrt(1e3))
+    for row, c in zip(patterns, counts):
+        lik = np.prod(np.where(row == 1, p, 1 - p), -1) * stats.norm.pdf(tg)
+        lp = lp + c * np.log(integrate.trapezoid(lik, tg, axis=-1))
+    w = np.exp(lp - lp.max())
+    w /= w.sum()
+    mean = np.array([(w * g1).sum(), (w * g2).sum()])
+    sd = np.sqrt(np.array([(w * g1 ** 2).sum(), (w * g2 ** 2).sum()]) - mean ** 2)
+    assert abs(mode[0] - mean[0]) > 0.15 * sd[0]  # the mode is off the mean here
+    np.testing.assert_array_less(np.abs(guide.loc["difficulty"] - mean), 0.08 * sd)
+    np.testing.assert_allclose(np.exp(guide.log_scale["difficulty"]), sd, rtol=0.06)
 
 
 def test_marginal_recovers_simulated_2pl():
@@ -170,7 +202,8 @@ def test_switch_reads_items_per_subject(tmp_path):
     assert above.extra["ability_factor"]["method"] == "gaussian"
     info = json.loads((save_run(below, tmp_path / "q").path / "fit.json").read_text())
     assert info["ability_factor"] == {"requested": "auto", "max_items_per_subject": 12,
-                                      "items_per_subject": 12.0, "method": "quadrature"}
+                                      "items_per_subject": 12.0, "method": "quadrature",
+                                      "max_observed_cells": 500_000, "observed_cells": 360}
     assert info["quadrature"]["num_patterns"] == len(distinct_rows(y)[0])
     info = json.loads((save_run(above, tmp_path / "g").path / "fit.json").read_text())
     assert info["ability_factor"]["method"] == "gaussian"
