@@ -22,28 +22,29 @@ y[rng.random((S, N)) < 0.1] = -1
 spec = get_model("2pl")
 src = InMemorySource(y, max_block_cells=8192)  # many blocks, dealt over the devices
 out = {}
-for k in (1, 4):
+for k in (1, jax.local_device_count()):
     res = fit_source(spec, src, FitSettings(seed=0, num_devices=k, max_passes=40, min_passes=40))
     out[k] = (res.num_devices, {n: v.tolist() for n, v in res.guide.loc.items()})
-print(json.dumps({"devices": jax.local_device_count(), "blocks": len(src.tile_origins()),
-                  "one": out[1], "four": out[4]}))
+k = jax.local_device_count()
+print(json.dumps({"devices": k, "blocks": len(src.tile_origins()), "one": out[1], "many": out[k]}))
 """
 
 
-def test_four_devices_equal_one():
-    # Four host devices share two cores here: on a loaded machine one device's thread can reach
-    # the all-reduce more than XLA's default 40 s after the others, and XLA then aborts.
-    flags = ("--xla_force_host_platform_device_count=4 "
-             "--xla_cpu_collective_call_terminate_timeout_seconds=600")
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+def test_devices_equal_one():
+    # Forced host devices beyond the machine's cores have deadlocked XLA's CPU all-reduce here
+    # (4 devices on 2 cores, now and then: "only 3 of them arrived", the stuck devices' programs
+    # on XLA's Eigen pool, sized to the cores). So: four devices, or as many as there are cores.
+    devices = max(2, min(4, os.cpu_count() or 1))
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["devices"] == 4 and res["blocks"] > 4
-    assert res["one"][0] == 1 and res["four"][0] == 4
+    assert res["devices"] == devices and res["blocks"] > devices
+    assert res["one"][0] == 1 and res["many"][0] == devices
     import numpy as np
 
     for name, loc in res["one"][1].items():
-        diff = np.max(np.abs(np.asarray(loc) - np.asarray(res["four"][1][name])))
-        assert diff < 1e-3, f"{name}: max |1 device - 4 devices| = {diff}"
+        diff = np.max(np.abs(np.asarray(loc) - np.asarray(res["many"][1][name])))
+        assert diff < 1e-3, f"{name}: max |1 device - {devices} devices| = {diff}"

@@ -184,9 +184,8 @@ def test_two_devices_equal_one_for_streaming_and_sparse(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(root),  # see test_pmap's timeout
-               XLA_FLAGS="--xla_force_host_platform_device_count=2 "
-                         "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
     proc = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path)], env=env, cwd=root,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
