@@ -115,7 +115,7 @@ def test_cli_bad_input_exits_2_with_the_fix(tmp_path, capsys):
         (["dimensions", str(tmp_path / "store"), "--out", str(tmp_path / "d"), "--shuffles", "1"],
          "--shuffles must be >= 2"),
         (["dimensions", str(tmp_path / "store"), "--out", str(tmp_path / "o"), "--memory-budget",
-          "1K"], "dimensions holds the whole 6 x 40 matrix in memory, about 9.4 KiB"),
+          "1K"], "dimensions holds the whole 6 x 40 matrix in memory, about 18.8 KiB"),
         (["bootstrap", str(tmp_path / "store"), "--out", str(tmp_path / "b"), "--model", "5pl"],
          "--model '5pl'"),
         (["stability", str(tmp_path / "store"), "--out", str(tmp_path / "o"), "--batch-size", "0"],
