@@ -62,7 +62,8 @@ class MarginalSettings:
         ``draws x patterns x nodes x items`` is at most ``importance_cells_max``; kept
         only when the weights' effective sample size is at least 200 and
         ``importance_min_ess`` of the draws. The proposal's sds are ``importance_spread``
-        times the Laplace sds (LSAT7: a skewed item's tail is reached at 1.3, not at 1). Otherwise the mode and its curvature (Laplace) are reported.
+        times the Laplace sds (LSAT7: a skewed item's tail is reached at 1.3, not at 1).
+        Otherwise the mode and its curvature (Laplace) are reported.
     """
 
     num_nodes: int = 21
@@ -439,6 +440,11 @@ def _draw_moments(spec, xs, theta, y, mask, log_base):
     return jax.lax.map(one, xs)  # one draw at a time: memory of one E-step
 
 
+def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
+    """The ``(n, k, k)`` within-item blocks of the items' joint ``(n k, n k)`` covariance."""
+    return np.stack([full_cov[i * k:(i + 1) * k, i * k:(i + 1) * k] for i in range(n)])
+
+
 def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSettings):
     """Posterior moments of the items and abilities by self-normalised importance sampling
     from the Laplace approximation ``N(x, spread^2 full_cov)`` (Ionides' truncated weights), or
@@ -578,7 +584,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     mean = (w * theta).sum(axis=1)
     var = np.maximum((w * (theta - mean[:, None]) ** 2).sum(axis=1), 1e-24)
     if joint:
-        cov = np.stack([full_cov[i * k:(i + 1) * k, i * k:(i + 1) * k] for i in range(n)])
+        cov = _within_item_blocks(full_cov, n, k)
         flat = sens.reshape(U, n * k)
         item_var = np.einsum("ui,ij,uj->u", flat, full_cov, flat)
     else:
@@ -589,7 +595,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     moments, moments_record = _importance(spec, x, full_cov, quad, yy, mask, counts_f, settings)
     if moments is not None:  # posterior means and covariances, not the mode's curvature
         x, item_cov, mean, total_var = moments
-        cov = np.stack([item_cov[i * k:(i + 1) * k, i * k:(i + 1) * k] for i in range(n)])
+        cov = _within_item_blocks(item_cov, n, k)
         sd = np.sqrt(total_var)
     # items: conditional sds in the guide, within-item couplings in cross, so that the
     # read-outs' within-item marginal sds are this covariance's diagonal
