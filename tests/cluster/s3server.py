@@ -7,6 +7,7 @@ reaches this server and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -49,6 +50,22 @@ class LoopbackServer:
     def make_bucket(self, name: str) -> str:
         self.filesystem().mkdir(name)
         return name
+
+    @contextlib.contextmanager
+    def serving(self, bucket: str):
+        """This server with ``bucket`` made and its endpoint (``env``) in this process's
+        environment, for in-process calls (gcsfs reads it when first imported); afterwards
+        the environment is restored and the server stopped."""
+        saved = dict(os.environ)
+        os.environ.clear()
+        os.environ.update(self.env(saved))
+        try:
+            self.make_bucket(bucket)
+            yield self
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            self.stop()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -9,7 +9,6 @@ same fit from local disk. A missing bucket is one line and writes nothing.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,17 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def gcs():
-    server = GCSServer()
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(server.env(saved))  # before gcsfs is imported here: it reads them then
-    try:
-        server.make_bucket("bkt")
+    with GCSServer().serving("bkt") as server:  # before gcsfs is imported here
         yield server
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        server.stop()
 
 
 def _cli(*args, env, cwd) -> subprocess.CompletedProcess:

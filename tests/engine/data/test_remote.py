@@ -33,16 +33,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="module")
 def s3():
-    server = S3Server()
-    saved = dict(os.environ)
-    os.environ.update(server.env({}))  # the in-process calls below read the same environment
-    try:
-        server.make_bucket("bkt")
+    with S3Server().serving("bkt") as server:  # the in-process calls read the same environment
         yield server
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        server.stop()
 
 
 @pytest.fixture(scope="module")
