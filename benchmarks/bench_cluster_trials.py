@@ -16,10 +16,8 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,14 +26,8 @@ sys.path.insert(0, str(HERE.parent))
 import pandas as pd  # noqa: E402
 
 from tests.cluster.conftest import simulate_2pl  # noqa: E402
+from subproc import timed_cli  # noqa: E402
 from tests.cluster.raycluster import RayStartCluster  # noqa: E402
-
-
-def _run(args, env) -> tuple[float, subprocess.CompletedProcess]:
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", *map(str, args)], env=env,
-                          capture_output=True, text=True, timeout=3600)
-    return time.perf_counter() - t, proc
 
 
 def main() -> None:
@@ -68,7 +60,7 @@ def main() -> None:
 
     def record(name, cmd, env):
         load_before = os.getloadavg()[0]
-        sec, proc = _run(cmd, env)
+        sec, proc = timed_cli(cmd, env, timeout=3600)
         out = Path(cmd[cmd.index("--out") + 1])
         done = pd.read_parquet(out / "stability.parquet") if proc.returncode == 0 else None
         irt = done[done["method"] == "irt"] if done is not None else None

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,14 +26,8 @@ sys.path.insert(0, str(HERE.parent))
 import pandas as pd  # noqa: E402
 
 from tests.cluster.conftest import simulate_2pl  # noqa: E402
+from subproc import timed_cli  # noqa: E402
 from tests.cluster.raycluster import RayStartCluster  # noqa: E402
-
-
-def _timed(args, env, cwd=None) -> tuple[float, subprocess.CompletedProcess]:
-    t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", *map(str, args)], env=env,
-                          cwd=cwd, capture_output=True, text=True, timeout=1800)
-    return time.perf_counter() - t, proc
 
 
 def main() -> None:
@@ -84,7 +77,7 @@ def main() -> None:
             ("address_without_token_error", ["stability", store, "--out", root / "y",
                                              "--address", cluster.address, *stab], client),
         ]:
-            sec[name], proc = _timed(cmd, env)
+            sec[name], proc = timed_cli(cmd, env, timeout=1800)
             results[f"{name}_exit"] = proc.returncode
             print(f"{name}: {sec[name]:.1f} s (exit {proc.returncode})", flush=True)
             if name.endswith("_error"):

@@ -18,9 +18,19 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["peak_rss_gb", "run_worker", "write_worker_result"]
+__all__ = ["peak_rss_gb", "run_worker", "write_worker_result", "timed_cli"]
 
 _POLL_S = 0.2
+
+
+def timed_cli(args, env: dict, cwd=None, timeout: float = 3600) -> tuple[float, subprocess.CompletedProcess]:
+    """Wall seconds and result of one whole ``irt-engine`` command (``python -m engine.cli``)."""
+    import sys
+
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", *map(str, args)], env=env,
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return time.perf_counter() - t, proc
 
 
 def peak_rss_gb(pid: int | str = "self") -> float | None:
