@@ -45,7 +45,7 @@ def make_source(store: Store, settings: FitSettings) -> BlockSource:
     if store.layout == "sparse":
         in_memory = store.num_observed * _COO_BYTES * IN_MEMORY_FACTOR <= budget
         return SparseSource.from_store(store, settings.max_block_cells, in_memory=in_memory)
-    cell_bytes = store.responses.dtype.itemsize  # 1 (int8) or 4 (float32 kinds)
+    cell_bytes = store.dtype.itemsize  # 1 (int8) or 4 (float32 kinds)
     if store.num_subjects * store.num_items * cell_bytes * IN_MEMORY_FACTOR <= budget:
         return source_for(store.load(),  # checks the observed count against the metadata
                           settings.max_block_cells)

@@ -911,6 +911,9 @@ def main(argv: list[str] | None = None) -> int:
     except IRTError as err:
         print(escape_controls(f"irt-engine {args.command}: error: {err}"), file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (``| head``): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 141
     except OSError as err:  # the environment: a full disk, permissions, a path too long
         if _debug(args):
             raise

@@ -48,9 +48,19 @@ class Run:
 
 
 def _versions() -> dict:
-    import optax, dask, zarr  # noqa: E401
-    return {"python": platform.python_version(), "jax": jax.__version__, "optax": optax.__version__,
-            "dask": dask.__version__, "zarr": zarr.__version__, "numpy": np.__version__}
+    """The versions the run was made with, read from the installed distributions' metadata:
+    importing Dask for its version cost a small fit 0.14 s."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "jax": jax.__version__,
+            "optax": installed("optax"), "dask": installed("dask"), "zarr": installed("zarr"),
+            "numpy": np.__version__}
 
 
 def _store_location(data: dict, out: Path) -> dict:
@@ -133,7 +143,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         if res.extra.get("idata") is not None:  # ArviZ InferenceData of a sampler's draws
             res.extra["idata"].to_netcdf(str(tmp / "draws.nc"))
         if draws is not None and draws.shape[1] <= PAIRWISE_MAX_SUBJECTS:
-            np.savez_compressed(tmp / "pairwise.npz", p_beats=pairwise_beats(draws))
+            runfiles.write_npz(tmp / "pairwise.npz", p_beats=pairwise_beats(draws))
         info = {
             "format_version": FORMAT_VERSION,
             "model": res.extra["model"],

@@ -219,8 +219,7 @@ class Store:
             import dask
             import dask.array as da
 
-            return da.from_delayed(dask.delayed(self.load)(), self.shape,
-                                   dtype=np.dtype(KINDS[self.kind].dtype))
+            return da.from_delayed(dask.delayed(self.load)(), self.shape, dtype=self.dtype)
         return self._dask("responses")
 
     def observations(self) -> tuple[da.Array, da.Array, da.Array]:
@@ -230,6 +229,11 @@ class Store:
             raise DataFormatError(f"{self.path}: a dense store has no observation arrays; use "
                                   f"Store.responses, or ingest with --layout sparse")
         return tuple(self._dask(name) for name in COO_FIELDS)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The stored responses' dtype: int8 (-1 missing) or float32 (NaN missing)."""
+        return np.dtype(KINDS[self.kind].dtype)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -269,7 +273,7 @@ class Store:
                 raise DataFormatError(f"{self.path / 'subject_idx'}: an observation index is out "
                                       f"of range for {self.num_subjects} x {self.num_items}; "
                                       f"{_REPAIR}")
-            y = np.full(self.shape, KINDS[self.kind].fill, np.dtype(KINDS[self.kind].dtype))
+            y = np.full(self.shape, KINDS[self.kind].fill, self.dtype)
             y[s, i] = v
         else:
             y = np.asarray(self._array[...])

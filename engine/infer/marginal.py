@@ -62,8 +62,10 @@ class MarginalSettings:
         ``draws x patterns x nodes x items`` is at most ``importance_cells_max``; kept
         only when the weights' effective sample size is at least 200 and
         ``importance_min_ess`` of the draws. The proposal's sds are ``importance_spread``
-        times the Laplace sds (LSAT7: a skewed item's tail is reached at 1.3, not at 1).
-        Otherwise the mode and its curvature (Laplace) are reported.
+        times the Laplace sds (LSAT7: a skewed item's tail is reached at 1.3, not at 1),
+        narrowed where the item vector is long enough that so wide a proposal would waste
+        the draws (:func:`proposal_spread`). Otherwise the mode and its curvature (Laplace)
+        are reported.
     """
 
     num_nodes: int = 21
@@ -78,6 +80,21 @@ class MarginalSettings:
     importance_cells_max: int = 400_000_000
     importance_min_ess: float = 0.05
     importance_spread: float = 1.3
+
+
+def proposal_spread(d: int, cap: float, efficiency: float = 0.25) -> float:
+    """The importance proposal's sd factor for ``d`` item values: ``cap``, or less where a
+    Gaussian target equal to the Laplace approximation would keep under ``efficiency`` of
+    the draws effective.
+
+    For target ``N(0, 1)`` and proposal ``N(0, s^2)`` per value the effective fraction is
+    ``(s^2 / sqrt(2 s^2 - 1))^-d``; solving ``s^2 / sqrt(2 s^2 - 1) = g = efficiency^(-1/d)``
+    gives ``s^2 = g^2 + sqrt(g^4 - g^2)``. At 1.3 for the 32 values of a 16-item 2PL only
+    5% of the draws would count even with an exact Laplace; the rule gives 1.19 there and
+    keeps 1.3 for LSAT7's 10.
+    """
+    g2 = efficiency ** (-2.0 / max(d, 1))
+    return float(min(cap, np.sqrt(g2 + np.sqrt(g2 * g2 - g2))))
 
 
 def marginal_applies(spec: ModelSpec) -> bool:
@@ -461,8 +478,10 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
         chol = np.linalg.cholesky(full_cov)
     except np.linalg.LinAlgError:
         return None, record | {"method": "laplace", "because": "covariance not positive definite"}
+    spread = proposal_spread(d, settings.importance_spread)
+    record |= {"spread": round(spread, 4)}
     z = np.random.default_rng(0).standard_normal((draws, d))
-    xs = x.reshape(-1) + settings.importance_spread * z @ chol.T
+    xs = x.reshape(-1) + spread * z @ chol.T
     theta = quad.nodes()
     prior = np.asarray(quad.subject.prior.log_prob(jnp.asarray(theta), {}), np.float64)
     log_base = prior + quad.log_w[None, :] + np.log(quad.sd)[:, None]

@@ -37,23 +37,38 @@ def rank_stats(draws: np.ndarray, top_k: int = 3) -> dict[str, np.ndarray]:
     }
 
 
-def pairwise_beats(draws: np.ndarray, chunk: int = 256) -> np.ndarray:
-    """``P[s, s'] = Pr(ability_s > ability_s')`` over draws, ``(S, S)``; chunked over rows.
+def pairwise_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
+    """``P[s, s'] = Pr(ability_s > ability_s')`` over draws, ``(S, S)``.
 
     Subjects whose draws are identical (shared by identical answer sheets) are compared
     once: a questionnaire of 1,000 subjects with 32 distinct sheets costs a 32 x 32 table.
+    The count runs over a few draws at a time into an integer table (rows in blocks of
+    ``chunk``), so no ``draws x chunk x S`` comparison is held and no float is summed:
+    1,509 subjects x 1,000 draws in 0.6 s where a float mean over blocks took 1.4 s.
     """
+    draws = np.ascontiguousarray(draws)  # a strided view counts ten times slower
     T, S = draws.shape
-    if S > chunk:
-        distinct, inverse = np.unique(draws, axis=1, return_inverse=True)
-        if distinct.shape[1] < S // 2:
-            inverse = np.asarray(inverse).reshape(-1)
-            return pairwise_beats(distinct, chunk)[np.ix_(inverse, inverse)]
-    out = np.empty((S, S), np.float32)
+    if S > 1:
+        distinct, first, inverse = _distinct_columns(draws)
+        if distinct < S:
+            return pairwise_beats(draws[:, first], chunk)[np.ix_(inverse, inverse)]
+    count = np.zeros((S, S), np.uint16 if T < 2 ** 16 else np.uint32)
     for start in range(0, S, chunk):
-        block = draws[:, start : start + chunk]
-        out[start : start + chunk] = (block[:, :, None] > draws[:, None, :]).mean(axis=0)
-    return out
+        rows = count[start : start + chunk]
+        for t in range(0, T, 4):
+            block = draws[t : t + 4]
+            rows += np.add.reduce(block[:, start : start + chunk, None] > block[:, None, :],
+                                  axis=0, dtype=count.dtype)
+    return (count / T).astype(np.float32)
+
+
+def _distinct_columns(draws: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """Number of distinct columns, the first subject of each and every subject's column
+    index; columns are compared as whole byte strings."""
+    as_bytes = np.ascontiguousarray(draws.T)
+    keys = as_bytes.view(np.dtype((np.void, as_bytes.shape[1] * as_bytes.itemsize))).ravel()
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return first.size, first, np.asarray(inverse).reshape(-1)
 
 
 def tie_groups(mean: np.ndarray, q05: np.ndarray, q95: np.ndarray) -> np.ndarray:

@@ -144,3 +144,19 @@ def test_the_cli_keeps_compiled_programs_between_runs(tmp_path):
         traces.append([r["elbo"] for r in trace])
         assert any(p.is_file() for p in cache.rglob("*"))  # programs were written
     assert traces[0] == traces[1]  # same seed, same fit, whether compiled or loaded
+
+
+def test_a_reader_that_leaves_early_stops_the_command_quietly(tmp_path):
+    """``irt-engine leaderboard run | head -1``: the closed pipe is no error message (1,000
+    subjects: more than a pipe's 64 KiB buffer, so the command writes after ``head`` left)."""
+    rng = np.random.default_rng(1)
+    y = (rng.random((1000, 12)) < 0.6).astype(int)
+    pd.DataFrame(y, index=[f"s{i}" for i in range(1000)],
+                 columns=[f"i{j}" for j in range(12)]).rename_axis("subject").to_csv(tmp_path / "w.csv")
+    assert main(["ingest", str(tmp_path / "w.csv"), "--out", str(tmp_path / "s.zarr")]) == 0
+    assert main(["fit", str(tmp_path / "s.zarr"), "--model", "1pl", "--out", str(tmp_path / "run"),
+                 "--quiet"]) == 0
+    done = subprocess.run(f"{sys.executable} -m engine.cli leaderboard {tmp_path / 'run'} | head -1",
+                          shell=True, capture_output=True, text=True, check=True)
+    assert done.stdout.startswith("rank") and done.stdout.count("\n") == 1
+    assert done.stderr == ""

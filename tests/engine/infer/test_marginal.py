@@ -9,7 +9,8 @@ from scipy import integrate, stats
 from engine.api import fit
 from engine.errors import SettingsError
 from engine.infer.marginal import (MarginalSettings, _Quadrature, choose_ability_factor,
-                                   distinct_rows, fit_marginal, pool_identical_rows)
+                                   distinct_rows, fit_marginal, pool_identical_rows,
+                                   proposal_spread)
 from engine.infer.settings import FitSettings
 from engine.models import get_model
 from engine.readout.posterior import within_owner_scales
@@ -138,6 +139,22 @@ def test_item_posterior_means_match_scipy_on_a_skewed_posterior():
     assert abs(mode[0] - mean[0]) > 0.15 * sd[0]  # the mode is off the mean here
     np.testing.assert_array_less(np.abs(guide.loc["difficulty"] - mean), 0.08 * sd)
     np.testing.assert_allclose(np.exp(guide.log_scale["difficulty"]), sd, rtol=0.06)
+
+
+@pytest.mark.parametrize("d", [10, 32, 150])
+def test_proposal_spread_keeps_a_quarter_of_the_draws_on_a_gaussian_target(d):
+    """The spread rule against a Monte Carlo effective sample size: target N(0, I_d),
+    proposal N(0, s^2 I_d). At the cap (d = 10) more than a quarter counts; narrowed, a
+    quarter."""
+    s = proposal_spread(d, 1.3)
+    z = np.random.default_rng(d).standard_normal((400_000, d)) * s
+    logw = stats.norm.logpdf(z).sum(1) - stats.norm.logpdf(z, scale=s).sum(1)
+    w = np.exp(logw - logw.max())
+    ess = w.sum() ** 2 / (w ** 2).sum() / len(w)
+    if s == 1.3:
+        assert d == 10 and ess > 0.3
+    else:
+        assert 1.0 < s < 1.3 and ess == pytest.approx(0.25, rel=0.1)
 
 
 def test_marginal_recovers_simulated_2pl():

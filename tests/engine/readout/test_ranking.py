@@ -57,3 +57,13 @@ def test_pairwise_beats_of_shared_draws_equals_the_direct_count():
     draws = distinct[:, rng.integers(0, 20, 700)]  # 700 subjects, 20 distinct columns
     direct = (draws[:, :, None] > draws[:, None, :]).mean(axis=0)
     np.testing.assert_array_equal(pairwise_beats(draws), direct.astype(np.float32))
+
+
+def test_pairwise_beats_counts_ties_in_single_draws_as_no_win():
+    """Distinct subjects that tie in some draws (values on a grid), a draw count that is not
+    a multiple of the block of draws, and rows over several blocks: equal to the direct mean."""
+    rng = np.random.default_rng(4)
+    draws = np.round(rng.normal(size=(11, 40)), 1).astype(np.float32)
+    draws[:, 7] = draws[:, 3]  # one shared sheet beside the ties
+    direct = (draws[:, :, None] > draws[:, None, :]).mean(axis=0)
+    np.testing.assert_array_equal(pairwise_beats(draws, chunk=6), direct.astype(np.float32))
