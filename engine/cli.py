@@ -530,7 +530,6 @@ def _runner(args):
 def cmd_stability(args) -> int:
     from cluster.settings import StabilitySettings, parse_sizes
     from cluster.stability import run_stability
-    from engine.infer.settings import FitSettings
 
     settings = StabilitySettings(
         sizes=parse_sizes(args.sizes) if args.sizes else None, trials_per_size=args.trials_per_size,
@@ -547,7 +546,6 @@ def cmd_stability(args) -> int:
 def cmd_bootstrap(args) -> int:
     from cluster.bootstrap import run_bootstrap
     from cluster.settings import BootstrapSettings
-    from engine.infer.settings import FitSettings
 
     settings = BootstrapSettings(replicates=args.replicates, model=args.model, prior=args.prior,
                                  passes=args.passes, seed=args.seed)
