@@ -10,6 +10,7 @@ errors as quoted in issue 16 (mirt itself is not run here), and the spread of th
 the 308 subjects who answered 11111.
 
     python benchmarks/bench_marginal.py [--data lsat7,2000x12] [--no-nuts] [--out PATH]
+        [--nuts-cache DIR]
 """
 
 from __future__ import annotations
@@ -53,23 +54,59 @@ def _scales(res) -> dict[str, np.ndarray]:
     return sds
 
 
-def _agreement(res, ref) -> dict:
+def _reference(res) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """NUTS's posterior mean and sd per block (unconstrained), as kept in ``--nuts-cache``."""
+    sds = _scales(res)
+    return {k: (np.asarray(v, np.float64), sds[k]) for k, v in res.guide.loc.items()}
+
+
+def _nuts_reference(name: str, y: np.ndarray, cache: Path | None) -> tuple[dict, dict]:
+    """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
+    saved it: the sampler is the expensive part, and a changed fit is compared again for
+    free."""
+    import engine
+    from engine.infer.nuts import NutsSettings
+
+    path = cache / f"nuts-{name}.npz" if cache else None
+    if path is not None and path.exists():
+        z = np.load(path)
+        blocks = sorted({k.split("/")[0] for k in z.files if "/" in k})
+        return ({b: (z[f"{b}/mean"], z[f"{b}/sd"]) for b in blocks},
+                json.loads(str(z["record"])) | {"from_cache": str(path)})
+    t = time.perf_counter()
+    res = engine.api.fit_nuts(y, model="2pl", settings=NutsSettings())
+    ref = _reference(res)
+    record = {"wall_s": time.perf_counter() - t,
+              "rhat_max": res.extra["diagnostics"]["rhat_max"],
+              "ess_bulk_min": res.extra["diagnostics"].get("ess_bulk_min")}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        arrays = {f"{b}/{w}": v for b, (m, s) in ref.items() for w, v in (("mean", m), ("sd", s))}
+        np.savez(path, record=json.dumps(record), **arrays)
+    return ref, record
+
+
+def _agreement(res, ref: dict) -> dict:
     out = {}
-    sds, ref_sds = _scales(res), _scales(ref)
+    sds = _scales(res)
     for block in ("ability", "difficulty", "discrimination"):
-        if block not in ref.guide.loc:
+        if block not in ref:
             continue
-        z = np.abs(np.asarray(res.guide.loc[block], np.float64) - ref.guide.loc[block]) / ref_sds[block]
-        ratio = sds[block] / ref_sds[block]
+        ref_loc, ref_sd = ref[block]
+        z = np.abs(np.asarray(res.guide.loc[block], np.float64) - ref_loc) / ref_sd
+        ratio = sds[block] / ref_sd
         out[block] = {"median_abs_z": float(np.median(z)), "max_abs_z": float(z.max()),
                       "median_sd_ratio": float(np.median(ratio)),
-                      "sd_ratio_range": [float(ratio.min()), float(ratio.max())]}
+                      "sd_ratio_range": [float(ratio.min()), float(ratio.max())],
+                      "outside": {"z_over_0.25": int((z > 0.25).sum()),
+                                  "sd_ratio_outside_0.8_1.25": int(((ratio < 0.8) | (ratio > 1.25)).sum()),
+                                  "of": int(z.size)},
+                      "lowest_sd_ratio_at": int(np.argmin(ratio))}
     return out
 
 
-def measure(name: str, nuts: bool) -> dict:
+def measure(name: str, nuts: bool, cache: Path | None = None) -> dict:
     import engine
-    from engine.infer.nuts import NutsSettings
 
     y = _load(name)
     out = {"data": name, "shape": list(y.shape), "fits": {}}
@@ -80,12 +117,9 @@ def measure(name: str, nuts: bool) -> dict:
         out["fits"][label] = {"wall_s": time.perf_counter() - t,
                               "method": fits[label].extra["ability_factor"]["method"]}
     if nuts:
-        t = time.perf_counter()
-        fits["nuts"] = engine.api.fit_nuts(y, model="2pl", settings=NutsSettings())
-        out["fits"]["nuts"] = {"wall_s": time.perf_counter() - t,
-                               "rhat_max": fits["nuts"].extra["diagnostics"]["rhat_max"]}
+        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache)
         for label in ("auto", "gaussian"):
-            out["fits"][label]["vs_nuts"] = _agreement(fits[label], fits["nuts"])
+            out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref)
     if name == "lsat7":
         table = {}
         for label, res in fits.items():
@@ -97,6 +131,12 @@ def measure(name: str, nuts: bool) -> dict:
             top = (y == 1).all(axis=1)
             theta = np.asarray(res.guide.loc["ability"])[top]
             table[label]["abilities_11111"] = [float(theta.min()), float(theta.max())]
+        if nuts:
+            a = np.exp(ref["discrimination"][0])
+            table["nuts"] = {"a": a.round(3).tolist(),
+                             "a_sd": (a * ref["discrimination"][1]).round(3).tolist(),
+                             "b": ref["difficulty"][0].round(3).tolist(),
+                             "b_sd": ref["difficulty"][1].round(3).tolist()}
         table["mirt_quoted"] = MIRT_QUOTED
         out["lsat7"] = table
     return out
@@ -106,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="lsat7,2000x12")
     ap.add_argument("--no-nuts", action="store_true")
+    ap.add_argument("--nuts-cache", type=Path, default=None,
+                    help="directory keeping each data set's NUTS summary (reused when present)")
     ap.add_argument("--out", default=str(HERE / "results" / "marginal.json"))
     args = ap.parse_args(argv)
     runs = []
     for name in args.data.split(","):
-        runs.append(measure(name, not args.no_nuts))
+        runs.append(measure(name, not args.no_nuts, args.nuts_cache))
         print(json.dumps(runs[-1], indent=1), flush=True)
     out = Path(args.out)
     out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")

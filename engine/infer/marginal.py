@@ -66,6 +66,10 @@ class MarginalSettings:
         narrowed where the item vector is long enough that so wide a proposal would waste
         the draws (:func:`proposal_spread`). Otherwise the mode and its curvature (Laplace)
         are reported.
+    importance_refit_sd, importance_refit_shift : a second importance round from the first
+        round's weighted mean and covariance where some weighted sd differs from the Laplace
+        sd by more than this factor, or some mean from the mode by more than this many
+        Laplace sds (LSAT7: item 5's difficulty sd is 1.6 times the Laplace one).
     """
 
     num_nodes: int = 21
@@ -80,6 +84,8 @@ class MarginalSettings:
     importance_cells_max: int = 400_000_000
     importance_min_ess: float = 0.05
     importance_spread: float = 1.3
+    importance_refit_sd: float = 1.15
+    importance_refit_shift: float = 0.5
 
 
 def proposal_spread(d: int, cap: float, efficiency: float = 0.25) -> float:
@@ -465,7 +471,15 @@ def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
 def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSettings):
     """Posterior moments of the items and abilities by self-normalised importance sampling
     from the Laplace approximation ``N(x, spread^2 full_cov)`` (Ionides' truncated weights), or
-    ``(None, record)`` where it does not apply or its effective sample size is too small."""
+    ``(None, record)`` where it does not apply or its effective sample size is too small.
+
+    Where the weighted draws show the Laplace approximation off (a weighted sd more than
+    ``importance_refit_sd`` times or less than its inverse the Laplace sd, or a mean more
+    than ``importance_refit_shift`` Laplace sds from the mode), a second round draws from the
+    weighted mean and covariance instead (moment-matched adaptive importance sampling) and
+    its moments are reported: a skewed item's tail, which the mode's curvature does not
+    see, is then inside the proposal.
+    """
     n, k = x.shape
     U, Q = quad.mean.size, quad.z.size
     d = n * k
@@ -474,38 +488,62 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     if d > settings.importance_max_params or draws < 200 or full_cov.shape != (d, d):
         return None, record | {"method": "laplace", "because": (
             f"{d} item values or {U} patterns x {n} items: over the importance-sampling bounds")}
-    try:
-        chol = np.linalg.cholesky(full_cov)
-    except np.linalg.LinAlgError:
-        return None, record | {"method": "laplace", "because": "covariance not positive definite"}
     spread = proposal_spread(d, settings.importance_spread)
     record |= {"spread": round(spread, 4)}
-    z = np.random.default_rng(0).standard_normal((draws, d))
-    xs = x.reshape(-1) + spread * z @ chol.T
     theta = quad.nodes()
     prior = np.asarray(quad.subject.prior.log_prob(jnp.asarray(theta), {}), np.float64)
     log_base = prior + quad.log_w[None, :] + np.log(quad.sd)[:, None]
-    lp, lm, m1, m2 = (np.asarray(a, np.float64) for a in _draw_moments(
-        spec, jnp.asarray(xs.reshape(draws, n, k), jnp.float32), jnp.asarray(theta, jnp.float32),
-        jnp.asarray(y), jnp.asarray(mask), jnp.asarray(log_base, jnp.float32)))
-    logw = lm @ counts + lp + 0.5 * (z ** 2).sum(axis=1)  # log p - log q, up to a constant
-    if not np.isfinite(logw).all():
-        return None, record | {"method": "laplace", "because": "a draw had no finite density"}
-    w = np.exp(logw - logw.max())
-    w = np.minimum(w, w.mean() * np.sqrt(draws))  # truncated weights (Ionides 2008)
-    w /= w.sum()
-    ess = float(1.0 / (w ** 2).sum())
-    record |= {"effective_draws": round(ess, 1)}
-    if ess < max(200.0, settings.importance_min_ess * draws):
-        return None, record | {"method": "laplace", "because": (
-            f"effective sample size {ess:.0f} of {draws} draws: the Laplace approximation is "
-            "too far from the posterior to correct")}
-    mean = w @ xs
-    centred = xs - mean
-    cov = (centred * w[:, None]).T @ centred
-    ability_mean = w @ m1
-    ability_var = np.maximum(w @ m2 - ability_mean ** 2, 1e-24)
-    return (mean.reshape(n, k), cov, ability_mean, ability_var), record | {"method": "importance"}
+    rng = np.random.default_rng(0)
+    centre, cov = x.reshape(-1).astype(np.float64), full_cov
+    result = None
+    for round_ in (1, 2):
+        try:
+            chol = np.linalg.cholesky(cov)
+        except np.linalg.LinAlgError:
+            why = f"round {round_}: covariance not positive definite"
+            break
+        z = rng.standard_normal((draws, d))
+        xs = centre + spread * z @ chol.T
+        lp, lm, m1, m2 = (np.asarray(a, np.float64) for a in _draw_moments(
+            spec, jnp.asarray(xs.reshape(draws, n, k), jnp.float32), jnp.asarray(theta, jnp.float32),
+            jnp.asarray(y), jnp.asarray(mask), jnp.asarray(log_base, jnp.float32)))
+        logw = lm @ counts + lp + 0.5 * (z ** 2).sum(axis=1)  # log p - log q, up to a constant
+        if not np.isfinite(logw).all():
+            why = f"round {round_}: a draw had no finite density"
+            break
+        w = np.exp(logw - logw.max())
+        w = np.minimum(w, w.mean() * np.sqrt(draws))  # truncated weights (Ionides 2008)
+        w /= w.sum()
+        ess = float(1.0 / (w ** 2).sum())
+        record |= {"effective_draws" if round_ == 1 else "effective_draws_round_2": round(ess, 1)}
+        if ess < max(200.0, settings.importance_min_ess * draws):
+            why = (f"effective sample size {ess:.0f} of {draws} draws in round {round_}: the "
+                   "proposal is too far from the posterior to correct")
+            break
+        mean = w @ xs
+        centred = xs - mean
+        weighted_cov = (centred * w[:, None]).T @ centred
+        ability_mean = w @ m1
+        result = (mean.reshape(n, k), weighted_cov, ability_mean,
+                  np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
+        record["rounds"] = round_
+        if not _laplace_off(x.reshape(-1), full_cov, mean, weighted_cov, settings):
+            break
+        centre, cov = mean, weighted_cov
+    if result is None:
+        return None, record | {"method": "laplace", "because": why}
+    return result, record | {"method": "importance"} | (
+        {"round_2_not_kept": why} if record["rounds"] == 1 and round_ == 2 else {})
+
+
+def _laplace_off(mode, laplace_cov, mean, cov, settings: MarginalSettings) -> bool:
+    """True where the weighted draws' sds or mean are far enough from the Laplace
+    approximation's that a second, moment-matched round is worth its draws."""
+    sd0, sd = np.sqrt(np.diag(laplace_cov)), np.sqrt(np.diag(cov))
+    ratio = sd / sd0
+    return bool((ratio > settings.importance_refit_sd).any()
+                or (ratio < 1 / settings.importance_refit_sd).any()
+                or (np.abs(mean - mode) > settings.importance_refit_shift * sd0).any())
 
 
 def fit_marginal(spec: ModelSpec, y: np.ndarray,
