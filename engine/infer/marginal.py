@@ -30,7 +30,7 @@ construction.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import jax
@@ -70,6 +70,10 @@ class MarginalSettings:
         round's weighted mean and covariance where some weighted sd differs from the Laplace
         sd by more than this factor, or some mean from the mode by more than this many
         Laplace sds (LSAT7: item 5's difficulty sd is 1.6 times the Laplace one).
+    bucket_patterns : pad the distinct answer patterns with unanswered ones, counted zero
+        times, to a bucketed number (``engine.infer.fit.bucket_size``: at most 12.5% more),
+        so that a new data set with as many items and a similar number of patterns runs the
+        same XLA programs and finds them in the persistent compilation cache.
     """
 
     num_nodes: int = 21
@@ -86,6 +90,7 @@ class MarginalSettings:
     importance_spread: float = 1.3
     importance_refit_sd: float = 1.15
     importance_refit_shift: float = 0.5
+    bucket_patterns: bool = True
 
 
 def proposal_spread(d: int, cap: float, efficiency: float = 0.25) -> float:
@@ -579,6 +584,13 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     (subject,) = spec.by_owner("subject")
     y = np.asarray(y)
     patterns, inverse, counts = distinct_rows(y)
+    num_patterns = patterns.shape[0]
+    if settings.bucket_patterns:  # padded with unanswered patterns counted zero times
+        from engine.infer.fit import bucket_size
+
+        pad = bucket_size(num_patterns) - num_patterns
+        patterns = np.concatenate([patterns, np.full((pad, y.shape[1]), -1, patterns.dtype)])
+        counts = np.concatenate([counts, np.zeros(pad, counts.dtype)])
     mask = (patterns >= 0).astype(np.float32)
     yy = np.where(patterns >= 0, patterns, 0).astype(np.float32)
     counts_f = counts.astype(np.float64)
@@ -664,7 +676,8 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
              for i in range(k) for j in range(i + 1, k)}
     loc[subject.name] = mean[inverse].astype(np.float32)
     log_scale[subject.name] = np.log(sd[inverse]).astype(np.float32)
-    info = {"trace": trace, "converged": converged, "num_patterns": int(U),
+    info = {"trace": trace, "converged": converged, "num_patterns": int(num_patterns),
+            "patterns_padded_to": int(U),
             "num_nodes": Q, "joint_item_covariance": joint, "newton_steps": newton_steps,
             "log_marginal_posterior": float(counts_f @ log_marg + prior_val.sum()),
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
@@ -679,6 +692,8 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
     is the marginal log posterior), for the same run directory and read-outs."""
     from engine.infer.fit import FitResult
 
+    if not fit_settings.bucket_shapes:
+        settings = replace(settings, bucket_patterns=False)
     guide, cross, info = fit_marginal(spec, y, settings)
     y = np.asarray(y)
     return FitResult(
@@ -688,7 +703,7 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
         num_subjects=y.shape[0], num_items=y.shape[1], num_observed=int((y >= 0).sum()),
         num_devices=1, frozen=(),
         extra={"source": "quadrature", "layout": "dense", "mc_draws": 0,
-               "quadrature": {k: info[k] for k in ("num_patterns", "num_nodes",
-                                                   "joint_item_covariance", "newton_steps",
-                                                   "log_marginal_posterior", "item_moments")}},
+               "quadrature": {k: info[k] for k in (
+                   "num_patterns", "patterns_padded_to", "num_nodes", "joint_item_covariance",
+                   "newton_steps", "log_marginal_posterior", "item_moments")}},
         cross=cross)

@@ -130,3 +130,37 @@ def test_leaderboard_imports_no_jax(tmp_path):
 
     board = format_leaderboard(leaderboard(run.subjects, 5))
     assert out.stdout.replace("LOADED []", "").strip() == board.strip()
+
+
+_QUADRATURE_CHILD = """
+import json, sys
+import numpy as np
+import engine
+y = np.load(sys.argv[1])
+res = engine.fit(y, settings=engine.FitSettings(seed=0, ability_factor="quadrature"))
+print(json.dumps({"compile": res.extra["compile"], "quadrature": res.extra["quadrature"]}))
+"""
+
+
+def test_a_similar_short_test_hits_the_cache_in_a_fresh_process(tmp_path):
+    """The quadrature fit pads the distinct answer patterns to a bucketed count: another
+    short test with as many items and a similar number of patterns compiles nothing."""
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAX_", "IRT_ENGINE_COMPILATION"))}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
+    runs = []
+    for k, (S, seed) in enumerate([(390, 4), (410, 5)]):  # 152 and 149 patterns: 160
+        np.save(tmp_path / f"q{k}.npy", _simulate(S, 8, seed=seed))
+        out = subprocess.run([sys.executable, "-c", _QUADRATURE_CHILD, str(tmp_path / f"q{k}.npy")],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        if k == 0:
+            entries = sorted(p.name for p in cache.iterdir())
+    first, second = (r["quadrature"] for r in runs)
+    assert first["num_patterns"] != second["num_patterns"]
+    assert first["patterns_padded_to"] == second["patterns_padded_to"]
+    assert runs[0]["compile"]["cache_misses"] > 0
+    assert runs[1]["compile"]["cache_misses"] == 0 and runs[1]["compile"]["cache_hits"] > 0
+    assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new compiled

@@ -161,6 +161,19 @@ def test_proposal_spread_keeps_a_quarter_of_the_draws_on_a_gaussian_target(d):
         assert 1.0 < s < 1.3 and ess == pytest.approx(0.25, rel=0.1)
 
 
+def test_padded_patterns_change_nothing():
+    """Patterns padded to a bucketed count (unanswered, counted zero times) give the same
+    fit as the distinct patterns alone."""
+    y = _simulate(300, 9, 5)[0]
+    runs = [fit_marginal(get_model("2pl"), y, MarginalSettings(bucket_patterns=b)) for b in (True, False)]
+    (padded, _, info), (plain, _, plain_info) = runs
+    assert info["patterns_padded_to"] > info["num_patterns"] == plain_info["patterns_padded_to"]
+    assert info["item_moments"]["draws"] == plain_info["item_moments"]["draws"]
+    for name in padded.loc:
+        np.testing.assert_allclose(padded.loc[name], plain.loc[name], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(padded.log_scale[name], plain.log_scale[name], atol=1e-4)
+
+
 def test_marginal_recovers_simulated_2pl():
     """Seeded recovery at a short-test shape: estimates near the truth, intervals that cover."""
     y, theta, b, a = _simulate(1500, 10, seed=7)
