@@ -640,7 +640,8 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
-                   help="auto (default): the model's own (adam for gamma), else newton")
+                   help="auto (default): the model's own (adam for gamma, else newton); "
+                        "naming the other is refused")
     p.add_argument("--max-passes", type=_POSITIVE, default=500)
     p.add_argument("--tol", type=_TOL, default=1e-4, help="relative ELBO change to stop at")
     p.add_argument("--seed", type=int, default=0)
@@ -822,7 +823,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--q-matrix", default=None, help="items x skills CSV for NAME:q models")
     p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
-                   help="auto (default): the model's own (adam for gamma), else newton")
+                   help="auto (default): the model's own (adam for gamma, else newton); "
+                        "naming the other is refused")
     p.add_argument("--max-passes", type=_POSITIVE, default=500)
     p.add_argument("--tol", type=_TOL, default=1e-4, help="relative ELBO change to stop at")
     p.add_argument("--seed", type=int, default=0, help="held-out cells, fits and draws")

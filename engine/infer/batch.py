@@ -97,6 +97,7 @@ def fit_batch(spec: ModelSpec, y: np.ndarray, init: GuideState, seeds, num_passe
     BatchResult; ``converged[t]`` applies the convergence rule of ``fit_source`` to the trace.
     """
     use_compilation_cache()
+    settings = settings.for_model(spec)  # the model's own optimizer; naming another is refused
     y = np.asarray(y, np.int8)
     if y.ndim != 3:
         raise ValueError(f"y must be (trials, subjects, items), got shape {y.shape}")

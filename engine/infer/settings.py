@@ -43,16 +43,23 @@ ABILITY_FACTORS = ("auto", "gaussian", "quadrature")
 # _MAX_AUTO_DRAWS (a 10 x 1,418 leaderboard takes 16; 161 x 11,873 takes 1)
 _AUTO_DRAW_CELLS = 1 << 20
 _MAX_AUTO_DRAWS = 16
+# why naming the optimizer a model does not use is refused, by the model's own optimizer
+_DISAGREE = {
+    "newton": "Adam stopped 15-35 nats of ELBO short of Newton on the LSAT7 2PL, with "
+              "discriminations 25-50% higher",
+    "adam": "the diagonal Newton step stalls on the likelihood's ridge, 1,000+ nats short",
+}
 
 
 @dataclass(frozen=True)
 class FitSettings:
     """How a model is fitted.
 
-    optimizer : ``newton`` (natural-gradient variational Newton with the exact diagonal
-        curvature of the per-cell log-likelihood; few passes), ``adam`` (optax Adam on
-        the reparameterised ELBO gradient), or ``auto`` (the default): the one the model
-        declares (``ModelSpec.optimizer``, e.g. Gamma-IRT's ridge needs Adam), else newton.
+    optimizer : ``auto`` (the default): the one the model declares (``ModelSpec.optimizer``,
+        e.g. Gamma-IRT's ridge needs ``adam``, optax Adam on the reparameterised ELBO
+        gradient), else ``newton`` (natural-gradient variational Newton with the exact
+        diagonal curvature of the per-cell log-likelihood; few passes). Naming the other
+        one is refused (:meth:`for_model`): they do not agree.
     max_passes, min_passes : bounds on passes over the data.
     tol, patience : converged when the mean ELBO over the last ``patience`` passes differs
         from the mean over the ``patience`` before by less than ``tol`` (relative); the
@@ -117,10 +124,22 @@ class FitSettings:
     bucket_shapes: bool = True
 
     def for_model(self, spec) -> "FitSettings":
-        """These settings with ``optimizer="auto"`` resolved for ``spec``."""
-        if self.optimizer != "auto":
-            return self
-        return dataclasses.replace(self, optimizer=getattr(spec, "optimizer", None) or "newton")
+        """These settings with ``optimizer="auto"`` resolved for ``spec``.
+
+        Raises
+        ------
+        SettingsError : an optimizer other than the model's own was named. The two do not
+            agree where the model does not declare one: on the LSAT7 2PL Adam stopped 15-35
+            nats of ELBO short of Newton with discriminations 25-50% higher (BENCHMARKS.md),
+            and on Gamma-IRT the diagonal Newton step stalls on the likelihood's ridge.
+        """
+        own = getattr(spec, "optimizer", None) or "newton"
+        if self.optimizer not in ("auto", own):
+            raise SettingsError(
+                f"optimizer={self.optimizer!r} for model {spec.name!r}: this model is fitted "
+                f"with {own!r}, the optimizer that converges on it (the two disagree here: "
+                f"{_DISAGREE[own]}); use optimizer='auto' (--optimizer auto, the default)")
+        return dataclasses.replace(self, optimizer=own)
 
     @property
     def stop_window(self) -> int:

@@ -29,7 +29,7 @@ def _scipy_elbo(res, y, num_draws=300, seed=1):
     return float(np.mean(total)) + entropy, float(np.std(total) / np.sqrt(num_draws))
 
 
-@pytest.mark.parametrize("optimizer", ["newton", "adam"])
+@pytest.mark.parametrize("optimizer", ["newton"])  # Adam is refused for the 2PL
 def test_reported_elbo_matches_an_independent_estimate(optimizer):
     rng = np.random.default_rng(0)
     theta, b, a = rng.normal(size=300), rng.normal(size=8), np.exp(rng.normal(0, 0.3, 8))

@@ -14,6 +14,7 @@ import pytest
 from engine.api import fit
 from engine.cli import main
 from engine.data.blocks import InMemorySource
+from engine.data.kinds import source_for
 from engine.data.store import write_store
 from engine.errors import SettingsError
 from engine.infer.checkpoint import CHECKPOINT_FILE, Checkpointer
@@ -60,9 +61,11 @@ def _interrupt_resume_and_compare(spec, source, settings, ckpt, stop_after, chec
 
 
 def test_adam_resume_restores_optimizer_state(tmp_path):
-    """Interrupted after a checkpoint, resumed: the same guide as one uninterrupted fit."""
-    y = _matrix(60, 90, seed=1)
-    spec, source = get_model("2pl"), InMemorySource(y)
+    """Interrupted after a checkpoint, resumed: the same guide as one uninterrupted fit
+    (Gamma-IRT on positive scores, the model that declares Adam)."""
+    rng = np.random.default_rng(1)
+    y = rng.gamma(2.0, 0.5, size=(60, 90)).astype(np.float32)
+    spec, source = get_model("gamma"), source_for(y, 1 << 22)
     settings = FitSettings(optimizer="adam", max_passes=9, min_passes=9, seed=3, checkpoint_every=3)
     ckpt = Checkpointer(tmp_path, settings.checkpoint_every, {"case": "adam"})
     def saved_at_pass_3():
