@@ -484,7 +484,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     ``(None, record)`` where it does not apply or its effective sample size stays too small.
 
     Up to three rounds (adaptive importance sampling). After a round whose weighted draws
-    show the Laplace approximation off (:func:`_laplace_off`), or whose effective sample is
+    show its proposal off (:func:`_proposal_off`), or whose effective sample is
     too small to keep but at least ``importance_pilot_ess``, the next round draws around the
     weighted mean, with the weighted covariance where there are at least five effective
     draws per item value and the Laplace covariance otherwise, and after a round too small
@@ -539,7 +539,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
             ability_mean = w @ m1
             result = (mean.reshape(n, k), weighted_cov, ability_mean,
                       np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
-            if not _laplace_off(x.reshape(-1), full_cov, mean, weighted_cov, settings):
+            if not _proposal_off(centre, cov, mean, weighted_cov, settings):
                 break
         elif ess < settings.importance_pilot_ess:
             why = (f"effective sample size {ess:.0f} of {draws} draws in round {round_}: the "
@@ -555,14 +555,15 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     return result, record | {"method": "importance"}
 
 
-def _laplace_off(mode, laplace_cov, mean, cov, settings: MarginalSettings) -> bool:
-    """True where the weighted draws' sds or mean are far enough from the Laplace
-    approximation's that a second, moment-matched round is worth its draws."""
-    sd0, sd = np.sqrt(np.diag(laplace_cov)), np.sqrt(np.diag(cov))
+def _proposal_off(centre, proposal_cov, mean, cov, settings: MarginalSettings) -> bool:
+    """True where the weighted draws' sds or mean are far enough from the proposal's
+    (the Laplace approximation in the first round) that another, moment-matched round is
+    worth its draws."""
+    sd0, sd = np.sqrt(np.diag(proposal_cov)), np.sqrt(np.diag(cov))
     ratio = sd / sd0
     return bool((ratio > settings.importance_refit_sd).any()
                 or (ratio < 1 / settings.importance_refit_sd).any()
-                or (np.abs(mean - mode) > settings.importance_refit_shift * sd0).any())
+                or (np.abs(mean - centre) > settings.importance_refit_shift * sd0).any())
 
 
 def fit_marginal(spec: ModelSpec, y: np.ndarray,
