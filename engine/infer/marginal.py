@@ -70,6 +70,9 @@ class MarginalSettings:
         round's weighted mean and covariance where some weighted sd differs from the Laplace
         sd by more than this factor, or some mean from the mode by more than this many
         Laplace sds (LSAT7: item 5's difficulty sd is 1.6 times the Laplace one).
+    importance_nodes : adaptive Gauss-Hermite nodes per pattern while weighting the draws
+        (at the fit's nodes' mean and sd). 11 gave the same LSAT7 moments as 21 to three
+        decimals, and 1.9x the draws for the same cells (1,000 x 50: 369 effective, not 287).
     importance_pilot_ess, importance_cells_retry : a round with fewer effective draws than
         it needs but at least ``importance_pilot_ess`` moves the next round's proposal to its
         weighted mean, and that round draws up to ``importance_cells_retry`` cells.
@@ -94,6 +97,7 @@ class MarginalSettings:
     importance_refit_sd: float = 1.15
     importance_refit_shift: float = 0.5
     importance_pilot_ess: float = 30.0
+    importance_nodes: int = 11
     importance_cells_retry: int = 2_000_000_000
     bucket_patterns: bool = True
 
@@ -494,7 +498,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     proposal centred there keeps 11% of the draws where one at the mode kept 5%.
     """
     n, k = x.shape
-    U, Q = quad.mean.size, quad.z.size
+    U, Q = quad.mean.size, settings.importance_nodes
     d = n * k
     per_draw = max(U * Q * n, 1)
     draws = min(settings.importance_draws, settings.importance_cells_max // per_draw)
@@ -504,9 +508,12 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
             f"{d} item values or {U} patterns x {n} items: over the importance-sampling bounds")}
     spread = proposal_spread(d, settings.importance_spread)
     record |= {"spread": round(spread, 4), "rounds": []}
-    theta = quad.nodes()
+    # each pattern's ability integrated on fewer adaptive nodes than the fit's (placed at
+    # the same posterior mean and sd): the same cells buy more draws
+    z_nodes, w_nodes = np.polynomial.hermite_e.hermegauss(Q)
+    theta = quad.mean[:, None] + quad.sd[:, None] * z_nodes[None, :]
     prior = np.asarray(quad.subject.prior.log_prob(jnp.asarray(theta), {}), np.float64)
-    log_base = prior + quad.log_w[None, :] + np.log(quad.sd)[:, None]
+    log_base = prior + (np.log(w_nodes) + 0.5 * z_nodes ** 2)[None, :] + np.log(quad.sd)[:, None]
     rng = np.random.default_rng(0)
     centre, cov = x.reshape(-1).astype(np.float64), full_cov
     result, why = None, None
