@@ -66,10 +66,11 @@ class MarginalSettings:
         narrowed where the item vector is long enough that so wide a proposal would waste
         the draws (:func:`proposal_spread`). Otherwise the mode and its curvature (Laplace)
         are reported.
-    importance_refit_sd, importance_refit_shift : a second importance round from the first
-        round's weighted mean and covariance where some weighted sd differs from the Laplace
-        sd by more than this factor, or some mean from the mode by more than this many
-        Laplace sds (LSAT7: item 5's difficulty sd is 1.6 times the Laplace one).
+    importance_refit_sd, importance_refit_shift : another importance round (three at most)
+        from a round's weighted mean and covariance where some weighted sd differs from its
+        proposal's sd (the Laplace sd in the first round) by more than this factor, or some
+        mean from the proposal's centre by more than this many of its sds (LSAT7: item 5's
+        difficulty sd is 1.6 times the Laplace one).
     importance_nodes : adaptive Gauss-Hermite nodes per pattern while weighting the draws
         (at the fit's nodes' mean and sd). 11 gave the same LSAT7 moments as 21 to three
         decimals, and 1.9x the draws for the same cells (1,000 x 50: 369 effective, not 287).
