@@ -911,10 +911,9 @@ def main(argv: list[str] | None = None) -> int:
     except IRTError as err:
         print(escape_controls(f"irt-engine {args.command}: error: {err}"), file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader left (``| head``): stop quietly, as a shell tool does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
-        return 141
     except OSError as err:  # the environment: a full disk, permissions, a path too long
+        if isinstance(err, BrokenPipeError) and _reader_left():  # ``| head``: stop quietly
+            return 141
         if _debug(args):
             raise
         print(escape_controls(f"irt-engine {args.command}: error: {_os_error(err)}"), file=sys.stderr)
@@ -942,6 +941,24 @@ _OS_FIXES = {errno.ENOSPC: "free some disk space (the last complete checkpoint a
              errno.ENOTDIR: "a part of that path is a file, not a directory: choose another path",
              errno.ENOENT: "check that the path exists",
              errno.EEXIST: "a file is in the way of that path: choose another"}
+
+
+def _reader_left() -> bool:
+    """True where standard output is a pipe whose reader has gone (``irt-engine ... | head``);
+    output then goes to /dev/null so that the exit's flush raises nothing. A broken pipe
+    elsewhere (a socket, a child process) is not this, and is reported as an error."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        gone = any(event & select.POLLERR for _, event in poller.poll(0))
+        if gone:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+        return gone
+    except (AttributeError, OSError, ValueError):  # no file descriptor (captured) or no poll
+        return False
 
 
 def _os_error(err: OSError) -> str:

@@ -499,7 +499,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     proposal centred there keeps 11% of the draws where one at the mode kept 5%.
     """
     n, k = x.shape
-    U, Q = quad.mean.size, settings.importance_nodes
+    U, Q = int((counts > 0).sum()), settings.importance_nodes  # padded patterns count zero
     d = n * k
     per_draw = max(U * Q * n, 1)
     draws = min(settings.importance_draws, settings.importance_cells_max // per_draw)
@@ -517,8 +517,9 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     log_base = prior + (np.log(w_nodes) + 0.5 * z_nodes ** 2)[None, :] + np.log(quad.sd)[:, None]
     rng = np.random.default_rng(0)
     centre, cov = x.reshape(-1).astype(np.float64), full_cov
-    result, why = None, None
+    result, used, why = None, 0, None
     for round_ in (1, 2, 3):
+        why = None  # the reason this round stopped short, if it does
         try:
             chol = np.linalg.cholesky(cov)
         except np.linalg.LinAlgError:
@@ -547,6 +548,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
             ability_mean = w @ m1
             result = (mean.reshape(n, k), weighted_cov, ability_mean,
                       np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
+            used = round_
             if not _proposal_off(centre, cov, mean, weighted_cov, settings):
                 break
         elif ess < settings.importance_pilot_ess:
@@ -560,7 +562,9 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
         centre, cov = mean, weighted_cov if ess >= 5 * d else cov
     if result is None:
         return None, record | {"method": "laplace", "because": why}
-    return result, record | {"method": "importance"}
+    # the moments are the last kept round's; a later round that stopped short says why
+    return result, record | {"method": "importance", "used_round": used} | (
+        {"later_round_failed": why} if why and round_ > used else {})
 
 
 def _proposal_off(centre, proposal_cov, mean, cov, settings: MarginalSettings) -> bool:
@@ -618,7 +622,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     yy = np.where(patterns >= 0, patterns, 0).astype(np.float32)
     counts_f = counts.astype(np.float64)
     n, k, U, Q = y.shape[1], len(blocks), patterns.shape[0], settings.num_nodes
-    joint = _joint_fits(n, k, U, Q, settings)
+    joint = _joint_fits(n, k, num_patterns, Q, settings)  # the data's patterns, not the padding
     x = np.stack([np.full(n, p.init if np.isscalar(p.init) else 0.0, np.float64)
                   for p in blocks], -1)
     if spec.initial is not None:

@@ -48,6 +48,8 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
     """
     draws = np.ascontiguousarray(draws)  # a strided view counts ten times slower
     T, S = draws.shape
+    if T == 0:  # no draws, no probabilities
+        return np.full((S, S), np.nan, np.float32)
     if S > 1:
         distinct, first, inverse = _distinct_columns(draws)
         if distinct < S:

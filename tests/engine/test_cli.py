@@ -160,3 +160,16 @@ def test_a_reader_that_leaves_early_stops_the_command_quietly(tmp_path):
                           shell=True, capture_output=True, text=True, check=True)
     assert done.stdout.startswith("rank") and done.stdout.count("\n") == 1
     assert done.stderr == ""
+
+
+def test_a_broken_pipe_that_is_not_standard_output_is_an_error(tmp_path, monkeypatch, capsys):
+    """Only a closed standard output stops quietly: a broken pipe elsewhere (a socket, a
+    child process) is reported in one line and exits 2."""
+    import engine.cli as cli
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "cmd_leaderboard", broken)
+    assert main(["leaderboard", str(tmp_path / "run")]) == 2
+    assert "error: Broken pipe" in capsys.readouterr().err

@@ -161,13 +161,22 @@ def test_proposal_spread_keeps_a_quarter_of_the_draws_on_a_gaussian_target(d):
         assert 1.0 < s < 1.3 and ess == pytest.approx(0.25, rel=0.1)
 
 
-def test_padded_patterns_change_nothing():
+@pytest.mark.parametrize("at_the_bounds", [False, True])
+def test_padded_patterns_change_nothing(at_the_bounds):
     """Patterns padded to a bucketed count (unanswered, counted zero times) give the same
-    fit as the distinct patterns alone."""
+    fit as the distinct patterns alone, also where the data's patterns sit exactly at the
+    joint covariance's and the importance draws' cell bounds (the bounds count the data's
+    patterns, not the padding)."""
     y = _simulate(300, 9, 5)[0]
-    runs = [fit_marginal(get_model("2pl"), y, MarginalSettings(bucket_patterns=b)) for b in (True, False)]
+    U = distinct_rows(y)[0].shape[0]
+    bounds = dict(score_cells_max=U * 21 * 9 * 2, importance_cells_max=U * 11 * 9 * 1000) \
+        if at_the_bounds else {}
+    runs = [fit_marginal(get_model("2pl"), y, MarginalSettings(bucket_patterns=b, **bounds))
+            for b in (True, False)]
     (padded, _, info), (plain, _, plain_info) = runs
     assert info["patterns_padded_to"] > info["num_patterns"] == plain_info["patterns_padded_to"]
+    assert info["joint_item_covariance"] and plain_info["joint_item_covariance"]
+    assert info["item_moments"]["method"] == plain_info["item_moments"]["method"] == "importance"
     assert info["item_moments"]["draws"] == plain_info["item_moments"]["draws"]
     for name in padded.loc:
         np.testing.assert_allclose(padded.loc[name], plain.loc[name], rtol=1e-4, atol=1e-4)

@@ -67,3 +67,8 @@ def test_pairwise_beats_counts_ties_in_single_draws_as_no_win():
     draws[:, 7] = draws[:, 3]  # one shared sheet beside the ties
     direct = (draws[:, :, None] > draws[:, None, :]).mean(axis=0)
     np.testing.assert_array_equal(pairwise_beats(draws, chunk=6), direct.astype(np.float32))
+
+
+def test_pairwise_beats_of_no_draws_is_unknown():
+    p = pairwise_beats(np.zeros((0, 4), np.float32))
+    assert p.shape == (4, 4) and np.isnan(p).all()
