@@ -239,6 +239,14 @@ def _cell_loglik(spec: ModelSpec, x, theta, y, mask):
 
 
 @partial(jax.jit, static_argnames=("spec",))
+def _ability_log_prior(spec, theta):
+    """The ability prior's log density at nodes ``theta``: one compiled program, where the
+    density's operations run one by one (each its own small program) outside jit."""
+    (subject,) = spec.by_owner("subject")
+    return subject.prior.log_prob(theta, {})
+
+
+@partial(jax.jit, static_argnames=("spec",))
 def _node_loglik(spec, x, theta, y, mask):
     """``(U, Q)``: each pattern's log-likelihood at each of its nodes."""
     return jnp.sum(_cell_loglik(spec, x, theta, y, mask), axis=-1)
@@ -310,7 +318,7 @@ class _Quadrature:
         """``(nodes, normalised weights (U, Q), log marginal likelihood (U,))`` at items ``x``."""
         theta = self.nodes()
         ll = _chunked_node_loglik(spec, x, theta, y, mask)
-        prior = np.asarray(self.subject.prior.log_prob(jnp.asarray(theta), {}), np.float64)
+        prior = np.asarray(_ability_log_prior(spec, jnp.asarray(theta)), np.float64)
         lw = ll + prior + self.log_w[None, :] + np.log(self.sd)[:, None]
         top = lw.max(axis=1, keepdims=True)
         w = np.exp(lw - top)
@@ -513,7 +521,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     # the same posterior mean and sd): the same cells buy more draws
     z_nodes, w_nodes = np.polynomial.hermite_e.hermegauss(Q)
     theta = quad.mean[:, None] + quad.sd[:, None] * z_nodes[None, :]
-    prior = np.asarray(quad.subject.prior.log_prob(jnp.asarray(theta), {}), np.float64)
+    prior = np.asarray(_ability_log_prior(spec, jnp.asarray(theta)), np.float64)
     log_base = prior + (np.log(w_nodes) + 0.5 * z_nodes ** 2)[None, :] + np.log(quad.sd)[:, None]
     rng = np.random.default_rng(0)
     centre, cov = x.reshape(-1).astype(np.float64), full_cov

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,15 +30,24 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
     out = {}
     for key, name in zip(keys, names):
         p = spec.param(name)
-        loc, scale = jnp.asarray(guide.loc[name]), jnp.exp(jnp.asarray(guide.log_scale[name]))
+        loc = jnp.asarray(guide.loc[name])
         first, inverse = _identical_owners(guide, name) if p.owner == "subject" else (None, None)
-        if first is None:
-            eps = jax.random.normal(key, (num_draws,) + loc.shape, jnp.float32)
-        else:  # one draw per distinct factor, shared by its owners
-            eps = jax.random.normal(key, (num_draws, first.size) + loc.shape[1:],
-                                    jnp.float32)[:, inverse]
-        out[name] = np.asarray(p.constrain(loc + scale * eps))
+        width = loc.shape[:1] if first is None else (first.size,)
+        out[name] = np.asarray(_block_draws(
+            p, key, loc, jnp.asarray(guide.log_scale[name]),
+            None if inverse is None else jnp.asarray(inverse), (num_draws,) + width))
     return out
+
+
+@partial(jax.jit, static_argnames=("param", "shape"))
+def _block_draws(param, key, loc, log_scale, inverse, shape):
+    """One block's constrained draws in one compiled program (the same numbers as the
+    operations one by one, which compiled a small program each): ``shape`` is ``(draws,
+    owners or distinct factors)``; ``inverse`` maps each owner to its distinct factor."""
+    eps = jax.random.normal(key, shape + loc.shape[1:], jnp.float32)
+    if inverse is not None:  # one draw per distinct factor, shared by its owners
+        eps = eps[:, inverse]
+    return param.constrain(loc + jnp.exp(log_scale) * eps)
 
 
 def _identical_owners(guide: GuideState, name: str):
