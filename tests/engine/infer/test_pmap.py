@@ -2,11 +2,8 @@
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from _multidevice import run_with_devices
 
 SCRIPT = """
 import json, numpy as np, jax
@@ -35,10 +32,7 @@ def test_devices_equal_one():
     # (4 devices on 2 cores, now and then: "only 3 of them arrived", the stuck devices' programs
     # on XLA's Eigen pool, sized to the cores). So: four devices, or as many as there are cores.
     devices = max(2, min(4, os.cpu_count() or 1))
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = run_with_devices(SCRIPT, devices)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["devices"] == devices and res["blocks"] > devices

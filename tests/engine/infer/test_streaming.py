@@ -178,16 +178,10 @@ print(json.dumps({"devices": jax.local_device_count(), **out}))
 def test_two_devices_equal_one_for_streaming_and_sparse(tmp_path):
     """Streamed tiles and sparse batches are dealt over 2 devices by the same pmap path."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               JAX_PLATFORMS="cpu", PYTHONPATH=str(root))
-    proc = subprocess.run([sys.executable, "-c", _TWO_DEVICES, str(tmp_path)], env=env, cwd=root,
-                          capture_output=True, text=True, timeout=600)
+    from _multidevice import run_with_devices
+
+    proc = run_with_devices(_TWO_DEVICES, 2, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["devices"] == 2
