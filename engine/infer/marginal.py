@@ -301,25 +301,39 @@ def _item_prior(spec: ModelSpec, x: np.ndarray):
     return tuple(np.asarray(a, np.float64) for a in _item_prior_terms(spec, jnp.asarray(x, jnp.float32)))
 
 
+def _gauss_hermite(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes ``z`` and log weights for integrating against a density in ``z`` (the rule's
+    weight ``exp(-z^2 / 2)`` taken back out)."""
+    z, w = np.polynomial.hermite_e.hermegauss(num_nodes)
+    return z, np.log(w) + 0.5 * z ** 2
+
+
 class _Quadrature:
     """Adaptive Gauss-Hermite nodes per pattern and the posterior weights on them."""
 
-    def __init__(self, spec: ModelSpec, num_nodes: int, num_patterns: int):
-        z, w = np.polynomial.hermite_e.hermegauss(num_nodes)  # weight exp(-z^2 / 2)
-        self.z, self.log_w = z, np.log(w) + 0.5 * z ** 2
-        (self.subject,) = spec.by_owner("subject")
+    def __init__(self, num_nodes: int, num_patterns: int):
+        self.z, self.log_w = _gauss_hermite(num_nodes)
         self.mean = np.zeros(num_patterns)
         self.sd = np.ones(num_patterns)
 
     def nodes(self) -> np.ndarray:
         return self.mean[:, None] + self.sd[:, None] * self.z[None, :]
 
+    def log_base(self, spec, num_nodes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(nodes, log ability prior + log quadrature weight)`` ``(U, Q)``: on this
+        quadrature's nodes, or on ``num_nodes`` placed at the same means and sds."""
+        if num_nodes is None:
+            theta, log_w = self.nodes(), self.log_w
+        else:
+            z, log_w = _gauss_hermite(num_nodes)
+            theta = self.mean[:, None] + self.sd[:, None] * z[None, :]
+        prior = np.asarray(_ability_log_prior(spec, jnp.asarray(theta)), np.float64)
+        return theta, prior + log_w[None, :] + np.log(self.sd)[:, None]
+
     def posterior(self, spec, x, y, mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(nodes, normalised weights (U, Q), log marginal likelihood (U,))`` at items ``x``."""
-        theta = self.nodes()
-        ll = _chunked_node_loglik(spec, x, theta, y, mask)
-        prior = np.asarray(_ability_log_prior(spec, jnp.asarray(theta)), np.float64)
-        lw = ll + prior + self.log_w[None, :] + np.log(self.sd)[:, None]
+        theta, base = self.log_base(spec)
+        lw = _chunked_node_loglik(spec, x, theta, y, mask) + base
         top = lw.max(axis=1, keepdims=True)
         w = np.exp(lw - top)
         total = w.sum(axis=1, keepdims=True)
@@ -519,10 +533,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     record |= {"spread": round(spread, 4), "rounds": []}
     # each pattern's ability integrated on fewer adaptive nodes than the fit's (placed at
     # the same posterior mean and sd): the same cells buy more draws
-    z_nodes, w_nodes = np.polynomial.hermite_e.hermegauss(Q)
-    theta = quad.mean[:, None] + quad.sd[:, None] * z_nodes[None, :]
-    prior = np.asarray(_ability_log_prior(spec, jnp.asarray(theta)), np.float64)
-    log_base = prior + (np.log(w_nodes) + 0.5 * z_nodes ** 2)[None, :] + np.log(quad.sd)[:, None]
+    theta, log_base = quad.log_base(spec, Q)
     rng = np.random.default_rng(0)
     centre, cov = x.reshape(-1).astype(np.float64), full_cov
     result, used, why = None, 0, None
@@ -638,7 +649,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         for j, p in enumerate(blocks):
             if p.name in start and np.shape(start[p.name]) == (n,):
                 x[:, j] = np.asarray(start[p.name], np.float64)
-    quad = _Quadrature(spec, Q, U)
+    quad = _Quadrature(Q, U)
     trace, converged, previous, newton_steps = [], False, None, 0
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)

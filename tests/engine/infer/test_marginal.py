@@ -59,7 +59,7 @@ def test_adaptive_quadrature_matches_scipy(num_items):
     x = np.stack([b, np.log(a)], -1)
     patterns, inverse, counts = distinct_rows(y)
     mask, yy = (patterns >= 0).astype(np.float32), np.maximum(patterns, 0).astype(np.float32)
-    quad = _Quadrature(spec, 21, len(patterns))
+    quad = _Quadrature(21, len(patterns))
     for _ in range(4):
         theta, w, log_marg = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
