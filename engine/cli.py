@@ -727,12 +727,9 @@ def _add_item_commands(sub) -> None:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from engine.versions import installed
 
-    try:
-        return version("irt-engine")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
+    return installed("irt-engine") or "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:

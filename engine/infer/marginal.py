@@ -40,6 +40,7 @@ import numpy as np
 from engine.errors import ModelError, SettingsError
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
+from engine.rows import identical_rows
 
 __all__ = ["MarginalSettings", "marginal_applies", "fit_marginal", "fit_marginal_result",
            "distinct_rows", "items_per_subject", "pool_identical_rows", "choose_ability_factor"]
@@ -136,11 +137,8 @@ def items_per_subject(y: np.ndarray) -> float:
 def distinct_rows(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(patterns (U, n), inverse (s,), counts (U,))``: the distinct rows of ``y``, compared
     byte for byte (so missing cells, -1 or NaN, match each other)."""
-    y = np.ascontiguousarray(y)
-    rows = y.view(np.dtype((np.void, y.shape[1] * y.itemsize))).reshape(-1)
-    _, first, inverse, counts = np.unique(rows, return_index=True, return_inverse=True,
-                                          return_counts=True)
-    return y[first], np.asarray(inverse).reshape(-1), counts
+    first, inverse, counts = identical_rows(y)
+    return np.asarray(y)[first], inverse, counts
 
 
 def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray) -> GuideState:

@@ -11,6 +11,7 @@ import pandas as pd
 
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
+from engine.rows import identical_rows
 
 __all__ = ["draw_posterior", "summarize", "summarize_draws", "within_owner_scales", "Z90"]
 
@@ -58,12 +59,10 @@ def _identical_owners(guide: GuideState, name: str):
         return None, None
     both = np.concatenate([loc.reshape(loc.shape[0], -1),
                            np.asarray(guide.log_scale[name]).reshape(loc.shape[0], -1)], axis=1)
-    both = np.ascontiguousarray(both)
-    rows = both.view(np.dtype((np.void, both.shape[1] * both.itemsize))).reshape(-1)
-    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    first, inverse, _ = identical_rows(both)
     if first.size == loc.shape[0]:
         return None, None
-    return first, np.asarray(inverse).reshape(-1)
+    return first, inverse
 
 
 def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,

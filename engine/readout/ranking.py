@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine.rows import identical_rows
+
 __all__ = ["ranks_from_draws", "rank_stats", "pairwise_beats", "tie_groups"]
 
 
@@ -73,10 +75,8 @@ def _count_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
 def _distinct_columns(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The first subject of each distinct column and every subject's column index; columns
     are compared as whole byte strings."""
-    as_bytes = np.ascontiguousarray(draws.T)
-    keys = as_bytes.view(np.dtype((np.void, as_bytes.shape[1] * as_bytes.itemsize))).ravel()
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    return first, np.asarray(inverse).reshape(-1)
+    first, inverse, _ = identical_rows(draws.T)
+    return first, inverse
 
 
 def tie_groups(mean: np.ndarray, q05: np.ndarray, q95: np.ndarray) -> np.ndarray:

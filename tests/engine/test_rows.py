@@ -1,0 +1,36 @@
+"""engine.rows.identical_rows against a plain Python grouping of the rows."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+
+from engine.rows import identical_rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.int8, st.tuples(st.integers(1, 40), st.integers(0, 6)),
+              elements=st.integers(-1, 1)))
+def test_groups_rows_as_python_does(a):
+    first, inverse, counts = identical_rows(a)
+    seen = {}
+    for row in map(tuple, a):
+        seen[row] = seen.get(row, 0) + 1
+    assert len(first) == len(seen) == len(counts)
+    for u, f in enumerate(first):  # each distinct row: its first occurrence and its count
+        rows = np.flatnonzero(inverse == u)
+        assert rows[0] == f and counts[u] == seen[tuple(a[f])] == rows.size
+        assert (a[rows] == a[f]).all()
+
+
+def test_nan_matches_nan_and_float_rows():
+    a = np.array([[np.nan, 1.0], [0.5, 1.0], [np.nan, 1.0]])
+    first, inverse, counts = identical_rows(a)
+    assert inverse[0] == inverse[2] != inverse[1] and sorted(counts) == [1, 2]
+
+
+def test_columns_of_a_strided_view_and_bad_shape():
+    draws = np.array([[1.0, 2.0, 1.0], [3.0, 4.0, 3.0]])
+    first, inverse, _ = identical_rows(draws.T)  # a non-contiguous view: subjects as rows
+    assert inverse[0] == inverse[2] != inverse[1] and sorted(first) == [0, 1]
+    with pytest.raises(ValueError, match="2-D"):
+        identical_rows(np.zeros(3))
