@@ -55,7 +55,11 @@ class MarginalSettings:
         than ``tol`` (relative, at least 1e-3 nats) and no item moves by more than 1e-3.
     max_step : largest change of an item's unconstrained value per Newton step.
     full_cov_max : the items' joint covariance is computed when the item vector has at most
-        this many values (and the score matrix fits ``score_cells_max``); per item otherwise.
+        this many values (and the score matrix has at most ``score_cells_max`` cells); per
+        item otherwise.
+    score_chunk, cell_chunk : cells per chunk of the scores (patterns x nodes x item values)
+        and of the log-likelihood (patterns x nodes x items); they set the fit's peak memory
+        (:meth:`within_budget`) and nothing else.
     importance_draws, importance_max_params, importance_cells_max, importance_min_ess :
         posterior means and covariances of the items (and the abilities' posterior moments
         over the items' uncertainty) by importance sampling from the Laplace approximation,
@@ -90,6 +94,7 @@ class MarginalSettings:
     max_step: float = 1.0
     full_cov_max: int = 4000
     score_cells_max: int = 60_000_000
+    score_chunk: int = 60_000_000
     cell_chunk: int = 8_000_000
     importance_draws: int = 4000
     importance_max_params: int = 200
@@ -102,6 +107,25 @@ class MarginalSettings:
     importance_nodes: int = 11
     importance_cells_retry: int = 2_000_000_000
     bucket_patterns: bool = True
+
+
+# Peak bytes per chunk cell, measured on a 2,000 x 200 2PL: a 16.8M-cell score chunk raised
+# the peak by 700 MB (42 bytes a cell: the scores in float32 and three float64 copies); the
+# log-likelihood chunk costs about 10 bytes a cell, so the same bound leaves it room.
+SCORE_CELL_BYTES = 48
+JOINT_COPIES = 4  # the joint information, its Cholesky factor, the covariance, a product
+
+
+def within_budget(settings: MarginalSettings, budget: int) -> tuple[MarginalSettings, dict]:
+    """``settings`` with chunks small enough for ``budget`` bytes, and the joint covariance
+    bound (``(n k)^2`` float64 values, ``JOINT_COPIES`` times) lowered to what it allows;
+    with the record of what was capped for fit.json."""
+    score = min(settings.score_chunk, max(budget // SCORE_CELL_BYTES, 1))
+    cells = min(settings.cell_chunk, max(budget // SCORE_CELL_BYTES, 1))
+    full = min(settings.full_cov_max, int((budget / (8 * JOINT_COPIES)) ** 0.5))
+    return (replace(settings, score_chunk=score, cell_chunk=cells, full_cov_max=full),
+            {"memory_budget": int(budget), "score_chunk": score, "cell_chunk": cells,
+             "full_cov_max": full})
 
 
 def proposal_spread(d: int, cap: float, efficiency: float = 0.25) -> float:
@@ -309,8 +333,9 @@ def _gauss_hermite(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
 class _Quadrature:
     """Adaptive Gauss-Hermite nodes per pattern and the posterior weights on them."""
 
-    def __init__(self, num_nodes: int, num_patterns: int):
+    def __init__(self, num_nodes: int, num_patterns: int, cell_chunk: int = 8_000_000):
         self.z, self.log_w = _gauss_hermite(num_nodes)
+        self.cell_chunk = cell_chunk
         self.mean = np.zeros(num_patterns)
         self.sd = np.ones(num_patterns)
 
@@ -331,7 +356,7 @@ class _Quadrature:
     def posterior(self, spec, x, y, mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(nodes, normalised weights (U, Q), log marginal likelihood (U,))`` at items ``x``."""
         theta, base = self.log_base(spec)
-        lw = _chunked_node_loglik(spec, x, theta, y, mask) + base
+        lw = _chunked_node_loglik(spec, x, theta, y, mask, self.cell_chunk) + base
         top = lw.max(axis=1, keepdims=True)
         w = np.exp(lw - top)
         total = w.sum(axis=1, keepdims=True)
@@ -349,11 +374,11 @@ def _chunks(num_patterns: int, num_nodes: int, num_items: int, limit: int) -> li
     return [slice(a, min(a + per, num_items)) for a in range(0, num_items, per)]
 
 
-def _chunked_node_loglik(spec, x, theta, y, mask) -> np.ndarray:
+def _chunked_node_loglik(spec, x, theta, y, mask, limit: int) -> np.ndarray:
     U, Q = theta.shape
     out = np.zeros((U, Q))
     th = jnp.asarray(theta, jnp.float32)
-    for sl in _chunks(U, Q, x.shape[0], 8_000_000):
+    for sl in _chunks(U, Q, x.shape[0], limit):
         out += np.asarray(_node_loglik(spec, jnp.asarray(x[sl], jnp.float32), th,
                                        jnp.asarray(y[:, sl]), jnp.asarray(mask[:, sl])), np.float64)
     return out
@@ -413,7 +438,7 @@ def _louis(spec, x, theta, w, counts, y, mask, hess, joint: bool, settings: Marg
     sens = np.zeros((U, n, k)) if with_sensitivity else None
     th = jnp.asarray(theta, jnp.float32)
     xj = jnp.asarray(x, jnp.float32)
-    per = max(1, settings.score_cells_max // max(Q * n * k, 1))
+    per = max(1, settings.score_chunk // max(Q * n * k, 1))
     for start in range(0, U, per):
         sl = slice(start, min(start + per, U))
         g = np.asarray(_cell_scores(spec, xj, th[sl], jnp.asarray(y[sl]), jnp.asarray(mask[sl])),
@@ -647,7 +672,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         for j, p in enumerate(blocks):
             if p.name in start and np.shape(start[p.name]) == (n,):
                 x[:, j] = np.asarray(start[p.name], np.float64)
-    quad = _Quadrature(Q, U)
+    quad = _Quadrature(Q, U, settings.cell_chunk)
     trace, converged, previous, newton_steps = [], False, None, 0
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)
@@ -736,8 +761,11 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
     is the marginal log posterior), for the same run directory and read-outs."""
     from engine.infer.fit import FitResult
 
+    from engine.memory import default_memory_budget
+
     if not fit_settings.bucket_shapes:
         settings = replace(settings, bucket_patterns=False)
+    settings, memory = within_budget(settings, fit_settings.memory_budget or default_memory_budget())
     guide, cross, info = fit_marginal(spec, y, settings)
     y = np.asarray(y)
     return FitResult(
@@ -749,5 +777,5 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
         extra={"source": "quadrature", "layout": "dense", "mc_draws": 0,
                "quadrature": {k: info[k] for k in (
                    "num_patterns", "patterns_padded_to", "num_nodes", "joint_item_covariance",
-                   "newton_steps", "log_marginal_posterior", "item_moments")}},
+                   "newton_steps", "log_marginal_posterior", "item_moments")} | {"memory": memory}},
         cross=cross)

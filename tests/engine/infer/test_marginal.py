@@ -183,6 +183,25 @@ def test_padded_patterns_change_nothing(at_the_bounds):
         np.testing.assert_allclose(padded.log_scale[name], plain.log_scale[name], atol=1e-4)
 
 
+def test_memory_budget_sets_chunks_not_results():
+    """A small ``memory_budget`` splits the scores and log-likelihoods into small chunks
+    (recorded in fit.json's quadrature record) and changes no value; one too small for the
+    items' joint covariance turns it off, and the record says so."""
+    y = _simulate(400, 8, 3)[0]
+    free = fit(y, model="2pl", settings=FitSettings(ability_factor="quadrature"))
+    tight = fit(y, model="2pl", settings=FitSettings(ability_factor="quadrature",
+                                                     memory_budget=500_000))
+    memory = tight.extra["quadrature"]["memory"]
+    assert memory["score_chunk"] == memory["cell_chunk"] == 500_000 // 48 < free.extra["quadrature"]["memory"]["score_chunk"]
+    assert tight.extra["quadrature"]["joint_item_covariance"]  # 16 values: 8 KB of covariance
+    for name in free.guide.loc:
+        np.testing.assert_allclose(tight.guide.loc[name], free.guide.loc[name], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(tight.guide.log_scale[name], free.guide.log_scale[name], atol=1e-4)
+    tiny = fit(y, model="2pl", settings=FitSettings(ability_factor="quadrature", memory_budget=4000))
+    assert tiny.extra["quadrature"]["memory"]["full_cov_max"] == 11 < 16
+    assert not tiny.extra["quadrature"]["joint_item_covariance"]
+
+
 def test_marginal_recovers_simulated_2pl():
     """Seeded recovery at a short-test shape: estimates near the truth, intervals that cover."""
     y, theta, b, a = _simulate(1500, 10, seed=7)
