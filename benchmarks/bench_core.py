@@ -51,8 +51,14 @@ JOBS = {
             ("1pl", "mirt", "mirt_1pl"),
             ("2pl", "irt-engine", "engine_2pl"), ("2pl", "mirt", "mirt_2pl")],
     "nlu": [("2pl", "irt-engine", "engine_2pl"), ("2pl", "mirt", "mirt_2pl")],
+    # issue 19's two shapes of 9M cells: as many subjects as items, and 100 items a subject
+    "square": [("2pl", "irt-engine", "engine_2pl"), ("2pl", "mirt", "mirt_2pl")],
+    "wide": [("2pl", "irt-engine", "engine_2pl"), ("2pl", "mirt", "mirt_2pl")],
 }
-QUICK_SHAPES = {"squad": (161, 1_000), "big": (200, 2_000), "nlu": (90, 5_000)}
+QUICK_SHAPES = {"squad": (161, 1_000), "big": (200, 2_000), "nlu": (90, 5_000),
+                "square": (300, 300), "wide": (30, 3_000)}
+SIMULATED = {"squad": ((161, 11_873), 0), "big": ((1_000, 10_000), 1),
+             "square": ((3_000, 3_000), 2), "wide": ((300, 30_000), 3)}
 
 
 def load_nlu(path: Path) -> np.ndarray:
@@ -66,10 +72,8 @@ def load_nlu(path: Path) -> np.ndarray:
 
 def load_dataset(name: str, *, quick: bool, nlu_path: Path) -> dict:
     """Return dict(responses, truth or None, description) for one benchmark data set."""
-    if name == "squad":
-        shape, seed = (161, 11_873), 0
-    elif name == "big":
-        shape, seed = (1_000, 10_000), 1
+    if name in SIMULATED:
+        shape, seed = SIMULATED[name]
     else:
         y = load_nlu(nlu_path)
         if quick:
@@ -317,7 +321,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--datasets", default=None,
-                   help="comma-separated subset of squad,big,nlu (default: all; with --processes "
+                   help="comma-separated subset of squad,big,nlu,square,wide (default: all; with --processes "
                         "of lsat7,ability,squad,nlu)")
     p.add_argument("--skip-pyirt", action="store_true", help="do not run py-irt (minutes)")
     p.add_argument("--skip-engine", action="store_true",

@@ -10,7 +10,12 @@ errors as quoted in issue 16 (mirt itself is not run here), and the spread of th
 the 308 subjects who answered 11111.
 
     python benchmarks/bench_marginal.py [--data lsat7,2000x12] [--no-nuts] [--out PATH]
-        [--nuts-cache DIR]
+        [--nuts-cache DIR] [--nuts-samples N] [--marginal-nuts results/nuts-marginal.json]
+
+``--nuts-samples`` sets NUTS's draws per chain (1,000 by default, as ``fit --method nuts``);
+``--marginal-nuts`` also compares the items with ``nuts_marginal.py``'s long runs on the
+items' marginal posterior (a second exact reference, for the heavy tails where 4,000 joint
+draws leave the sd uncertain).
 """
 
 from __future__ import annotations
@@ -60,21 +65,23 @@ def _reference(res) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {k: (np.asarray(v, np.float64), sds[k]) for k, v in res.guide.loc.items()}
 
 
-def _nuts_reference(name: str, y: np.ndarray, cache: Path | None) -> tuple[dict, dict]:
+def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
+                    samples: int = 1000) -> tuple[dict, dict]:
     """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
     saved it: the sampler is the expensive part, and a changed fit is compared again for
     free."""
     import engine
     from engine.infer.nuts import NutsSettings
 
-    path = cache / f"nuts-{name}.npz" if cache else None
+    tag = "" if samples == 1000 else f"-{samples}"
+    path = cache / f"nuts-{name}{tag}.npz" if cache else None
     if path is not None and path.exists():
         z = np.load(path)
         blocks = sorted({k.split("/")[0] for k in z.files if "/" in k})
         return ({b: (z[f"{b}/mean"], z[f"{b}/sd"]) for b in blocks},
                 json.loads(str(z["record"])) | {"from_cache": str(path)})
     t = time.perf_counter()
-    res = engine.api.fit_nuts(y, model="2pl", settings=NutsSettings())
+    res = engine.api.fit_nuts(y, model="2pl", settings=NutsSettings(num_samples=samples))
     ref = _reference(res)
     record = {"wall_s": time.perf_counter() - t,
               "rhat_max": res.extra["diagnostics"]["rhat_max"],
@@ -105,7 +112,8 @@ def _agreement(res, ref: dict) -> dict:
     return out
 
 
-def measure(name: str, nuts: bool, cache: Path | None = None) -> dict:
+def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 1000,
+            marginal: dict | None = None) -> dict:
     import engine
 
     y = _load(name)
@@ -117,9 +125,14 @@ def measure(name: str, nuts: bool, cache: Path | None = None) -> dict:
         out["fits"][label] = {"wall_s": time.perf_counter() - t,
                               "method": fits[label].extra["ability_factor"]["method"]}
     if nuts:
-        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache)
+        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples)
         for label in ("auto", "gaussian"):
             out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref)
+    if marginal and name in marginal:
+        items = {b: (np.asarray(v["mean"]), np.asarray(v["sd"])) for b, v in marginal[name].items()
+                 if isinstance(v, dict) and "mean" in v}
+        for label in ("auto", "gaussian"):
+            out["fits"][label]["vs_marginal_nuts"] = _agreement(fits[label], items)
     if name == "lsat7":
         table = {}
         for label, res in fits.items():
@@ -148,11 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-nuts", action="store_true")
     ap.add_argument("--nuts-cache", type=Path, default=None,
                     help="directory keeping each data set's NUTS summary (reused when present)")
+    ap.add_argument("--nuts-samples", type=int, default=1000)
+    ap.add_argument("--marginal-nuts", type=Path, default=None,
+                    help="nuts_marginal.py's results, compared with the items as well")
     ap.add_argument("--out", default=str(HERE / "results" / "marginal.json"))
     args = ap.parse_args(argv)
+    marginal = json.loads(args.marginal_nuts.read_text()) if args.marginal_nuts else None
     runs = []
     for name in args.data.split(","):
-        runs.append(measure(name, not args.no_nuts, args.nuts_cache))
+        runs.append(measure(name, not args.no_nuts, args.nuts_cache, args.nuts_samples, marginal))
         print(json.dumps(runs[-1], indent=1), flush=True)
     out = Path(args.out)
     out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
