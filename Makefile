@@ -19,7 +19,7 @@ test: $(VENV)/.installed
 		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } \
 		>/dev/null 2>&1; } || \
 		echo "note: chromium not installed; the report's browser test will be skipped"
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -rs -n 2 --dist loadfile  # -rs: each skip with its reason
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_core.py

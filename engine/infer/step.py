@@ -9,15 +9,17 @@ gives the state either update carries between steps.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from engine.infer.elbo import Terms, entropy, log_prior, prior_terms
 from engine.infer.guide import FitState, GuideState, StepInfo, reparameterise, sample
 from engine.infer.settings import FitSettings
+
+if TYPE_CHECKING:
+    import optax
 from engine.models.spec import ModelSpec
 
 __all__ = ["make_update", "make_optimizer", "init_opt_state", "draw", "draw_many",
@@ -73,9 +75,13 @@ def _mean(x):
     return jnp.mean(x, axis=0)
 
 
-def make_optimizer(settings: FitSettings) -> optax.GradientTransformation | None:
+def make_optimizer(settings: FitSettings) -> "optax.GradientTransformation | None":
+    """Adam with a decaying rate for the models that take it; None for Newton's (which do not
+    import optax: 30 ms of every fit process)."""
     if settings.optimizer != "adam":
         return None
+    import optax
+
     steps = settings.max_passes * settings.steps_per_pass
     schedule = optax.exponential_decay(settings.learning_rate, steps, 0.05)
     return optax.adam(schedule)
@@ -286,6 +292,8 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         return FitState(new, cross_mean, state.step + 1, state.rng_key), info
 
     def adam(state: FitState, z, eps, lik: Terms, scale, valid=None):
+        import optax
+
         guide = state.guide
         tot, _ = jax.vmap(lambda zz, ll: _total(spec, zz, ll, scale, valid))(z, lik)
         delta = {n: z[n] - guide.loc[n] for n in z}
