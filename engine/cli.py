@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import sys
 import tempfile
@@ -238,7 +239,9 @@ def _nuts_and_save(args) -> None:
         f"NOT converged (R-hat {d['rhat_max']:.3f} > {d['max_rhat']}: raise --warmup/--samples)")
     print(f"{args.model} NUTS {status}: {d['num_chains']} chains x {d['num_samples']} draws in "
           f"{res.wall_time_s:.1f} s; min bulk ESS {d['ess_bulk_min']:.0f} "
-          f"({d['ess_bulk_min_per_s']:.3g}/s), {d['divergences']} divergences")
+          f"({d['ess_bulk_min_per_s']:.3g}/s), {d['divergences']} divergences" + (
+              f"; posterior sds to within {100 * d['mcse_sd_rel_max']:.0f}% (Monte Carlo error; "
+              f"raise --samples to narrow)" if math.isfinite(d["mcse_sd_rel_max"]) else ""))
     print(f"wrote {run.path} (draws in draws.nc, ArviZ)")
 
 

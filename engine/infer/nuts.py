@@ -295,27 +295,42 @@ def _arviz():
 def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
                 draws: NutsDraws) -> dict:
     """R-hat (rank-normalised split), bulk and tail ESS per block (max / min over its
-    entries), divergences, and ``converged``: every R-hat finite and at most ``max_rhat``."""
+    entries), the largest Monte Carlo error of a posterior sd relative to that sd
+    (``mcse_sd_rel_max``: ArviZ's ``mcse(method="sd")``), divergences, and ``converged``:
+    every R-hat finite and at most ``max_rhat``.
+
+    The sd's error is reported because R-hat and ESS do not show it: on LSAT7 a heavy-tailed
+    difficulty's sd came out 0.79 from 4 x 1,000 draws and 0.62-0.63 from 4 x 4,000, with
+    R-hat 1.007 and bulk ESS 548 in the short run."""
     az = _arviz()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # one chain: R-hat undefined
         rhat = az.rhat(idata)
         bulk = az.ess(idata, method="bulk")
         tail = az.ess(idata, method="tail")
+        mcse_sd = az.mcse(idata, method="sd")
+    sds = idata.posterior.std(dim=("chain", "draw"))
     blocks, worst = {}, 1.0
     for p in spec.params:
         r = np.asarray(rhat[p.name].values, np.float64)
         eb = np.asarray(bulk[p.name].values, np.float64)
         et = np.asarray(tail[p.name].values, np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = np.asarray(mcse_sd[p.name].values, np.float64) / np.asarray(sds[p.name].values,
+                                                                               np.float64)
         blocks[p.name] = {"rhat_max": float(np.max(r)) if np.isfinite(r).all() else float("nan"),
                           "ess_bulk_min": float(np.nanmin(eb)) if np.isfinite(eb).any() else 0.0,
                           "ess_tail_min": float(np.nanmin(et)) if np.isfinite(et).any() else 0.0,
+                          "mcse_sd_rel_max": float(np.nanmax(rel)) if np.isfinite(rel).any()
+                          else float("nan"),
                           "size": int(r.size)}
         worst = max(worst, blocks[p.name]["rhat_max"]) if np.isfinite(r).all() else float("nan")
     divergences = int(np.sum(draws.diverging))
     converged = bool(np.isfinite(worst) and worst <= settings.max_rhat)
     return {"rhat_max": worst, "ess_bulk_min": min(b["ess_bulk_min"] for b in blocks.values()),
             "ess_tail_min": min(b["ess_tail_min"] for b in blocks.values()),
+            "mcse_sd_rel_max": max((b["mcse_sd_rel_max"] for b in blocks.values()
+                                    if np.isfinite(b["mcse_sd_rel_max"])), default=float("nan")),
             "blocks": blocks, "divergences": divergences, "converged": converged,
             "max_rhat": settings.max_rhat,
             "step_size": [float(s) for s in np.asarray(draws.step_size)],

@@ -109,6 +109,22 @@ def test_rhat_refuses_chains_that_disagree():
         assert d["rhat_max"] == pytest.approx(float(az.rhat(idata)["ability"].max()))
 
 
+def test_sd_error_is_reported_and_flags_a_heavy_tail():
+    """``mcse_sd_rel_max``: the Monte Carlo error of each posterior sd over that sd. For
+    4 x 1,000 independent normal draws it is about 1 / sqrt(2 x 4,000) = 0.011; for a
+    Student-t with 3 degrees of freedom (infinite kurtosis) it is several times larger,
+    though R-hat and ESS see nothing wrong with either."""
+    spec = _normal_model()
+    draws, x = _draws(0.0)
+    d = diagnostics(spec, to_inference_data(spec, {"ability": x}, draws), FAST, draws)
+    assert 0.008 < d["blocks"]["ability"]["mcse_sd_rel_max"] < 0.016
+    assert d["mcse_sd_rel_max"] == d["blocks"]["ability"]["mcse_sd_rel_max"]
+    t = np.random.default_rng(3).standard_t(3, size=x.shape).astype(np.float32)
+    heavy = diagnostics(spec, to_inference_data(spec, {"ability": t}, draws), FAST, draws)
+    assert heavy["converged"] and heavy["ess_bulk_min"] > 3000
+    assert heavy["mcse_sd_rel_max"] > 3 * d["mcse_sd_rel_max"]
+
+
 def test_bad_settings_are_clear_errors():
     with pytest.raises(SettingsError, match=r"num_chains=0 \(--chains\)"):
         NutsSettings(num_chains=0)
