@@ -167,3 +167,24 @@ def test_a_similar_short_test_hits_the_cache_in_a_fresh_process(tmp_path):
     assert runs[0]["compile"]["cache_misses"] > 0
     assert runs[1]["compile"]["cache_misses"] == 0 and runs[1]["compile"]["cache_hits"] > 0
     assert sorted(p.name for p in cache.iterdir()) == entries  # nothing new compiled
+
+
+def test_second_fit_in_a_process_traces_nothing_and_gives_the_same_numbers():
+    """A script's or notebook's next fit of the same shape and settings reuses the jitted
+    block terms and update (no program traced or loaded), with the numbers a fit built
+    afresh gives, to the bit."""
+    from engine.infer.fit import _programs
+
+    settings = engine.FitSettings(seed=0, ability_factor="gaussian", max_passes=30)
+    engine.fit(_simulate(120, 30, seed=5), model="2pl", settings=settings)
+    y = _simulate(120, 30, seed=6)
+    again = engine.fit(y, model="2pl", settings=settings)
+    assert again.extra["compile"]["programs"] == 0 and again.extra["compile"]["trace_s"] == 0
+    _programs.cache_clear()
+    fresh = engine.fit(y, model="2pl", settings=settings)
+    assert fresh.extra["compile"]["trace_s"] > 0
+    for name in fresh.guide.loc:
+        np.testing.assert_array_equal(again.guide.loc[name], fresh.guide.loc[name])
+        np.testing.assert_array_equal(again.guide.log_scale[name], fresh.guide.log_scale[name])
+    other = engine.fit(y, model="1pl", settings=settings)  # another model: its own programs
+    assert other.extra["compile"]["trace_s"] > 0 and "discrimination" not in other.guide.loc
