@@ -1,15 +1,12 @@
 """What killed writers leave behind (spill folders, half-written directories, checkpoint
 temporary files) is removed or reused by the next run: real processes, kill -9."""
 
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pandas as pd
-import pytest
+from _kill import kill_when
 from _tables import write_rasch_csv
 
 from engine.api import make_source
@@ -21,17 +18,6 @@ from engine.infer.settings import FitSettings, parse_bytes
 from engine.run import load_run
 
 CLI = [sys.executable, "-m", "engine.cli"]
-
-
-def _kill_when(proc, ready, what, timeout=180):
-    """kill -9 ``proc`` as soon as ``ready()``; skip if it finished first."""
-    deadline = time.time() + timeout
-    while not ready() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    if proc.poll() is not None:
-        pytest.skip(f"the process finished before {what} on this machine")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _leftovers(parent, name):
@@ -53,8 +39,8 @@ def test_kill_9_while_ingest_spills_then_rerun_removes_the_spill(tmp_path):
         return bool(spills) and any(any(p.iterdir()) for p in spills)
 
     proc = subprocess.Popen(ingest + [str(tmp_path / "s")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _kill_when(proc, spilling, "it spilled")
+                            stderr=subprocess.PIPE, text=True)
+    kill_when(proc, spilling, "it spilled")
     assert any(n.startswith(".s.spill-") for n in _leftovers(tmp_path, "s"))  # the leftover
     assert not (tmp_path / "s").exists()
     res = subprocess.run(ingest + [str(tmp_path / "s")], capture_output=True, text=True)
@@ -78,8 +64,8 @@ def test_kill_9_during_a_streamed_fit_then_resume_equals_a_whole_fit(tmp_path):
     assert whole.returncode == 0, whole.stderr
     out = tmp_path / "run"
     proc = subprocess.Popen(CLI + args + [str(out)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _kill_when(proc, lambda: (out / "checkpoint.json").exists(), "its first checkpoint")
+                            stderr=subprocess.PIPE, text=True)
+    kill_when(proc, lambda: (out / "checkpoint.json").exists(), "its first checkpoint")
     assert not (out / "fit.json").exists()
     res = subprocess.run(CLI + args + [str(out), "--resume"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

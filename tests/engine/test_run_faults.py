@@ -1,13 +1,13 @@
 """Killed and concurrent writers of a run directory: real processes, kill -9."""
 
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+from _kill import kill_when
 from _tables import write_rasch_csv
 
 from engine.cli import main
@@ -55,14 +55,8 @@ def test_kill_9_mid_fit_then_resume_equals_an_uninterrupted_fit(store, tmp_path)
     assert subprocess.run(CLI + _fit_args(store, whole), capture_output=True).returncode == 0
     out = tmp_path / "killed"
     proc = subprocess.Popen(CLI + _fit_args(store, out), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not (out / "checkpoint.json").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    if proc.poll() is not None:
-        pytest.skip("the fit finished before it could be killed on this machine")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+                            stderr=subprocess.PIPE, text=True)
+    kill_when(proc, lambda: (out / "checkpoint.json").exists(), "its first checkpoint", 120)
     assert (out / "checkpoint.json").exists() and not (out / "fit.json").exists()
     res = subprocess.run(CLI + _fit_args(store, out, "--resume"), capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
