@@ -17,10 +17,10 @@ import jax.numpy as jnp
 from engine.infer.elbo import Terms, entropy, log_prior, prior_terms
 from engine.infer.guide import FitState, GuideState, StepInfo, reparameterise, sample
 from engine.infer.settings import FitSettings
-
-if TYPE_CHECKING:
-    import optax
 from engine.models.spec import ModelSpec
+
+if TYPE_CHECKING:  # imported where Adam is built: Newton fits do not load it
+    import optax
 
 __all__ = ["make_update", "make_optimizer", "init_opt_state", "draw", "draw_many",
            "stack_draws"]

@@ -52,7 +52,7 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
     T, S = draws.shape
     if T == 0:  # no draws, no probabilities
         return np.full((S, S), np.nan, np.float32)
-    first, inverse = _distinct_columns(draws)
+    first, inverse, _ = identical_rows(draws.T)  # subjects whose columns are identical
     if first.size < S:  # identical columns: count the distinct ones, then expand
         return _count_beats(draws[:, first], chunk)[np.ix_(inverse, inverse)]
     return _count_beats(draws, chunk)
@@ -70,13 +70,6 @@ def _count_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
             rows += np.add.reduce(block[:, start : start + chunk, None] > block[:, None, :],
                                   axis=0, dtype=count.dtype)
     return (count / T).astype(np.float32)
-
-
-def _distinct_columns(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The first subject of each distinct column and every subject's column index; columns
-    are compared as whole byte strings."""
-    first, inverse, _ = identical_rows(draws.T)
-    return first, inverse
 
 
 def tie_groups(mean: np.ndarray, q05: np.ndarray, q95: np.ndarray) -> np.ndarray:
