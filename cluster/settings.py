@@ -86,8 +86,10 @@ def _check_model(model: str, prior: str, passes: int) -> None:
 
     if model not in MODELS:
         raise SettingsError(f"--model {model!r}: choose one of {', '.join(MODELS)}")
-    if prior not in ("vague", "hierarchical"):
-        raise SettingsError(f"--prior {prior!r}: choose vague or hierarchical")
+    from engine.models.priors import PRIOR_FAMILIES
+
+    if prior not in PRIOR_FAMILIES:
+        raise SettingsError(f"--prior {prior!r}: choose one of {', '.join(PRIOR_FAMILIES)}")
     if passes < 1:
         raise SettingsError(f"--passes must be >= 1, got {passes}")
 

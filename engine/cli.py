@@ -632,14 +632,14 @@ def _trial_model_options(p: argparse.ArgumentParser) -> None:
                         "memory); over it, stability and bootstrap trials read the items they "
                         "sample from the store, and dimensions refuses before reading")
     p.add_argument("--model", default="2pl", help="1pl, 2pl, 3pl, 4pl or feas")
-    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
+    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
 
 
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
     p.add_argument("--model", default=model_default,
                    help="1pl, 2pl, 3pl, 4pl, feas, beta, beta-1pl, gamma, beta3, mirt-comp, "
                         "mirt-noncomp or irt-vec")
-    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
+    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
@@ -821,7 +821,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="directory for compare.parquet and compare.json")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--q-matrix", default=None, help="items x skills CSV for NAME:q models")
-    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical"])
+    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
                    help="auto (default): the model's own (adam for gamma, else newton); "
                         "naming the other is refused")

@@ -36,7 +36,7 @@ import numpy as np
 
 from engine.errors import DataFormatError, ModelError
 from engine.models.logistic import _block as prior_block
-from engine.models.priors import hyper_params, logit_uniform, normal
+from engine.models.priors import check_family, hyper_params, logit_uniform, normal
 from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
 from engine.models.special import lbeta, lgamma
 
@@ -245,8 +245,7 @@ def beta_model(*, prior: str = "vague", signed_discrimination: bool = False,
     """
     _check(inflation, INFLATIONS, "beta")
     owner = _resolve_owner(inflation_owner, "beta")
-    if prior not in ("vague", "hierarchical"):
-        raise ModelError(f"unknown prior family {prior!r}; use 'vague' or 'hierarchical'")
+    check_family(prior)
     if signed_discrimination and not discrimination:
         raise ModelError("--signed-discrimination needs a model with discrimination")
     resolved = "none" if inflation == "auto" else inflation

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.errors import ModelError
-from engine.models.priors import hyper_params, logit_uniform, normal
+from engine.models.priors import check_family, hyper_params, logit_uniform, normal, pooled
 from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
 from engine.models.special import softplus
 
@@ -128,7 +128,7 @@ def _sign_start(y) -> dict:
 
 def _block(name, owner, family, vague_prior, transform="identity", init=0.0):
     """A parameter block plus its hyper-parameters under the chosen prior family."""
-    if family == "vague":
+    if not pooled(family, owner):
         return [ParamSpec(name, owner, vague_prior, transform=transform, init=init)]
     mu, u, prior = hyper_params(name)
     return [
@@ -143,14 +143,15 @@ def logistic_model(name: str, *, prior: str = "vague", signed_discrimination: bo
 
     Vague: ``theta ~ N(0, 1)``, ``b ~ N(0, 10^3)``, ``log a ~ N(0, 1)``.
     Hierarchical: each block ``~ N(mu, 1/u)`` with ``mu ~ N(0, 10^6)``, ``u ~ Gamma(1, 1)``.
+    Population: ``theta ~ N(0, 1)``; the item blocks (difficulty, log discrimination) pool
+    as in hierarchical, so the scale is the ability population's.
     Asymptotes (guessing, feasibility) are ``U[0, 1]`` in both families (seed 002 eq. 1,
     seed 004 A.1). With ``signed_discrimination`` the discrimination is fitted on the real
     line (DAD, seed 002 footnote 4) with ``a ~ N(1, 1)`` vague, started at 1.
     """
     if name not in LOGISTIC_MODELS:
         raise ModelError(f"unknown model {name!r}; choose one of {sorted(LOGISTIC_MODELS)}")
-    if prior not in ("vague", "hierarchical"):
-        raise ModelError(f"unknown prior family {prior!r}; use 'vague' or 'hierarchical'")
+    check_family(prior)
     disc, lower, upper, description = LOGISTIC_MODELS[name]
     if signed_discrimination and not disc:
         raise ModelError(f"--signed-discrimination needs a model with discrimination, not {name!r}")

@@ -26,7 +26,7 @@ import numpy as np
 
 from engine.errors import ModelError
 from engine.models.logistic import _block as prior_block, bernoulli_loglik
-from engine.models.priors import normal
+from engine.models.priors import check_family, normal
 from engine.models.spec import Constant, Linear, ModelSpec, ParamSpec, Symmetry
 from engine.models.special import softplus
 
@@ -134,8 +134,7 @@ def mirt_model(kind: str, *, dims: int | None = None, q_matrix: Sequence[Sequenc
     """
     if kind not in MIRT_KINDS:
         raise ModelError(f"unknown multidimensional kind {kind!r}; use one of {', '.join(MIRT_KINDS)}")
-    if prior not in ("vague", "hierarchical"):
-        raise ModelError(f"unknown prior family {prior!r}; use 'vague' or 'hierarchical'")
+    check_family(prior)
     if signed_discrimination and kind != "vec":
         raise ModelError(f"mirt-{kind} keeps discriminations >= 0 (its loadings); "
                          "--signed-discrimination applies to irt-vec only")

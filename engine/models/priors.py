@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammaln
 
-__all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "hyper_params", "PRIOR_FAMILIES"]
+__all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "hyper_params", "PRIOR_FAMILIES",
+           "check_family", "pooled"]
 
 Arg = Union[float, str]
 _LOG_2PI = 1.8378770664093453
@@ -70,7 +71,25 @@ class Prior:
         return {"family": self.family}
 
 
-PRIOR_FAMILIES = ("vague", "hierarchical")
+# vague and hierarchical are seed 003's (sections 4.2-4.3). population keeps the subjects'
+# vague N(0, 1) (the ability population that fixes the scale, as in marginal maximum
+# likelihood) and pools each item block through N(mu, 1/u): a learned location and scale,
+# so no flat prior's volume pulls the scale where items outnumber subjects.
+PRIOR_FAMILIES = ("vague", "hierarchical", "population")
+
+
+def check_family(prior: str) -> str:
+    """``prior`` when it names a prior family; ModelError naming the choices otherwise."""
+    if prior not in PRIOR_FAMILIES:
+        from engine.errors import ModelError
+
+        raise ModelError(f"unknown prior family {prior!r}; use one of {', '.join(PRIOR_FAMILIES)}")
+    return prior
+
+
+def pooled(family: str, owner: str) -> bool:
+    """Whether a block of ``owner`` pools through hyper-parameters under ``family``."""
+    return family == "hierarchical" or (family == "population" and owner == "item")
 
 
 def normal(loc: Arg = 0.0, variance: Arg | None = 1.0, *, precision: Arg | None = None) -> Prior:

@@ -213,8 +213,25 @@ def test_signed_discrimination_needs_discrimination():
 
 
 def test_unknown_prior_family():
-    with pytest.raises(ModelError, match=r"unknown prior family 'flat'.*'vague'.*'hierarchical'"):
-        get_model("2pl", prior="flat")
+    for name in ("2pl", "beta", "irt-vec"):
+        with pytest.raises(ModelError, match=r"unknown prior family 'flat'; use one of vague, "
+                                             r"hierarchical, population"):
+            get_model(name, prior="flat", **({"dims": 2} if name == "irt-vec" else {}))
+
+
+def test_population_prior_pools_items_not_subjects():
+    """``population``: the ability keeps N(0, 1), which sets the scale; each item block
+    pools through its own learned location and precision."""
+    spec = get_model("2pl", prior="population")
+    (ability,) = spec.by_owner("subject")
+    assert ability.prior.to_dict() == {"family": "normal", "loc": 0.0, "variance": 1.0}
+    assert not ability.prior.references()
+    for block in ("difficulty", "discrimination"):
+        item = next(p for p in spec.params if p.name == block)
+        assert item.prior.references() == (f"mu_{block}", f"u_{block}")
+    assert {p.name for p in spec.by_owner("global")} == {
+        "mu_difficulty", "u_difficulty", "mu_discrimination", "u_discrimination"}
+    assert all(not p.in_likelihood for p in spec.by_owner("global"))
 
 
 def test_model_error_is_irt_error_and_value_error():
