@@ -11,6 +11,7 @@ the 308 subjects who answered 11111.
 
     python benchmarks/bench_marginal.py [--data lsat7,2000x12] [--no-nuts] [--out PATH]
         [--nuts-cache DIR] [--nuts-samples N] [--marginal-nuts results/nuts-marginal.json]
+        [--prior vague|hierarchical|population] [--nuts-only]
 
 ``--nuts-samples`` sets NUTS's draws per chain (1,000 by default, as ``fit --method nuts``);
 ``--marginal-nuts`` also compares the items with ``nuts_marginal.py``'s long runs on the
@@ -66,14 +67,14 @@ def _reference(res) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
-                    samples: int = 1000) -> tuple[dict, dict]:
+                    samples: int = 1000, prior: str = "vague") -> tuple[dict, dict]:
     """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
     saved it: the sampler is the expensive part, and a changed fit is compared again for
     free."""
-    import engine
+    import engine.api
     from engine.infer.nuts import NutsSettings
 
-    tag = "" if samples == 1000 else f"-{samples}"
+    tag = ("" if samples == 1000 else f"-{samples}") + ("" if prior == "vague" else f"-{prior}")
     path = cache / f"nuts-{name}{tag}.npz" if cache else None
     if path is not None and path.exists():
         z = np.load(path)
@@ -81,7 +82,8 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
         return ({b: (z[f"{b}/mean"], z[f"{b}/sd"]) for b in blocks},
                 json.loads(str(z["record"])) | {"from_cache": str(path)})
     t = time.perf_counter()
-    res = engine.api.fit_nuts(y, model="2pl", settings=NutsSettings(num_samples=samples))
+    res = engine.api.fit_nuts(y, model="2pl", prior=prior,
+                              settings=NutsSettings(num_samples=samples))
     ref = _reference(res)
     record = {"wall_s": time.perf_counter() - t,
               "rhat_max": res.extra["diagnostics"]["rhat_max"],
@@ -113,19 +115,23 @@ def _agreement(res, ref: dict) -> dict:
 
 
 def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 1000,
-            marginal: dict | None = None) -> dict:
+            marginal: dict | None = None, prior: str = "vague", nuts_only: bool = False) -> dict:
     import engine
 
     y = _load(name)
-    out = {"data": name, "shape": list(y.shape), "fits": {}}
+    out = {"data": name, "shape": list(y.shape), "prior": prior, "fits": {}}
+    if nuts_only:
+        out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior)[1]
+        return out
     fits = {}
     for label, factor in (("auto", "auto"), ("gaussian", "gaussian")):
         t = time.perf_counter()
-        fits[label] = engine.fit(y, model="2pl", settings=engine.FitSettings(ability_factor=factor))
+        fits[label] = engine.fit(y, model="2pl", prior=prior,
+                                 settings=engine.FitSettings(ability_factor=factor))
         out["fits"][label] = {"wall_s": time.perf_counter() - t,
                               "method": fits[label].extra["ability_factor"]["method"]}
     if nuts:
-        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples)
+        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior)
         for label in ("auto", "gaussian"):
             out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref)
     if marginal and name in marginal:
@@ -164,12 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nuts-samples", type=int, default=1000)
     ap.add_argument("--marginal-nuts", type=Path, default=None,
                     help="nuts_marginal.py's results, compared with the items as well")
+    ap.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
+    ap.add_argument("--nuts-only", action="store_true",
+                    help="only run (and cache) the NUTS references")
     ap.add_argument("--out", default=str(HERE / "results" / "marginal.json"))
     args = ap.parse_args(argv)
     marginal = json.loads(args.marginal_nuts.read_text()) if args.marginal_nuts else None
     runs = []
     for name in args.data.split(","):
-        runs.append(measure(name, not args.no_nuts, args.nuts_cache, args.nuts_samples, marginal))
+        runs.append(measure(name, not args.no_nuts, args.nuts_cache, args.nuts_samples, marginal,
+                            args.prior, args.nuts_only))
         print(json.dumps(runs[-1], indent=1), flush=True)
     out = Path(args.out)
     out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")

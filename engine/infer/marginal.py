@@ -146,12 +146,19 @@ def proposal_spread(d: int, cap: float, efficiency: float = 0.25) -> float:
 
 def marginal_applies(spec: ModelSpec) -> bool:
     """True for binary models with one scalar ability whose prior is a fixed density (no
-    hyper-parameters), scalar item blocks and no globals or constants."""
+    hyper-parameters), scalar item blocks, no constants, and globals (if any) that are
+    scalar hyper-parameters of the item priors only: fixed priors of their own, outside the
+    likelihood (the ``population`` prior family's pooled item blocks)."""
     subject = spec.by_owner("subject")
+    hyper = spec.by_owner("global")
+    names = {p.name for p in hyper}
     return (spec.kind == "binary" and len(subject) == 1 and subject[0].shape == ()
             and subject[0].in_likelihood and not subject[0].prior.references()
-            and not spec.by_owner("global") and not spec.constants
-            and all(p.shape == () and not p.prior.references() for p in spec.by_owner("item")))
+            and not spec.constants
+            and all(p.shape == () and not p.in_likelihood and not p.prior.references()
+                    for p in hyper)
+            and all(p.shape == () and set(p.prior.references()) <= names
+                    for p in spec.by_owner("item")))
 
 
 def items_per_subject(y: np.ndarray) -> float:
@@ -222,7 +229,7 @@ def choose_ability_factor(spec: ModelSpec, y: np.ndarray | None, ability_factor:
     reasons = []
     if not marginal_applies(spec):
         reasons.append(f"model {spec.name!r} ({spec.description}) is not binary with one "
-                       "scalar ability and vague priors")
+                       "scalar ability with a fixed prior and fixed or pooled item priors")
     if y is None:
         reasons.append("the matrix is not held in memory (streamed or sparse store)")
     if frozen or init:
@@ -296,6 +303,43 @@ def _item_values(spec, x, theta, y, mask, w):
 
 
 @partial(jax.jit, static_argnames=("spec",))
+def _item_volume(spec, x, theta, y, mask, counts, log_base, g):
+    """Each item's log posterior volume ``-1/2 log det A_i`` ``(n,)`` and the gradient of
+    their sum ``(n, k)``: ``A_i`` is item ``i``'s expected complete-data information plus
+    its prior's (given the globals ``g``), the expectation over the abilities' posterior on
+    the nodes ``theta`` at these items. This is the Laplace term that integrating the items
+    out adds to their mode's log density. The gradient follows the abilities' posterior as
+    the items move (along the scale, the items' information changes only through it)."""
+    env = _env(spec, g)
+    blocks = _item_blocks(spec)
+
+    def volumes(xx):
+        lw = jnp.sum(_cell_loglik(spec, xx, theta, y, mask), axis=-1) + log_base
+        w = jax.nn.softmax(lw, axis=1) * counts[:, None]
+
+        def one(xn, yn, mn):  # one item: xn (k,), yn / mn (U,)
+            def log_post(v):
+                ll = _cell_loglik(spec, v[None, :], theta, yn[:, None], mn[:, None])[..., 0]
+                return jnp.sum(w * ll) + sum(p.prior.log_prob(v[j], env)
+                                             for j, p in enumerate(blocks))
+
+            return -0.5 * jnp.linalg.slogdet(-jax.hessian(log_post)(xn))[1]
+
+        return jax.vmap(one, in_axes=(0, 1, 1))(xx, y, mask)
+
+    vol, pullback = jax.vjp(volumes, x)
+    return vol, pullback(jnp.ones_like(vol))[0]
+
+
+def _volume(spec, x, quad, y, mask, counts, g) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_item_volume` at items ``x`` on ``quad``'s nodes, in float64 numpy."""
+    theta, base = quad.log_base(spec)
+    out = _item_volume(spec, *(jnp.asarray(a, jnp.float32) for a in (x, theta)), jnp.asarray(y),
+                       jnp.asarray(mask), *(jnp.asarray(a, jnp.float32) for a in (counts, base, g)))
+    return tuple(np.asarray(a, np.float64) for a in out)
+
+
+@partial(jax.jit, static_argnames=("spec",))
 def _cell_scores(spec, x, theta, y, mask):
     """``(U, Q, n, k)``: each cell's score with respect to its item's values."""
     def cell(xn, t, yn, mn):
@@ -307,21 +351,140 @@ def _cell_scores(spec, x, theta, y, mask):
     return jax.vmap(over_nodes, in_axes=(None, 0, 0, 0))(x, theta, y, mask)
 
 
-@partial(jax.jit, static_argnames=("spec",))
-def _item_prior_terms(spec, x):
-    blocks = _item_blocks(spec)
+def _env(spec: ModelSpec, g) -> dict:
+    """The globals' constrained values by name, from their unconstrained vector ``g``."""
+    return {p.name: p.constrain(g[i]) for i, p in enumerate(spec.by_owner("global"))}
 
-    def lp(xn):  # one item's log prior, xn (k,)
-        return sum(p.prior.log_prob(xn[j], {}) for j, p in enumerate(blocks))
+
+@partial(jax.jit, static_argnames=("spec",))
+def _item_prior_terms(spec, x, g):
+    blocks = _item_blocks(spec)
+    env = _env(spec, g)
+
+    def lp(xn):  # one item's log prior given the globals, xn (k,)
+        return sum(p.prior.log_prob(xn[j], env) for j, p in enumerate(blocks))
 
     return (jax.vmap(lp)(x), jax.vmap(jax.grad(lp))(x),
             jax.vmap(lambda xn: jnp.diag(jax.hessian(lp)(xn)))(x))
 
 
-def _item_prior(spec: ModelSpec, x: np.ndarray):
-    """Log prior of each item ``(n,)`` with gradient ``(n, k)`` and diagonal Hessian ``(n, k)``
-    (the priors of an item's blocks are independent)."""
-    return tuple(np.asarray(a, np.float64) for a in _item_prior_terms(spec, jnp.asarray(x, jnp.float32)))
+def _item_prior(spec: ModelSpec, x: np.ndarray, g: np.ndarray):
+    """Log prior of each item ``(n,)`` given the globals ``g``, with gradient ``(n, k)`` and
+    diagonal Hessian ``(n, k)`` (the priors of an item's blocks are independent given them)."""
+    return tuple(np.asarray(a, np.float64) for a in _item_prior_terms(
+        spec, jnp.asarray(x, jnp.float32), jnp.asarray(g, jnp.float32)))
+
+
+def _log_prior(spec, x, g):
+    """The whole log prior of items ``x`` ``(n, k)`` and globals ``g`` ``(h,)`` (traced)."""
+    env = _env(spec, g)
+    items = sum(jnp.sum(p.prior.log_prob(x[:, j], env)) for j, p in enumerate(_item_blocks(spec)))
+    return items + sum(p.prior.log_prob(g[i], {}) for i, p in enumerate(spec.by_owner("global")))
+
+
+def _expected_log_prior(spec, x, v, g):
+    """The log prior of the globals ``g`` plus the items' log prior given them, averaged over
+    the items' conditional posterior ``N(x, diag v)`` to second order (exact for normal item
+    priors): what an EM step on the globals maximises with the items integrated out."""
+    env = _env(spec, g)
+    total = _log_prior(spec, x, g)
+    for j, p in enumerate(_item_blocks(spec)):
+        curv = jax.vmap(jax.grad(jax.grad(lambda xi, p=p: p.prior.log_prob(xi, env))))(x[:, j])
+        total = total + 0.5 * jnp.sum(curv * v[:, j])
+    return total
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def _prior_value(spec, x, g):
+    return _log_prior(spec, x, g)
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def _hyper_terms(spec, x, v, g):
+    """:func:`_expected_log_prior` with its gradient ``(h,)`` and Hessian ``(h, h)`` in ``g``."""
+    value, grad = jax.value_and_grad(_expected_log_prior, 3)(spec, x, v, g)
+    return value, grad, jax.hessian(_expected_log_prior, 3)(spec, x, v, g)
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def _prior_cross(spec, x, g):
+    """The log prior's mixed derivatives ``d^2 / dx dg`` ``(n, k, h)``."""
+    return jax.jacfwd(jax.grad(_log_prior, 1), 2)(spec, x, g)
+
+
+def _update_globals(spec: ModelSpec, x: np.ndarray, v: np.ndarray, g: np.ndarray,
+                    max_step: float, steps: int = 25) -> np.ndarray:
+    """An EM step on the globals (the item priors' hyper-parameters): the maximum of their
+    log prior plus the items' expected log prior over the items' conditional posterior
+    ``N(x, diag v)`` (damped Newton; the likelihood does not see the globals). Its gradient
+    is the Laplace objective's (:func:`_item_volume`) in the globals."""
+    if g.size == 0:
+        return g
+    args = [jnp.asarray(a, jnp.float32) for a in (x, v)]
+
+    def terms(at):
+        return [np.asarray(t, np.float64) for t in _hyper_terms(spec, *args, jnp.asarray(at, jnp.float32))]
+
+    value = terms(g)[0]
+    for _ in range(steps):
+        _, grad, hess = terms(g)
+        step = _newton_direction(grad[None], hess[None], max_step)[0]
+        for _half in range(20):
+            trial = g + step
+            t_val = terms(trial)[0]
+            if t_val >= value - 1e-9 * abs(value):
+                break
+            step = 0.5 * step
+        else:
+            return g
+        g, moved, value = trial, float(np.abs(step).max()), t_val
+        if moved < 1e-6:
+            break
+    return g
+
+
+def _hyper_derivatives(spec: ModelSpec, x: np.ndarray, info: np.ndarray, g: np.ndarray):
+    """The gradient ``(h,)`` and Hessian ``(h, h)`` in the globals of their EM objective
+    (:func:`_expected_log_prior` with the items' conditional variances from the per-item
+    information ``info`` ``(n, k, k)``), and the log prior's mixed derivatives ``(n, k, h)``."""
+    n, k = x.shape
+    xj, gj = jnp.asarray(x, jnp.float32), jnp.asarray(g, jnp.float32)
+    v = jnp.asarray(_conditional_variances(info), jnp.float32)
+    _, grad, hess = _hyper_terms(spec, xj, v, gj)
+    cross = _prior_cross(spec, xj, gj)
+    return tuple(np.asarray(a, np.float64) for a in (grad, hess, cross))
+
+
+def _augmented(info: np.ndarray, cross: np.ndarray, g_hess: np.ndarray) -> np.ndarray:
+    """The joint information of the items ``(n k, n k)`` and the globals: the globals enter
+    through the prior only, so their blocks are minus the mixed and the globals' Hessians."""
+    d, h = info.shape[0], g_hess.shape[0]
+    out = np.zeros((d + h, d + h))
+    out[:d, :d] = info
+    out[:d, d:] = -cross.reshape(d, h)
+    out[d:, :d] = -cross.reshape(d, h).T
+    out[d:, d:] = -g_hess
+    return out
+
+
+def _conditional_variances(info: np.ndarray) -> np.ndarray:
+    """Each item value's variance ``(n, k)`` from the per-item information ``(n, k, k)``."""
+    return np.maximum(np.diagonal(np.linalg.pinv(info), axis1=1, axis2=2), 0.0)
+
+
+def _total_prior(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_prior: np.ndarray) -> float:
+    """The log prior of items and globals (``item_prior``: the items' own, given ``g``)."""
+    if g.size == 0:
+        return float(item_prior.sum())
+    return float(_prior_value(spec, jnp.asarray(x, jnp.float32), jnp.asarray(g, jnp.float32)))
+
+
+def _globals_covariance(info_items: np.ndarray, cross: np.ndarray, g_hess: np.ndarray) -> np.ndarray:
+    """The globals' covariance with the items integrated out (Laplace), from the items'
+    per-item information ``(n, k, k)``: the inverse of ``-H_gg - sum_i C_i' info_i^-1 C_i``
+    with ``C`` the prior's mixed Hessian ``(n, k, h)``."""
+    solved = np.linalg.solve(info_items, cross)  # (n, k, h)
+    return np.linalg.pinv(-g_hess - np.einsum("nki,nkj->ij", cross, solved))
 
 
 def _gauss_hermite(num_nodes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -471,9 +634,11 @@ def _covariance(info: np.ndarray, joint: bool) -> np.ndarray:
         return np.linalg.pinv(info)
 
 
-def _em_step(spec, x, theta, yy, mask, wc, grad, hess, base, settings) -> np.ndarray:
-    """One damped Newton step per item on the expected complete-data log posterior, halved
-    per item until that item's objective does not fall."""
+def _em_step(spec, x, g, theta, yy, mask, wc, grad, hess, base, settings,
+             volume=None) -> np.ndarray:
+    """One damped Newton step per item on the expected complete-data log posterior (plus
+    each item's ``volume(x)`` ``(n,)`` where given), halved per item until that item's
+    objective does not fall."""
     n = x.shape[0]
     x = x.copy()
     step = _newton_direction(grad, hess, settings.max_step)
@@ -481,7 +646,9 @@ def _em_step(spec, x, theta, yy, mask, wc, grad, hess, base, settings) -> np.nda
     for _half in range(8):
         trial = x + step
         t_val = _expected_values(spec, trial, theta, yy, mask, wc, settings.cell_chunk) + \
-            _item_prior(spec, trial)[0]
+            _item_prior(spec, trial, g)[0]
+        if volume is not None:
+            t_val = t_val + volume(trial)
         ok = (t_val >= base - 1e-9 * np.abs(base)) & ~accepted
         x[ok] = trial[ok]
         accepted |= ok
@@ -492,7 +659,7 @@ def _em_step(spec, x, theta, yy, mask, wc, grad, hess, base, settings) -> np.nda
 
 
 def _marginal_newton(info: np.ndarray, grad: np.ndarray, max_step: float) -> np.ndarray | None:
-    """``info^-1 grad`` reshaped to ``(n, k)``, capped at ``max_step``; None where the
+    """``info^-1 grad`` in ``grad``'s shape, capped at ``max_step``; None where the
     information is not positive definite (far from the mode)."""
     import scipy.linalg  # here: importing it costs the mean-field fits' start-up ~0.5 s
 
@@ -508,20 +675,22 @@ def _marginal_newton(info: np.ndarray, grad: np.ndarray, max_step: float) -> np.
 
 
 @partial(jax.jit, static_argnames=("spec",))
-def _draw_moments(spec, xs, theta, y, mask, log_base):
-    """For item draws ``xs`` ``(D, n, k)``: the log prior of each draw ``(D,)``, and each
-    pattern's log marginal likelihood and ability posterior mean and second moment
-    ``(D, U)`` on the fixed nodes ``theta`` (``log_base``: log prior + quadrature weight)."""
-    def one(x):
+def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
+    """For item draws ``xs`` ``(D, n, k)`` with their globals ``gs`` ``(D, h)``: the log prior
+    of each draw ``(D,)``, and each pattern's log marginal likelihood and ability posterior
+    mean and second moment ``(D, U)`` on the fixed nodes ``theta`` (``log_base``: log prior +
+    quadrature weight)."""
+    def one(xg):
+        x, g = xg
         lw = jnp.sum(_cell_loglik(spec, x, theta, y, mask), axis=-1) + log_base
         top = lw.max(axis=1, keepdims=True)
         w = jnp.exp(lw - top)
         total = w.sum(axis=1, keepdims=True)
         w = w / total
-        return (jnp.sum(_item_prior_terms(spec, x)[0]), (top + jnp.log(total))[:, 0],
+        return (_log_prior(spec, x, g), (top + jnp.log(total))[:, 0],
                 (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1))
 
-    return jax.lax.map(one, xs)  # one draw at a time: memory of one E-step
+    return jax.lax.map(one, (xs, gs))  # one draw at a time: memory of one E-step
 
 
 def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -529,10 +698,11 @@ def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
     return np.stack([full_cov[i * k:(i + 1) * k, i * k:(i + 1) * k] for i in range(n)])
 
 
-def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSettings):
-    """Posterior moments of the items and abilities by self-normalised importance sampling
-    from the Laplace approximation ``N(x, spread^2 full_cov)`` (Ionides' truncated weights), or
-    ``(None, record)`` where it does not apply or its effective sample size stays too small.
+def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalSettings):
+    """Posterior moments of the items (with the globals ``g`` after them, where there are
+    any) and abilities by self-normalised importance sampling from the Laplace approximation
+    ``N((x, g), spread^2 full_cov)`` (Ionides' truncated weights), or ``(None, record)``
+    where it does not apply or its effective sample size stays too small.
 
     Up to three rounds (adaptive importance sampling). After a round whose weighted draws
     show its proposal off (:func:`_proposal_off`), or whose effective sample is
@@ -546,7 +716,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     """
     n, k = x.shape
     U, Q = int((counts > 0).sum()), settings.importance_nodes  # padded patterns count zero
-    d = n * k
+    d = n * k + g.size
     per_draw = max(U * Q * n, 1)
     draws = min(settings.importance_draws, settings.importance_cells_max // per_draw)
     record = {"draws": int(draws)}
@@ -559,7 +729,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
     # the same posterior mean and sd): the same cells buy more draws
     theta, log_base = quad.log_base(spec, Q)
     rng = np.random.default_rng(0)
-    centre, cov = x.reshape(-1).astype(np.float64), full_cov
+    centre, cov = np.concatenate([x.reshape(-1), g]).astype(np.float64), full_cov
     result, used, why = None, 0, None
     for round_ in (1, 2, 3):
         why = None  # the reason this round stopped short, if it does
@@ -571,7 +741,8 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
         z = rng.standard_normal((draws, d))
         xs = centre + spread * z @ chol.T
         lp, lm, m1, m2 = (np.asarray(a, np.float64) for a in _draw_moments(
-            spec, jnp.asarray(xs.reshape(draws, n, k), jnp.float32), jnp.asarray(theta, jnp.float32),
+            spec, jnp.asarray(xs[:, :n * k].reshape(draws, n, k), jnp.float32),
+            jnp.asarray(xs[:, n * k:], jnp.float32), jnp.asarray(theta, jnp.float32),
             jnp.asarray(y), jnp.asarray(mask), jnp.asarray(log_base, jnp.float32)))
         logw = lm @ counts + lp + 0.5 * (z ** 2).sum(axis=1)  # log p - log q, up to a constant
         if not np.isfinite(logw).all():
@@ -589,7 +760,7 @@ def _importance(spec, x, full_cov, quad, y, mask, counts, settings: MarginalSett
                                  "kept": bool(enough)})
         if enough:
             ability_mean = w @ m1
-            result = (mean.reshape(n, k), weighted_cov, ability_mean,
+            result = (mean[:n * k].reshape(n, k), mean[n * k:], weighted_cov, ability_mean,
                       np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
             used = round_
             if not _proposal_off(centre, cov, mean, weighted_cov, settings):
@@ -630,6 +801,15 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     joint information fits in memory and is positive definite and the step raises the
     marginal log posterior, and an EM step (one Newton step per item) otherwise.
 
+    Pooled item priors (the ``population`` family: each item block ``N(mu, 1/u)`` with
+    ``mu`` and ``u`` global) are fitted with the items integrated out to second order
+    (Laplace): the objective adds each item's ``-1/2 log det`` of its information
+    (:func:`_item_volume`), the hyper-parameters move with the items in the Newton steps and
+    by EM steps (:func:`_update_globals`) otherwise, and the items' covariance integrates
+    the hyper-parameters out. At the items' mode alone the pooled prior's ``n/2 log u``
+    shrinks every item towards its block's location and the scale with it (2PL 200 x 400:
+    the difficulties' sd 0.2 and falling after 30 iterations, against 1.0 simulated).
+
     Returns
     -------
     ``(guide, cross, info)``: the guide holds the items' marginal modes with their conditional
@@ -648,7 +828,8 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     """
     if not marginal_applies(spec):
         raise ModelError(f"model {spec.name!r}: the marginal fit needs binary responses, one "
-                         f"scalar ability and fixed (vague) priors; use ability_factor='gaussian'")
+                         f"scalar ability with a fixed prior, and item priors that are fixed or "
+                         f"pooled through global hyper-parameters; use ability_factor='gaussian'")
     t0 = time.perf_counter()
     blocks = _item_blocks(spec)
     (subject,) = spec.by_owner("subject")
@@ -673,6 +854,8 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         for j, p in enumerate(blocks):
             if p.name in start and np.shape(start[p.name]) == (n,):
                 x[:, j] = np.asarray(start[p.name], np.float64)
+    hyper = spec.by_owner("global")  # the item priors' hyper-parameters, if any
+    g = np.array([p.init if np.isscalar(p.init) else 0.0 for p in hyper], np.float64)
     quad = _Quadrature(Q, U, settings.cell_chunk)
     trace, converged, previous, newton_steps = [], False, None, 0
     for _ in range(3):  # place the nodes before the first M-step
@@ -681,26 +864,50 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     for it in range(settings.max_iter):
         t_it = time.perf_counter()
         theta, w, log_marg = quad.posterior(spec, x, yy, mask)
-        prior_val, prior_grad, prior_hess = _item_prior(spec, x)
-        objective = float(counts_f @ log_marg + prior_val.sum())
+        prior_val, prior_grad, prior_hess = _item_prior(spec, x, g)
         wc = w * counts_f[:, None]
         value, grad, hess = _expected_terms(spec, x, theta, yy, mask, wc, settings.cell_chunk)
         grad = grad + prior_grad  # the gradient of the marginal log posterior (Fisher)
         hess = hess + prior_hess[:, :, None] * np.eye(k)
+        vol = np.zeros(n)
+        if hyper:  # the items' volume: pooled priors are fitted with the items integrated out
+            vol, vol_grad = _volume(spec, x, quad, yy, mask, counts_f, g)
+            grad = grad + vol_grad
+        objective = float(counts_f @ log_marg + _total_prior(spec, x, g, prior_val) + vol.sum())
         full_step = float(np.abs(_newton_direction(grad, hess, settings.max_step)).max())
         moved = False
         if joint and it >= 2:
             info_mat, _ = _louis(spec, x, theta, w, counts_f, yy, mask, hess, True, settings)
-            step = _marginal_newton(info_mat, grad, settings.max_step)
-            if step is not None:
-                trial = x + step
+            if hyper:  # items and hyper-parameters in one step: they move together
+                g_grad, g_hess, cross = _hyper_derivatives(spec, x, -hess, g)
+                step = _marginal_newton(_augmented(info_mat, cross, g_hess),
+                                        np.concatenate([grad.reshape(-1), g_grad]),
+                                        settings.max_step)
+            else:
+                step = _marginal_newton(info_mat, grad.reshape(-1), settings.max_step)
+            # halved where the volume's curvature, which the step leaves out, matters
+            for _half in range(4 if hyper and step is not None else 1 if step is not None else 0):
+                trial, trial_g = x + step[:n * k].reshape(n, k), g + step[n * k:]
                 _, _, trial_marg = quad.posterior(spec, trial, yy, mask)
-                trial_obj = float(counts_f @ trial_marg + _item_prior(spec, trial)[0].sum())
-                if trial_obj >= objective:
-                    x, moved, newton_steps = trial, True, newton_steps + 1
+                trial_obj = counts_f @ trial_marg + _total_prior(
+                    spec, trial, trial_g, _item_prior(spec, trial, trial_g)[0])
+                if hyper:
+                    trial_obj += _volume(spec, trial, quad, yy, mask, counts_f, trial_g)[0].sum()
+                if float(trial_obj) >= objective:
+                    x, g, moved, newton_steps = trial, trial_g, True, newton_steps + 1
                     full_step = float(np.abs(step).max())
+                    break
+                step = 0.5 * step
         if not moved:
-            x = _em_step(spec, x, theta, yy, mask, wc, grad, hess, value + prior_val, settings)
+            volume = ((lambda trial: _volume(spec, trial, quad, yy, mask, counts_f, g)[0])
+                      if hyper else None)
+            x = _em_step(spec, x, g, theta, yy, mask, wc, grad, hess, value + prior_val + vol,
+                         settings, volume)
+        if hyper and not moved:  # an EM step on the hyper-parameters
+            g_new = _update_globals(spec, x, _conditional_variances(-hess), g,
+                                    settings.max_step)
+            full_step = max(full_step, float(np.abs(g_new - g).max()))
+            g = g_new
         trace.append({"pass": it + 1, "elbo": objective, "elbo_smooth": objective,
                       "max_step": full_step, "seconds": time.perf_counter() - t_it})
         quad.adapt(theta, w)
@@ -713,15 +920,23 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     theta, w, _ = quad.posterior(spec, x, yy, mask)
     quad.adapt(theta, w)
     theta, w, log_marg = quad.posterior(spec, x, yy, mask)
-    prior_val, _, prior_hess = _item_prior(spec, x)
+    prior_val, _, prior_hess = _item_prior(spec, x, g)
     _, _, hess = _expected_terms(spec, x, theta, yy, mask, w * counts_f[:, None],
                                  settings.cell_chunk)
     hess = hess + prior_hess[:, :, None] * np.eye(k)
     info_mat, sens = _louis(spec, x, theta, w, counts_f, yy, mask, hess, joint, settings,
                             with_sensitivity=True)
-    full_cov = _covariance(info_mat, joint)
-    mean = (w * theta).sum(axis=1)
-    var = np.maximum((w * (theta - mean[:, None]) ** 2).sum(axis=1), 1e-24)
+    total_prior = _total_prior(spec, x, g, prior_val)
+    g_cov = np.zeros((0, 0))
+    if hyper and joint:  # the items' covariance with the hyper-parameters integrated out
+        _, g_hess, g_cross = _hyper_derivatives(spec, x, -hess, g)
+        proposal = _covariance(_augmented(info_mat, g_cross, g_hess), True)
+        full_cov, g_cov = proposal[:n * k, :n * k], proposal[n * k:, n * k:]
+    else:  # per item: given the hyper-parameters (empirical Bayes)
+        full_cov = proposal = _covariance(info_mat, joint)
+        if hyper:
+            _, g_hess, g_cross = _hyper_derivatives(spec, x, -hess, g)
+            g_cov = _globals_covariance(info_mat, g_cross, g_hess)
     if joint:
         cov = _within_item_blocks(full_cov, n, k)
         flat = sens.reshape(U, n * k)
@@ -729,12 +944,16 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     else:
         cov = full_cov
         item_var = np.einsum("uni,nij,unj->u", sens, cov, sens)
+    mean = (w * theta).sum(axis=1)
+    var = np.maximum((w * (theta - mean[:, None]) ** 2).sum(axis=1), 1e-24)
     sd = np.sqrt(var + np.maximum(item_var, 0.0))
     mode = x
-    moments, moments_record = _importance(spec, x, full_cov, quad, yy, mask, counts_f, settings)
+    moments, moments_record = _importance(spec, x, g, proposal, quad, yy, mask, counts_f,
+                                          settings)
     if moments is not None:  # posterior means and covariances, not the mode's curvature
-        x, item_cov, mean, total_var = moments
+        x, g, item_cov, mean, total_var = moments
         cov = _within_item_blocks(item_cov, n, k)
+        g_cov = item_cov[n * k:, n * k:]
         sd = np.sqrt(total_var)
     # items: conditional sds in the guide, within-item couplings in cross, so that the
     # read-outs' within-item marginal sds are this covariance's diagonal
@@ -746,10 +965,14 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
              for i in range(k) for j in range(i + 1, k)}
     loc[subject.name] = mean[inverse].astype(np.float32)
     log_scale[subject.name] = np.log(sd[inverse]).astype(np.float32)
+    g_sd = np.sqrt(np.maximum(np.diag(g_cov), 1e-24))
+    for i, p in enumerate(hyper):
+        loc[p.name] = np.asarray(g[i], np.float32)
+        log_scale[p.name] = np.asarray(np.log(g_sd[i]), np.float32)
     info = {"trace": trace, "converged": converged, "num_patterns": int(num_patterns),
             "patterns_padded_to": int(U),
             "num_nodes": Q, "joint_item_covariance": joint, "newton_steps": newton_steps,
-            "log_marginal_posterior": float(counts_f @ log_marg + prior_val.sum()),
+            "log_marginal_posterior": float(counts_f @ log_marg + total_prior),
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
             "item_moments": moments_record, "item_mode": mode,
             "wall_s": time.perf_counter() - t0}
