@@ -302,8 +302,8 @@ def _item_values(spec, x, theta, y, mask, w):
     return jnp.einsum("uq,uqn->n", w, _cell_loglik(spec, x, theta, y, mask))
 
 
-@partial(jax.jit, static_argnames=("spec",))
-def _item_volume(spec, x, theta, y, mask, counts, log_base, g):
+@partial(jax.jit, static_argnames=("spec", "with_grad"))
+def _item_volume(spec, x, theta, y, mask, counts, log_base, g, with_grad=True):
     """Each item's log posterior volume ``-1/2 log det A_i`` ``(n,)`` and the gradient of
     their sum ``(n, k)``: ``A_i`` is item ``i``'s expected complete-data information plus
     its prior's (given the globals ``g``), the expectation over the abilities' posterior on
@@ -327,16 +327,20 @@ def _item_volume(spec, x, theta, y, mask, counts, log_base, g):
 
         return jax.vmap(one, in_axes=(0, 1, 1))(xx, y, mask)
 
+    if not with_grad:
+        return volumes(x), None
     vol, pullback = jax.vjp(volumes, x)
     return vol, pullback(jnp.ones_like(vol))[0]
 
 
-def _volume(spec, x, quad, y, mask, counts, g) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_item_volume` at items ``x`` on ``quad``'s nodes, in float64 numpy."""
+def _volume(spec, x, quad, y, mask, counts, g, with_grad: bool = True):
+    """:func:`_item_volume` at items ``x`` on ``quad``'s nodes, in float64 numpy (the
+    gradient None unless ``with_grad``)."""
     theta, base = quad.log_base(spec)
     out = _item_volume(spec, *(jnp.asarray(a, jnp.float32) for a in (x, theta)), jnp.asarray(y),
-                       jnp.asarray(mask), *(jnp.asarray(a, jnp.float32) for a in (counts, base, g)))
-    return tuple(np.asarray(a, np.float64) for a in out)
+                       jnp.asarray(mask), *(jnp.asarray(a, jnp.float32) for a in (counts, base, g)),
+                       with_grad=with_grad)
+    return tuple(None if a is None else np.asarray(a, np.float64) for a in out)
 
 
 @partial(jax.jit, static_argnames=("spec",))
@@ -423,7 +427,8 @@ def _update_globals(spec: ModelSpec, x: np.ndarray, v: np.ndarray, g: np.ndarray
     args = [jnp.asarray(a, jnp.float32) for a in (x, v)]
 
     def terms(at):
-        return [np.asarray(t, np.float64) for t in _hyper_terms(spec, *args, jnp.asarray(at, jnp.float32))]
+        at = jnp.asarray(at, jnp.float32)
+        return [np.asarray(t, np.float64) for t in _hyper_terms(spec, *args, at)]
 
     value = terms(g)[0]
     for _ in range(steps):
@@ -892,14 +897,15 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
                 trial_obj = counts_f @ trial_marg + _total_prior(
                     spec, trial, trial_g, _item_prior(spec, trial, trial_g)[0])
                 if hyper:
-                    trial_obj += _volume(spec, trial, quad, yy, mask, counts_f, trial_g)[0].sum()
+                    trial_obj += _volume(spec, trial, quad, yy, mask, counts_f, trial_g,
+                                         False)[0].sum()
                 if float(trial_obj) >= objective:
                     x, g, moved, newton_steps = trial, trial_g, True, newton_steps + 1
                     full_step = float(np.abs(step).max())
                     break
                 step = 0.5 * step
         if not moved:
-            volume = ((lambda trial: _volume(spec, trial, quad, yy, mask, counts_f, g)[0])
+            volume = ((lambda trial: _volume(spec, trial, quad, yy, mask, counts_f, g, False)[0])
                       if hyper else None)
             x = _em_step(spec, x, g, theta, yy, mask, wc, grad, hess, value + prior_val + vol,
                          settings, volume)

@@ -351,7 +351,8 @@ def test_item_volume_matches_numpy_and_its_gradient():
     expected = []
     for i in range(5):
         d_b, d_la = -a[i], a[i] * (theta - b[i])  # d eta / d b, d eta / d log a
-        r, q = (yy[:, i:i + 1] - p[:, :, i]) * mask[:, i:i + 1], p[:, :, i] * (1 - p[:, :, i]) * mask[:, i:i + 1]
+        seen = mask[:, i:i + 1]
+        r, q = (yy[:, i:i + 1] - p[:, :, i]) * seen, p[:, :, i] * (1 - p[:, :, i]) * seen
         h = np.array([[np.sum(w * -q * d_b * d_b), np.sum(w * (-q * d_b * d_la + r * -a[i]))],
                       [0.0, np.sum(w * (-q * d_la * d_la + r * d_la))]])
         h[1, 0] = h[0, 1]
