@@ -15,6 +15,7 @@ Markdown table.
 
     python benchmarks/bench_coverage.py [--seeds 5] [--ability-factor auto|gaussian|quadrature]
         [--models 1pl,2pl] [--shapes 2000x12,1000x50,200x400,50x1000] [--out PATH]
+        [--prior vague|hierarchical|population]
         [--mirt /work/bench-venv/bin/python]
 
 ``raw_within_item`` scores the raw truth with the sds ``items.parquet`` reports (the
@@ -80,17 +81,18 @@ def mirt_wald(model: str, sim: dict, python: str) -> dict:
 
 
 def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto",
-            mirt_python: str | None = None) -> dict:
+            mirt_python: str | None = None, prior: str = "vague") -> dict:
     import engine
     from engine.readout.posterior import within_owner_scales
 
     simulate = simulate_2pl if model == "2pl" else simulate_1pl
     sim = simulate(*shape, seed=seed)
     start = time.perf_counter()
-    res = engine.fit(sim["responses"], model=model,
+    res = engine.fit(sim["responses"], model=model, prior=prior,
                      settings=engine.FitSettings(seed=seed, ability_factor=ability_factor))
     wall = time.perf_counter() - start
-    out = {"model": model, "shape": list(shape), "seed": seed, "passes": res.num_passes,
+    out = {"model": model, "shape": list(shape), "seed": seed, "prior": prior,
+           "passes": res.num_passes,
            "converged": bool(res.converged), "wall_s": wall, "blocks": {},
            "ability_factor": res.extra["ability_factor"]["method"]}
     sds = res.sds()
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "coverage.json"))
     ap.add_argument("--ability-factor", default="auto", choices=["auto", "gaussian", "quadrature"])
     ap.add_argument("--models", default="1pl,2pl")
+    ap.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
     ap.add_argument("--mirt", default=None, metavar="PYTHON",
                     help="the bench venv's python: add mirt's Wald-interval coverage")
     ap.add_argument("--shapes", default=",".join(f"{a}x{b}" for a, b in SHAPES),
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in models:
         for s in shapes:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                runs.append(measure(m, s, seed, args.ability_factor, args.mirt))
+                runs.append(measure(m, s, seed, args.ability_factor, args.mirt, args.prior))
                 r = runs[-1]
                 print(m, s, seed, r["ability_factor"], f"{r['wall_s']:.1f} s", {
                     b: round(v["raw_within_item"]["coverage90"], 3) for b, v in r["blocks"].items()},
@@ -159,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"{np.mean([r['wall_s'] for r in group]):.1f} | {wald_cell} |")
     table = "\n".join(lines)
     result = {"machine": {"platform": platform.platform(), "processor": platform.processor()},
-              "seeds": args.seeds, "ability_factor": args.ability_factor, "runs": runs,
+              "seeds": args.seeds, "ability_factor": args.ability_factor, "prior": args.prior,
+              "runs": runs,
               "table": table}
     out = Path(args.out)
     tmp = out.with_suffix(".json.tmp")

@@ -128,10 +128,13 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        runfiles.write_table(_subject_table(res, draws, top_k), tmp / "subjects.parquet")
-        runfiles.write_table(_item_table(res), tmp / "items.parquet")
-        arrays = {f"loc/{k}": v for k, v in res.guide.loc.items()}
-        arrays |= {f"log_scale/{k}": v for k, v in res.guide.log_scale.items()}
+        subjects, items = _subject_table(res, draws, top_k), _item_table(res)
+        runfiles.write_table(subjects, tmp / "subjects.parquet")
+        runfiles.write_table(items, tmp / "items.parquet")
+        guide = GuideState({k: np.asarray(v) for k, v in res.guide.loc.items()},
+                           {k: np.asarray(v) for k, v in res.guide.log_scale.items()})
+        arrays = {f"loc/{k}": v for k, v in guide.loc.items()}
+        arrays |= {f"log_scale/{k}": v for k, v in guide.log_scale.items()}
         np.savez(tmp / "guide.npz", **arrays)
         if res.extra.get("idata") is not None:  # ArviZ InferenceData of a sampler's draws
             res.extra["idata"].to_netcdf(str(tmp / "draws.nc"))
@@ -168,12 +171,14 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "versions": _versions(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        runfiles.seal(tmp, info)  # fit.json last: every file's size and SHA-256, and its own
+        info = runfiles.seal(tmp, info)  # fit.json last: every file's size and SHA-256, its own
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return load_run(out)
+    # what was just written, without reading it back (load_run(out) returns the same Run)
+    return Run(out, res.spec, guide, info, subjects.reset_index(drop=True),
+               items.reset_index(drop=True))
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:

@@ -62,7 +62,7 @@ def _fit_json_text(info: dict) -> str:
 def seal(directory: str | Path, info: dict) -> dict:
     """Write ``directory/fit.json``: ``info`` plus the record of every other file there
     (:func:`file_record`) and fit.json's own checksum. Call it last, after every run file is
-    written. Returns the info written."""
+    written. Returns the info as :func:`read_info` reads it back (without its own checksum)."""
     directory = Path(directory)
     files = {p.name: file_record(p) for p in sorted(directory.iterdir())
              if p.is_file() and p.name != FIT_JSON}
@@ -70,8 +70,8 @@ def seal(directory: str | Path, info: dict) -> dict:
                                                           "files": files}
     # the checksum covers the text written, reproduced from the parsed JSON on load
     info = json.loads(_fit_json_text(info))
-    info[_SELF] = _sha256(_fit_json_text(info).encode())
-    (directory / FIT_JSON).write_text(_fit_json_text(info))
+    sealed = info | {_SELF: _sha256(_fit_json_text(info).encode())}
+    (directory / FIT_JSON).write_text(_fit_json_text(sealed))
     return info
 
 

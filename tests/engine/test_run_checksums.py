@@ -142,3 +142,29 @@ def test_cli_read_outs_name_the_damaged_file(run_copy, command, name, how):
     assert len(lines) == 1 and "Traceback" not in res.stderr
     assert lines[0].startswith(f"irt-engine {command}: error: run file {run_copy / name}")
     assert "refit it" in lines[0] and not res.stdout
+
+
+@pytest.mark.parametrize("ability_factor", ["gaussian", "quadrature"])
+def test_save_run_returns_what_load_run_reads(tmp_path, ability_factor):
+    """save_run hands back the run it wrote without reading it again: the same fit.json,
+    guide and tables as load_run of the directory, value for value and dtype for dtype."""
+    from engine.api import fit
+    from engine.infer.settings import FitSettings
+    from engine.run import save_run
+
+    rng = np.random.default_rng(4)
+    y = (rng.random((60, 9)) < 0.6).astype(np.int8)
+    y[3, 2] = -1
+    res = fit(y, model="2pl", settings=FitSettings(ability_factor=ability_factor, max_passes=30))
+    written = save_run(res, tmp_path / "run", num_draws=100)
+    read = load_run(tmp_path / "run")
+    assert written.info == read.info and written.path == read.path
+    assert written.spec == read.spec
+    for got, want in ((written.guide.loc, read.guide.loc),
+                      (written.guide.log_scale, read.guide.log_scale)):
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].dtype == want[k].dtype
+            np.testing.assert_array_equal(got[k], want[k])
+    pd.testing.assert_frame_equal(written.subjects, read.subjects)
+    pd.testing.assert_frame_equal(written.items, read.items)
