@@ -303,44 +303,75 @@ def _item_values(spec, x, theta, y, mask, w):
 
 
 @partial(jax.jit, static_argnames=("spec", "with_grad"))
-def _item_volume(spec, x, theta, y, mask, counts, log_base, g, with_grad=True):
-    """Each item's log posterior volume ``-1/2 log det A_i`` ``(n,)`` and the gradient of
-    their sum ``(n, k)``: ``A_i`` is item ``i``'s expected complete-data information plus
-    its prior's (given the globals ``g``), the expectation over the abilities' posterior on
-    the nodes ``theta`` at these items. This is the Laplace term that integrating the items
-    out adds to their mode's log density. The gradient follows the abilities' posterior as
-    the items move (along the scale, the items' information changes only through it)."""
+def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
+    """Each item's log posterior volume ``-1/2 log det A_i`` ``(n,)``: ``A_i`` is item
+    ``i``'s expected complete-data information under the node weights ``w`` ``(U, Q)``
+    (pattern counts folded in) plus its prior's, given the globals ``g``. This is the
+    Laplace term that integrating the item out adds to its mode's log density. With
+    ``with_grad`` also the gradients of their sum in ``x`` ``(n, k)`` and in ``w``."""
     env = _env(spec, g)
     blocks = _item_blocks(spec)
 
-    def volumes(xx):
-        lw = jnp.sum(_cell_loglik(spec, xx, theta, y, mask), axis=-1) + log_base
-        w = jax.nn.softmax(lw, axis=1) * counts[:, None]
-
+    def volumes(xx, ww):
         def one(xn, yn, mn):  # one item: xn (k,), yn / mn (U,)
             def log_post(v):
                 ll = _cell_loglik(spec, v[None, :], theta, yn[:, None], mn[:, None])[..., 0]
-                return jnp.sum(w * ll) + sum(p.prior.log_prob(v[j], env)
-                                             for j, p in enumerate(blocks))
+                return jnp.sum(ww * ll) + sum(p.prior.log_prob(v[j], env)
+                                              for j, p in enumerate(blocks))
 
             return -0.5 * jnp.linalg.slogdet(-jax.hessian(log_post)(xn))[1]
 
         return jax.vmap(one, in_axes=(0, 1, 1))(xx, y, mask)
 
     if not with_grad:
-        return volumes(x), None
-    vol, pullback = jax.vjp(volumes, x)
-    return vol, pullback(jnp.ones_like(vol))[0]
+        return volumes(x, w), None, None
+    vol, pullback = jax.vjp(volumes, x, w)
+    return (vol, *pullback(jnp.ones_like(vol)))
 
 
-def _volume(spec, x, quad, y, mask, counts, g, with_grad: bool = True):
-    """:func:`_item_volume` at items ``x`` on ``quad``'s nodes, in float64 numpy (the
-    gradient None unless ``with_grad``)."""
-    theta, base = quad.log_base(spec)
-    out = _item_volume(spec, *(jnp.asarray(a, jnp.float32) for a in (x, theta)), jnp.asarray(y),
-                       jnp.asarray(mask), *(jnp.asarray(a, jnp.float32) for a in (counts, base, g)),
-                       with_grad=with_grad)
-    return tuple(None if a is None else np.asarray(a, np.float64) for a in out)
+@partial(jax.jit, static_argnames=("spec",))
+def _weighted_scores(spec, x, theta, y, mask, c):
+    """``(n, k)``: the gradient in the items of ``sum c * (cell log-likelihood)`` for node
+    weights ``c`` ``(U, Q)``."""
+    return jax.grad(lambda xx: jnp.sum(c[:, :, None] * _cell_loglik(spec, xx, theta, y, mask)))(x)
+
+
+def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad: bool = True,
+            dtype=jnp.float32):
+    """The items' volumes (:func:`_item_volume`) at items ``x`` on the nodes ``theta``, in
+    chunks of items of about ``limit`` cells, and the gradient of their sum ``(n, k)``
+    (None unless ``with_grad``), in float64 numpy.
+
+    The gradient follows the abilities' posterior weights as the items move: along the
+    scale, an item's information changes only through them. The weights' cotangent from
+    every chunk is carried back through the weights' softmax and then, chunk by chunk,
+    through the cells' log-likelihood."""
+    n, k = x.shape
+    U, Q = theta.shape
+    th = jnp.asarray(theta, dtype)
+    lw = _chunked_node_loglik(spec, x, theta, y, mask, limit, dtype) + log_base
+    soft = np.exp(lw - lw.max(axis=1, keepdims=True))
+    soft /= soft.sum(axis=1, keepdims=True)
+    w = jnp.asarray(soft * counts[:, None], dtype)
+    gj = jnp.asarray(g, dtype)
+    vol, grad, dw = np.zeros(n), np.zeros((n, k)), np.zeros((U, Q))
+    chunks = _chunks(U, Q * 4 * k * k, n, limit)
+    for sl in chunks:
+        v, gx, gw = _item_volume(spec, jnp.asarray(x[sl], dtype), th, jnp.asarray(y[:, sl]),
+                                 jnp.asarray(mask[:, sl]), w, gj, with_grad=with_grad)
+        vol[sl] = np.asarray(v, np.float64)
+        if with_grad:
+            grad[sl], dw = np.asarray(gx, np.float64), dw + np.asarray(gw, np.float64)
+    if not with_grad:
+        return vol, None
+    # w = counts * softmax(lw): the cotangent of lw, then of each item through its cells
+    dlw = counts[:, None] * soft * (dw - (soft * dw).sum(axis=1, keepdims=True))
+    c = jnp.asarray(dlw, dtype)
+    for sl in _chunks(U, Q * 4, n, limit):
+        grad[sl] += np.asarray(_weighted_scores(spec, jnp.asarray(x[sl], dtype), th,
+                                                jnp.asarray(y[:, sl]), jnp.asarray(mask[:, sl]),
+                                                c), np.float64)
+    return vol, grad
 
 
 @partial(jax.jit, static_argnames=("spec",))
@@ -543,12 +574,12 @@ def _chunks(num_patterns: int, num_nodes: int, num_items: int, limit: int) -> li
     return [slice(a, min(a + per, num_items)) for a in range(0, num_items, per)]
 
 
-def _chunked_node_loglik(spec, x, theta, y, mask, limit: int) -> np.ndarray:
+def _chunked_node_loglik(spec, x, theta, y, mask, limit: int, dtype=jnp.float32) -> np.ndarray:
     U, Q = theta.shape
     out = np.zeros((U, Q))
-    th = jnp.asarray(theta, jnp.float32)
+    th = jnp.asarray(theta, dtype)
     for sl in _chunks(U, Q, x.shape[0], limit):
-        out += np.asarray(_node_loglik(spec, jnp.asarray(x[sl], jnp.float32), th,
+        out += np.asarray(_node_loglik(spec, jnp.asarray(x[sl], dtype), th,
                                        jnp.asarray(y[:, sl]), jnp.asarray(mask[:, sl])), np.float64)
     return out
 
@@ -873,7 +904,8 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         hess = hess + prior_hess[:, :, None] * np.eye(k)
         vol = np.zeros(n)
         if hyper:  # the items' volume: pooled priors are fitted with the items integrated out
-            vol, vol_grad = _volume(spec, x, quad, yy, mask, counts_f, g)
+            vol, vol_grad = _volume(spec, x, *quad.log_base(spec), yy, mask, counts_f, g,
+                                    settings.cell_chunk)
             grad = grad + vol_grad
         objective = float(counts_f @ log_marg + _total_prior(spec, x, g, prior_val) + vol.sum())
         full_step = float(np.abs(_newton_direction(grad, hess, settings.max_step)).max())
@@ -894,15 +926,16 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
                 trial_obj = counts_f @ trial_marg + _total_prior(
                     spec, trial, trial_g, _item_prior(spec, trial, trial_g)[0])
                 if hyper:
-                    trial_obj += _volume(spec, trial, quad, yy, mask, counts_f, trial_g,
-                                         False)[0].sum()
+                    trial_obj += _volume(spec, trial, *quad.log_base(spec), yy, mask, counts_f,
+                                         trial_g, settings.cell_chunk, False)[0].sum()
                 if float(trial_obj) >= objective - 1e-9 * abs(objective):  # as the EM step
                     x, g, moved, newton_steps = trial, trial_g, True, newton_steps + 1
                     full_step = float(np.abs(step).max())
                     break
                 step = 0.5 * step
         if not moved:
-            volume = ((lambda trial: _volume(spec, trial, quad, yy, mask, counts_f, g, False)[0])
+            volume = ((lambda trial: _volume(spec, trial, *quad.log_base(spec), yy, mask,
+                                             counts_f, g, settings.cell_chunk, False)[0])
                       if hyper else None)
             x = _em_step(spec, x, g, theta, yy, mask, wc, grad, hess, value + prior_val + vol,
                          settings, volume)

@@ -307,18 +307,21 @@ def test_hyper_parameter_step_matches_scipy():
     assert _update_globals(spec, x, 0 * v, np.zeros(2), max_step=1.0)[1] > got[1] + 0.05
 
 
-def test_item_volume_matches_numpy_and_its_gradient():
+@pytest.mark.parametrize("limit", [10_000_000, 40])
+def test_item_volume_matches_numpy_and_its_gradient(limit):
     """Each item's -1/2 log det of its expected information plus prior precision against a
     direct numpy computation of the 2PL's Hessian, and the gradient of their sum (which
-    follows the abilities' posterior weights) against central differences, in float64."""
+    follows the abilities' posterior weights) against central differences, in float64, in
+    one chunk of items and in chunks of one or two items."""
     import jax
 
-    from engine.infer.marginal import _item_volume
+    from engine.infer.marginal import _volume
 
     spec = get_model("2pl", prior="population")
     y, *_ = _simulate(30, 5, seed=21)
     y[0, 1] = -1
     patterns, _, counts = distinct_rows(y)
+    counts = counts.astype(np.float64)
     mask = (patterns >= 0).astype(np.float64)
     yy = np.where(patterns >= 0, patterns, 0).astype(np.float64)
     rng = np.random.default_rng(0)
@@ -327,19 +330,18 @@ def test_item_volume_matches_numpy_and_its_gradient():
     theta = np.linspace(-3, 3, 13)[None, :].repeat(len(patterns), 0)
     base = stats.norm.logpdf(theta)
     with jax.enable_x64(True):
-        vol, grad = (np.asarray(a) for a in _item_volume(
-            spec, x, theta, yy, mask, counts.astype(np.float64), base, g))
+        def volume(xx, with_grad=True):
+            return _volume(spec, xx, theta, base, yy, mask, counts, g, limit, with_grad,
+                           dtype=np.float64)
 
-        def total(xx):
-            return float(np.asarray(_item_volume(spec, xx, theta, yy, mask,
-                                                 counts.astype(np.float64), base, g)[0]).sum())
-
+        vol, grad = volume(x)
         eps = 1e-5
         numeric = np.zeros_like(x)
         for idx in np.ndindex(*x.shape):
             d = np.zeros_like(x)
             d[idx] = eps
-            numeric[idx] = (total(x + d) - total(x - d)) / (2 * eps)
+            up, down = volume(x + d, False)[0].sum(), volume(x - d, False)[0].sum()
+            numeric[idx] = (up - down) / (2 * eps)
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
     # numpy: weights on the nodes, then each item's Hessian cell by cell
     a, b = np.exp(x[:, 1]), x[:, 0]
