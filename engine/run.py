@@ -165,7 +165,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "elbo_trace": res.trace,
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
-                        "item_intervals": "marginal (Louis information at the marginal mode)"
+                        "item_intervals": _quadrature_intervals(res.extra["quadrature"])
                         if "quadrature" in res.extra else
                         "within-item marginal (linear response)" if res.cross else "mean-field"},
             "versions": _versions(),
@@ -179,6 +179,13 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     # what was just written, without reading it back (load_run(out) returns the same Run)
     return Run(out, res.spec, guide, info, subjects.reset_index(drop=True),
                items.reset_index(drop=True))
+
+
+def _quadrature_intervals(record: dict) -> str:
+    """How a quadrature fit's item intervals were obtained, from its fit.json record."""
+    if record.get("item_moments", {}).get("method") == "importance":
+        return "marginal posterior (importance sampling of the items, abilities integrated)"
+    return "marginal (Louis information at the marginal mode)"
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:

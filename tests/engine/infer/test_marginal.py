@@ -267,6 +267,8 @@ def test_switch_reads_items_per_subject(tmp_path):
                                       "items_per_subject": 12.0, "method": "quadrature",
                                       "max_observed_cells": 500_000, "observed_cells": 360}
     assert info["quadrature"]["num_patterns"] == len(distinct_rows(y)[0])
+    assert info["quadrature"]["item_moments"]["method"] == "importance"
+    assert info["readout"]["item_intervals"].startswith("marginal posterior (importance")
     info = json.loads((save_run(above, tmp_path / "g").path / "fit.json").read_text())
     assert info["ability_factor"]["method"] == "gaussian"
 
