@@ -217,8 +217,9 @@ def test_marginal_recovers_simulated_2pl():
     assert np.corrcoef(guide.loc["ability"], theta)[0, 1] > 0.7  # ten items: reliability ~0.6
 
 
-@pytest.mark.parametrize("model", ["1pl", "2pl", "3pl"])
-def test_identical_patterns_identical_readouts(tmp_path, model):
+@pytest.mark.parametrize("model,prior", [("1pl", "vague"), ("2pl", "vague"), ("3pl", "vague"),
+                                         ("2pl", "population")])
+def test_identical_patterns_identical_readouts(tmp_path, model, prior):
     """Subjects with the same answer sheet get the same ability, interval, rank statistics
     and tie group, to the bit."""
     from engine.readout.leaderboard import leaderboard
@@ -227,7 +228,7 @@ def test_identical_patterns_identical_readouts(tmp_path, model):
     y[40:60] = y[5]  # twenty-one copies of one sheet
     y[61, 2] = -1
     y[62] = y[61]  # and two with a missing cell
-    res = fit(y, model=model, settings=FitSettings(seed=0, ability_factor="auto"))
+    res = fit(y, model=model, prior=prior, settings=FitSettings(seed=0, ability_factor="auto"))
     assert res.extra["ability_factor"]["method"] == "quadrature"
     run = save_run(res, tmp_path / "run", num_draws=300)
     subjects = run.subjects.drop(columns=["subject"])
