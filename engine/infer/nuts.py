@@ -26,6 +26,7 @@ from engine.infer.guide import GuideState, init_guide
 from engine.models.spec import ModelSpec
 
 __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "make_sampler",
+           "pooled_blocks",
            "sample_nuts", "pool_identical_rows", "nuts_fit_result",
            "nuts_memory_bytes", "check_nuts_memory", "diagnostics", "to_inference_data",
            "NUTS_CELL_FACTOR"]
@@ -55,6 +56,10 @@ class NutsSettings:
         unconstrained scale, so R-hat compares chains that began apart.
     seed : the one source of randomness.
     memory_budget : bytes NUTS may use (None = a share of the machine's available memory).
+    noncentred : sample each pooled block (prior ``N(mu, 1/u)`` with ``mu`` and ``u``
+        global) as ``z = (x - mu) sqrt(u)``, the same posterior in coordinates without the
+        funnel between a block and its precision (:func:`pooled_blocks`); the draws are
+        reported as the model's own parameters.
     """
 
     num_chains: int = 4
@@ -66,6 +71,7 @@ class NutsSettings:
     init_jitter: float = 1.0
     seed: int = 0
     memory_budget: int | None = None
+    noncentred: bool = True
 
     def __post_init__(self):
         for name, low in (("num_chains", 1), ("num_samples", 1), ("max_tree_depth", 1),
@@ -114,6 +120,51 @@ def _check_model(spec: ModelSpec) -> None:
     if not spec.params:
         raise ModelError(f"model {spec.name!r} has no continuous parameters, so NUTS has nothing "
                          f"to sample; use a model with continuous parameter blocks")
+
+
+def pooled_blocks(spec: ModelSpec) -> dict[str, tuple]:
+    """The blocks whose prior is normal with a global precision: name -> (loc, precision),
+    each a number or a global's name (the hierarchical and population families)."""
+    out = {}
+    for p in spec.params:
+        prior = p.prior
+        if (p.owner != "global" and prior.family == "normal"
+                and isinstance(prior.precision, str)):
+            out[p.name] = (prior.loc, prior.precision)
+    return out
+
+
+def _widen(v, like):
+    """``v`` with trailing axes so that it broadcasts against ``like`` from the left."""
+    v = jnp.asarray(v)
+    return v.reshape(v.shape + (1,) * (jnp.ndim(like) - v.ndim))
+
+
+def _centre(spec: ModelSpec, pooled: dict, z: dict) -> tuple[dict, jax.Array]:
+    """The model's unconstrained values from sampler coordinates ``z`` (pooled blocks as
+    standardised ``(x - mu) sqrt(u)``), and ``log |dx / dz|`` summed. Leading axes (chains,
+    draws) are carried through."""
+    if not pooled:
+        return z, jnp.float32(0.0)
+    env = {p.name: p.constrain(z[p.name]) for p in spec.params if p.owner == "global"}
+    get = lambda a: env[a] if isinstance(a, str) else a
+    x, log_jac = dict(z), jnp.float32(0.0)
+    for name, (loc, prec) in pooled.items():
+        scale = 1.0 / jnp.sqrt(_widen(get(prec), z[name]))
+        x[name] = _widen(get(loc), z[name]) + z[name] * scale
+        log_jac = log_jac + jnp.sum(jnp.log(scale) * jnp.ones_like(z[name]))
+    return x, log_jac
+
+
+def _standardise(spec: ModelSpec, pooled: dict, x: dict) -> dict:
+    """Sampler coordinates of the model's unconstrained values ``x`` (inverse of
+    :func:`_centre`)."""
+    env = {p.name: p.constrain(x[p.name]) for p in spec.params if p.owner == "global"}
+    get = lambda a: env[a] if isinstance(a, str) else a
+    z = dict(x)
+    for name, (loc, prec) in pooled.items():
+        z[name] = (x[name] - _widen(get(loc), x[name])) * jnp.sqrt(_widen(get(prec), x[name]))
+    return z
 
 
 def make_log_density(spec: ModelSpec, num_subjects: int, num_items: int) -> Callable:
@@ -170,10 +221,13 @@ def check_nuts_memory(spec: ModelSpec, num_subjects: int, num_items: int,
 
 def _initial_positions(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, key) -> dict:
     """Each chain's start: the model's initial values (its data-driven start where it declares
-    one) plus uniform jitter on the unconstrained scale."""
+    one) plus uniform jitter, in the sampler's coordinates (:func:`_centre`)."""
     loc = dict(init_guide(spec, *y.shape).loc)
     if spec.initial is not None:
         loc.update({k: np.asarray(v, np.float32) for k, v in spec.initial(y).items()})
+    if settings.noncentred:
+        start = {k: jnp.asarray(v, jnp.float32) for k, v in loc.items()}
+        loc = {k: np.asarray(v) for k, v in _standardise(spec, pooled_blocks(spec), start).items()}
     keys = jax.random.split(key, len(loc))
     out = {}
     for k, (name, v) in zip(keys, sorted(loc.items())):
@@ -197,9 +251,14 @@ def make_sampler(spec: ModelSpec, num_subjects: int, num_items: int,
     from blackjax.adaptation.base import get_filter_adapt_info_fn
 
     log_density = make_log_density(spec, num_subjects, num_items)
+    pooled = pooled_blocks(spec) if settings.noncentred else {}
+
+    def target_at(z, y):  # the same density in the sampler's coordinates, Jacobian included
+        x, log_jac = _centre(spec, pooled, z)
+        return log_density(x, y) + log_jac
 
     def sample(y, keys, positions):
-        target = lambda z: log_density(z, y)
+        target = lambda z: target_at(z, y)
         warmup = blackjax.window_adaptation(
             blackjax.nuts, target, target_acceptance_rate=settings.target_accept,
             adaptation_info_fn=get_filter_adapt_info_fn(),  # keep no per-step warm-up history
@@ -222,7 +281,8 @@ def make_sampler(spec: ModelSpec, num_subjects: int, num_items: int,
                                info.num_integration_steps, state.logdensity)
 
             _, out = jax.lax.scan(body, state, jax.random.split(draw_key, settings.num_samples))
-            return NutsDraws(*out, params["step_size"])
+            position = _centre(spec, pooled, out[0])[0]  # the model's own coordinates
+            return NutsDraws(position, *out[1:], params["step_size"])
 
         return jax.vmap(one_chain)(keys, positions)
 

@@ -271,3 +271,58 @@ def test_identical_sheets_get_identical_read_outs(tmp_path):
         pd.testing.assert_series_equal(table.iloc[i], table.iloc[j], check_names=False)
     p = np.load(tmp_path / "run" / "pairwise.npz")["p_beats"]
     np.testing.assert_array_equal(p[0, 3:], p[1, 3:])
+
+
+def _pooled_normal_model() -> ModelSpec:
+    """Eight item means pooled through ``b_n ~ N(mu, 1/u)``, ``mu ~ N(0, 10^2)``,
+    ``u ~ Gamma(1, 1)``, with ``y_sn ~ N(b_n + 5, 1)``: a funnel between the ``b`` and ``u``
+    when each item has few responses, with a posterior on ``(mu, log u)`` that two-dimensional
+    quadrature gives (each ``b`` integrates out in closed form)."""
+    from engine.models.priors import log_gamma
+
+    return ModelSpec(name="pooled-normal", kind="unit", params=(
+        ParamSpec("mu", "global", normal(0.0, 100.0), in_likelihood=False),
+        ParamSpec("u", "global", log_gamma(1.0, 1.0), transform="exp", in_likelihood=False),
+        ParamSpec("difficulty", "item", normal("mu", precision="u"))),
+        loglik=lambda p, y, m: stats_norm_logpdf(y, p["difficulty"] + 5.0))
+
+
+def _pooled_posterior(ybar: np.ndarray, n: np.ndarray):
+    """``E[mu]``, ``E[log u]``, ``sd[log u]`` and each ``E[b]`` by quadrature on a grid of
+    ``(mu, log u)``: ``ybar_i ~ N(mu, 1/u + 1/n_i)`` with the ``b`` integrated out."""
+    mu = np.linspace(-6, 6, 481)[:, None]
+    lu = np.linspace(-7, 5, 481)[None, :]
+    u = np.exp(lu)
+    logp = stats.norm.logpdf(mu, 0, 10) + stats.gamma.logpdf(u, 1.0) + lu  # the log u Jacobian
+    for yb, k in zip(ybar, n):
+        logp = logp + stats.norm.logpdf(yb, mu, np.sqrt(1 / u + 1 / k))
+    w = np.exp(logp - logp.max())
+    w /= w.sum()
+    e_lu = (w * lu).sum()
+    b = [(w * (k * yb + u * mu) / (k + u)).sum() for yb, k in zip(ybar, n)]
+    return (w * mu).sum(), e_lu, np.sqrt((w * (lu - e_lu) ** 2).sum()), np.array(b)
+
+
+@pytest.mark.parametrize("noncentred", [True, False])
+def test_pooled_blocks_match_quadrature(noncentred):
+    """A pooled block sampled in standardised coordinates (the default) draws the model's
+    own posterior, as the centred coordinates do: hyper-parameters and item means against
+    two-dimensional quadrature."""
+    from engine.infer.nuts import pooled_blocks
+
+    spec = _pooled_normal_model()
+    assert pooled_blocks(spec) == {"difficulty": ("mu", "u")}
+    rng = np.random.default_rng(5)
+    b = rng.normal(0.3, 0.4, size=8)
+    y = (5.0 + b + rng.normal(size=(2, 8))).astype(np.float32)
+    y[1, :5] = np.nan  # five items with one response
+    n = (~np.isnan(y)).sum(axis=0)
+    ybar = np.nanmean(y, axis=0) - 5.0
+    e_mu, e_lu, sd_lu, e_b = _pooled_posterior(ybar, n)
+    res = nuts_fit_result(spec, y, FAST.replace(noncentred=noncentred, num_samples=1000))
+    d = res.extra["diagnostics"]
+    lu = np.log(res.draws["u"].reshape(-1))
+    assert d["converged"] and d["divergences"] == 0, d
+    assert abs(res.draws["mu"].mean() - e_mu) < 0.1
+    assert abs(lu.mean() - e_lu) < 0.15 * sd_lu and abs(lu.std() / sd_lu - 1) < 0.15
+    np.testing.assert_allclose(res.draws["difficulty"].reshape(-1, 8).mean(axis=0), e_b, atol=0.06)
