@@ -56,10 +56,13 @@ class NutsSettings:
         unconstrained scale, so R-hat compares chains that began apart.
     seed : the one source of randomness.
     memory_budget : bytes NUTS may use (None = a share of the machine's available memory).
-    noncentred : sample each pooled block (prior ``N(mu, 1/u)`` with ``mu`` and ``u``
-        global) as ``z = (x - mu) sqrt(u)``, the same posterior in coordinates without the
-        funnel between a block and its precision (:func:`pooled_blocks`); the draws are
-        reported as the model's own parameters.
+    noncentred_below : sample a pooled block (prior ``N(mu, 1/u)`` with ``mu`` and ``u``
+        global) with fewer entries than this as ``z = (x - mu) sqrt(u)``: the same posterior
+        in coordinates without the funnel between the block and its precision, which few
+        entries leave loose (:func:`pooled_blocks`). Blocks with more entries pin their
+        precision down and sample better as they are. 0 samples every block as it is.
+        LSAT7's five pooled items: R-hat 1.56 and 279 divergences as they are, 1.007 and
+        none standardised; 50 x 1,000's thousand: R-hat 1.10 as they are, 1.54 standardised.
     """
 
     num_chains: int = 4
@@ -71,11 +74,11 @@ class NutsSettings:
     init_jitter: float = 1.0
     seed: int = 0
     memory_budget: int | None = None
-    noncentred: bool = True
+    noncentred_below: int = 50
 
     def __post_init__(self):
         for name, low in (("num_chains", 1), ("num_samples", 1), ("max_tree_depth", 1),
-                          ("num_warmup", 0)):
+                          ("num_warmup", 0), ("noncentred_below", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise SettingsError(f"NUTS setting {name}={value!r}{_OPTION.get(name, '')}: must "
@@ -122,14 +125,17 @@ def _check_model(spec: ModelSpec) -> None:
                          f"to sample; use a model with continuous parameter blocks")
 
 
-def pooled_blocks(spec: ModelSpec) -> dict[str, tuple]:
-    """The blocks whose prior is normal with a global precision: name -> (loc, precision),
-    each a number or a global's name (the hierarchical and population families)."""
+def pooled_blocks(spec: ModelSpec, num_subjects: int, num_items: int,
+                  below: int) -> dict[str, tuple]:
+    """The blocks whose prior is normal with a global precision (the hierarchical and
+    population families) and that have fewer than ``below`` entries: name -> (loc,
+    precision), each a number or a global's name."""
     out = {}
     for p in spec.params:
         prior = p.prior
+        count = {"subject": num_subjects, "item": num_items}.get(p.owner, 0) * int(np.prod(p.shape))
         if (p.owner != "global" and prior.family == "normal"
-                and isinstance(prior.precision, str)):
+                and isinstance(prior.precision, str) and count < below):
             out[p.name] = (prior.loc, prior.precision)
     return out
 
@@ -225,9 +231,10 @@ def _initial_positions(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, k
     loc = dict(init_guide(spec, *y.shape).loc)
     if spec.initial is not None:
         loc.update({k: np.asarray(v, np.float32) for k, v in spec.initial(y).items()})
-    if settings.noncentred:
+    pooled = pooled_blocks(spec, *np.shape(y), settings.noncentred_below)
+    if pooled:
         start = {k: jnp.asarray(v, jnp.float32) for k, v in loc.items()}
-        loc = {k: np.asarray(v) for k, v in _standardise(spec, pooled_blocks(spec), start).items()}
+        loc = {k: np.asarray(v) for k, v in _standardise(spec, pooled, start).items()}
     keys = jax.random.split(key, len(loc))
     out = {}
     for k, (name, v) in zip(keys, sorted(loc.items())):
@@ -251,7 +258,7 @@ def make_sampler(spec: ModelSpec, num_subjects: int, num_items: int,
     from blackjax.adaptation.base import get_filter_adapt_info_fn
 
     log_density = make_log_density(spec, num_subjects, num_items)
-    pooled = pooled_blocks(spec) if settings.noncentred else {}
+    pooled = pooled_blocks(spec, num_subjects, num_items, settings.noncentred_below)
 
     def target_at(z, y):  # the same density in the sampler's coordinates, Jacobian included
         x, log_jac = _centre(spec, pooled, z)

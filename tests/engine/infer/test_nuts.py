@@ -311,7 +311,8 @@ def test_pooled_blocks_match_quadrature(noncentred):
     from engine.infer.nuts import pooled_blocks
 
     spec = _pooled_normal_model()
-    assert pooled_blocks(spec) == {"difficulty": ("mu", "u")}
+    assert pooled_blocks(spec, 2, 8, 50) == {"difficulty": ("mu", "u")}
+    assert pooled_blocks(spec, 2, 8, 8) == {}  # eight entries: not fewer than 8
     rng = np.random.default_rng(5)
     b = rng.normal(0.3, 0.4, size=8)
     y = (5.0 + b + rng.normal(size=(2, 8))).astype(np.float32)
@@ -319,7 +320,8 @@ def test_pooled_blocks_match_quadrature(noncentred):
     n = (~np.isnan(y)).sum(axis=0)
     ybar = np.nanmean(y, axis=0) - 5.0
     e_mu, e_lu, sd_lu, e_b = _pooled_posterior(ybar, n)
-    res = nuts_fit_result(spec, y, FAST.replace(noncentred=noncentred, num_samples=1000))
+    res = nuts_fit_result(spec, y, FAST.replace(noncentred_below=50 if noncentred else 0,
+                                                num_samples=1000))
     d = res.extra["diagnostics"]
     lu = np.log(res.draws["u"].reshape(-1))
     assert d["converged"] and d["divergences"] == 0, d
