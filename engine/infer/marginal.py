@@ -919,8 +919,9 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
                                         settings.max_step)
             else:
                 step = _marginal_newton(info_mat, grad.reshape(-1), settings.max_step)
-            # halved where the volume's curvature, which the step leaves out, matters
-            for _half in range(4 if hyper and step is not None else 1 if step is not None else 0):
+            # halved under pooled priors, where the volume's curvature (left out) matters
+            tries = 0 if step is None else 4 if hyper else 1
+            for _half in range(tries):
                 trial, trial_g = x + step[:n * k].reshape(n, k), g + step[n * k:]
                 _, _, trial_marg = quad.posterior(spec, trial, yy, mask)
                 trial_obj = counts_f @ trial_marg + _total_prior(
