@@ -320,8 +320,7 @@ def test_pooled_blocks_match_quadrature(noncentred):
     n = (~np.isnan(y)).sum(axis=0)
     ybar = np.nanmean(y, axis=0) - 5.0
     e_mu, e_lu, sd_lu, e_b = _pooled_posterior(ybar, n)
-    res = nuts_fit_result(spec, y, FAST.replace(noncentred_below=50 if noncentred else 0,
-                                                num_samples=1000))
+    res = nuts_fit_result(spec, y, FAST.replace(noncentred_below=50 if noncentred else 0))
     d = res.extra["diagnostics"]
     lu = np.log(res.draws["u"].reshape(-1))
     assert d["converged"] and d["divergences"] == 0, d
