@@ -965,14 +965,14 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
                             with_sensitivity=True)
     total_prior = _total_prior(spec, x, g, prior_val)
     g_cov = np.zeros((0, 0))
-    if hyper and joint:  # the items' covariance with the hyper-parameters integrated out
+    if hyper:
         _, g_hess, g_cross = _hyper_derivatives(spec, x, -hess, g)
+    if hyper and joint:  # the items' covariance with the hyper-parameters integrated out
         proposal = _covariance(_augmented(info_mat, g_cross, g_hess), True)
         full_cov, g_cov = proposal[:n * k, :n * k], proposal[n * k:, n * k:]
     else:  # per item: given the hyper-parameters (empirical Bayes)
         full_cov = proposal = _covariance(info_mat, joint)
         if hyper:
-            _, g_hess, g_cross = _hyper_derivatives(spec, x, -hess, g)
             g_cov = _globals_covariance(info_mat, g_cross, g_hess)
     if joint:
         cov = _within_item_blocks(full_cov, n, k)

@@ -146,18 +146,24 @@ def _widen(v, like):
     return v.reshape(v.shape + (1,) * (jnp.ndim(like) - v.ndim))
 
 
+def _loc_scale(spec: ModelSpec, pooled: dict, values: dict) -> dict:
+    """Each pooled block's prior location and sd, from the globals in ``values`` (either
+    coordinate system: the globals are the same in both), widened to the block's shape."""
+    env = {p.name: p.constrain(values[p.name]) for p in spec.params if p.owner == "global"}
+    get = lambda a: env[a] if isinstance(a, str) else a
+    return {name: (_widen(get(loc), values[name]), 1.0 / jnp.sqrt(_widen(get(prec), values[name])))
+            for name, (loc, prec) in pooled.items()}
+
+
 def _centre(spec: ModelSpec, pooled: dict, z: dict) -> tuple[dict, jax.Array]:
     """The model's unconstrained values from sampler coordinates ``z`` (pooled blocks as
     standardised ``(x - mu) sqrt(u)``), and ``log |dx / dz|`` summed. Leading axes (chains,
     draws) are carried through."""
     if not pooled:
         return z, jnp.float32(0.0)
-    env = {p.name: p.constrain(z[p.name]) for p in spec.params if p.owner == "global"}
-    get = lambda a: env[a] if isinstance(a, str) else a
     x, log_jac = dict(z), jnp.float32(0.0)
-    for name, (loc, prec) in pooled.items():
-        scale = 1.0 / jnp.sqrt(_widen(get(prec), z[name]))
-        x[name] = _widen(get(loc), z[name]) + z[name] * scale
+    for name, (loc, scale) in _loc_scale(spec, pooled, z).items():
+        x[name] = loc + z[name] * scale
         log_jac = log_jac + jnp.sum(jnp.log(scale) * jnp.ones_like(z[name]))
     return x, log_jac
 
@@ -165,11 +171,9 @@ def _centre(spec: ModelSpec, pooled: dict, z: dict) -> tuple[dict, jax.Array]:
 def _standardise(spec: ModelSpec, pooled: dict, x: dict) -> dict:
     """Sampler coordinates of the model's unconstrained values ``x`` (inverse of
     :func:`_centre`)."""
-    env = {p.name: p.constrain(x[p.name]) for p in spec.params if p.owner == "global"}
-    get = lambda a: env[a] if isinstance(a, str) else a
     z = dict(x)
-    for name, (loc, prec) in pooled.items():
-        z[name] = (x[name] - _widen(get(loc), x[name])) * jnp.sqrt(_widen(get(prec), x[name]))
+    for name, (loc, scale) in _loc_scale(spec, pooled, x).items():
+        z[name] = (x[name] - loc) / scale
     return z
 
 
