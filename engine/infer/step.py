@@ -231,7 +231,9 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
     rho, rho_p = settings.damping, settings.precision_damping
     limits = {p.name: p.max_step for p in spec.params}  # per-block trust regions, if declared
     # A symmetry that moves a frozen block would move the frozen values: skip it.
-    free_syms = tuple(s for s in spec.symmetries if not any(m[0] in frozen for m in s.moves))
+    # Pooled blocks carry their hyper-parameters along (Symmetry.with_hypers).
+    syms = (s.with_hypers(spec.params) for s in spec.symmetries)
+    free_syms = tuple(s for s in syms if not any(m[0] in frozen for m in s.moves))
     symmetries = spec.replace(symmetries=free_syms) if free_syms else None
 
     def newton(state: FitState, z, eps, lik: Terms, scale, valid=None):

@@ -89,6 +89,31 @@ class Symmetry:
     name: str
     moves: tuple[tuple[str, "float | tuple[float, ...]", "float | tuple[float, ...]"], ...]
 
+    def with_hypers(self, params: "tuple[ParamSpec, ...]") -> "Symmetry":
+        """The move extended to the hyper-parameters of each pooled block it moves.
+
+        A block ``x ~ N(mu, 1/u)`` moved as ``x exp(t m) + t v`` keeps its prior density
+        (with the entropy's ``t m`` per entry) when ``mu`` moves the same way and ``log u``
+        by ``-2 t m``. Without that, a scale move of pooled items is pinned by their fixed
+        hyper-parameters, and the step crawls along the ridge instead of following it.
+        Blocks whose move differs per component are left as they are.
+        """
+        by_name = {p.name: p for p in params}
+        moves, moved = list(self.moves), {m[0] for m in self.moves}
+        for name, m, v in self.moves:
+            prior = by_name[name].prior
+            if prior.family != "normal" or isinstance(m, tuple) or isinstance(v, tuple):
+                continue
+            loc, prec = prior.loc, prior.precision
+            if isinstance(loc, str) and loc not in moved and by_name[loc].transform == "identity":
+                moves.append((loc, m, v))
+                moved.add(loc)
+            if (isinstance(prec, str) and prec not in moved and m != 0.0
+                    and by_name[prec].transform == "exp"):
+                moves.append((prec, 0.0, -2.0 * m))
+                moved.add(prec)
+        return Symmetry(self.name, tuple(moves))
+
 
 @dataclass(frozen=True)
 class Constant:

@@ -234,6 +234,38 @@ def test_population_prior_pools_items_not_subjects():
     assert all(not p.in_likelihood for p in spec.by_owner("global"))
 
 
+def test_symmetries_carry_the_pooled_hyper_parameters():
+    """A scale move of pooled items moves their location the same way and their log
+    precision by -2 t m; the move then leaves each pooled block's prior density plus its
+    entropy unchanged, draw by draw (only the abilities' N(0, 1) and the hyper-priors move)."""
+    spec = get_model("2pl", prior="population")
+    shift, scale = (s.with_hypers(spec.params) for s in spec.symmetries)
+    assert dict((n, (m, v)) for n, m, v in shift.moves) == {
+        "ability": (0.0, 1.0), "difficulty": (0.0, 1.0), "mu_difficulty": (0.0, 1.0)}
+    assert dict((n, (m, v)) for n, m, v in scale.moves) == {
+        "ability": (1.0, 0.0), "difficulty": (1.0, 0.0), "discrimination": (0.0, -1.0),
+        "mu_difficulty": (1.0, 0.0), "u_difficulty": (0.0, -2.0), "mu_discrimination": (0.0, -1.0)}
+    rng = np.random.default_rng(0)
+    z = {p.name: rng.normal(size=p.full_shape(3, 7)) for p in spec.params}
+    moves = {n: (m, v) for n, m, v in scale.moves}
+
+    def pooled(t):  # the item blocks' prior at the moved values, plus their entropy shift
+        x = {n: z[n] * np.exp(t * moves[n][0]) + t * moves[n][1] if n in moves else z[n]
+             for n in z}
+        env = {p.name: p.constrain(x[p.name]) for p in spec.by_owner("global")}
+        total = 0.0
+        for p in spec.by_owner("item"):
+            total += float(np.sum(p.prior.log_prob(x[p.name], env)))
+            total += t * moves[p.name][0] * x[p.name].size
+        return total
+
+    for t in (-0.3, 0.2, 0.7):
+        assert pooled(t) == pytest.approx(pooled(0.0), rel=1e-5)
+    # without pooling nothing is added
+    vague = get_model("2pl")
+    assert all(s.with_hypers(vague.params) == s for s in vague.symmetries)
+
+
 def test_model_error_is_irt_error_and_value_error():
     with pytest.raises(IRTError):
         get_model("nope")
