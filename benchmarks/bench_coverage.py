@@ -81,7 +81,7 @@ def mirt_wald(model: str, sim: dict, python: str) -> dict:
 
 
 def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto",
-            mirt_python: str | None = None, prior: str = "vague") -> dict:
+            mirt_python: str | None = None, prior: str = "population") -> dict:
     import engine
     from engine.readout.posterior import within_owner_scales
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "coverage.json"))
     ap.add_argument("--ability-factor", default="auto", choices=["auto", "gaussian", "quadrature"])
     ap.add_argument("--models", default="1pl,2pl")
-    ap.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
+    ap.add_argument("--prior", default="population", choices=["population", "vague", "hierarchical"])
     ap.add_argument("--mirt", default=None, metavar="PYTHON",
                     help="the bench venv's python: add mirt's Wald-interval coverage")
     ap.add_argument("--shapes", default=",".join(f"{a}x{b}" for a, b in SHAPES),

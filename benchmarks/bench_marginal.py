@@ -67,7 +67,7 @@ def _reference(res) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
-                    samples: int = 1000, prior: str = "vague") -> tuple[dict, dict]:
+                    samples: int = 1000, prior: str = "population") -> tuple[dict, dict]:
     """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
     saved it: the sampler is the expensive part, and a changed fit is compared again for
     free."""
@@ -115,7 +115,7 @@ def _agreement(res, ref: dict) -> dict:
 
 
 def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 1000,
-            marginal: dict | None = None, prior: str = "vague", nuts_only: bool = False) -> dict:
+            marginal: dict | None = None, prior: str = "population", nuts_only: bool = False) -> dict:
     import engine
 
     y = _load(name)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nuts-samples", type=int, default=1000)
     ap.add_argument("--marginal-nuts", type=Path, default=None,
                     help="nuts_marginal.py's results, compared with the items as well")
-    ap.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
+    ap.add_argument("--prior", default="population", choices=["population", "vague", "hierarchical"])
     ap.add_argument("--nuts-only", action="store_true",
                     help="only run (and cache) the NUTS references")
     ap.add_argument("--out", default=str(HERE / "results" / "marginal.json"))

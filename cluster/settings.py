@@ -81,15 +81,19 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
-def _check_model(model: str, prior: str, passes: int) -> None:
-    from engine.models.registry import MODELS
+def _check_model(settings, passes: int) -> None:
+    """Check ``settings.model`` and ``passes``; a ``prior`` of None becomes the model's own
+    (``engine.models.default_prior``), so the saved settings name the prior fitted."""
+    from engine.models.registry import MODELS, resolve_prior
 
-    if model not in MODELS:
-        raise SettingsError(f"--model {model!r}: choose one of {', '.join(MODELS)}")
+    if settings.model not in MODELS:
+        raise SettingsError(f"--model {settings.model!r}: choose one of {', '.join(MODELS)}")
     from engine.models.priors import PRIOR_FAMILIES
 
+    prior = resolve_prior(settings.model, settings.prior)
     if prior not in PRIOR_FAMILIES:
         raise SettingsError(f"--prior {prior!r}: choose one of {', '.join(PRIOR_FAMILIES)}")
+    object.__setattr__(settings, "prior", prior)
     if passes < 1:
         raise SettingsError(f"--passes must be >= 1, got {passes}")
 
@@ -107,13 +111,13 @@ class StabilitySettings(_Settings):
     sizes: tuple[int, ...] | None = None
     trials_per_size: int = 10
     model: str = "2pl"
-    prior: str = "vague"
+    prior: str | None = None  # None: the model's own (population for 1PL, 2PL)
     passes: int = 20
     bootstrap: int = 2000
     seed: int = 0
 
     def __post_init__(self):
-        _check_model(self.model, self.prior, self.passes)
+        _check_model(self, self.passes)
         if self.trials_per_size < 1:
             raise SettingsError(f"--trials-per-size must be >= 1, got {self.trials_per_size}")
         if self.bootstrap < 1:
@@ -136,13 +140,13 @@ class BootstrapSettings(_Settings):
 
     replicates: int = 200
     model: str = "2pl"
-    prior: str = "vague"
+    prior: str | None = None  # None: the model's own (population for 1PL, 2PL)
     passes: int = 20
     level: float = 0.9
     seed: int = 0
 
     def __post_init__(self):
-        _check_model(self.model, self.prior, self.passes)
+        _check_model(self, self.passes)
         if self.replicates < 2:
             raise SettingsError(f"--replicates must be >= 2, got {self.replicates}")
         if not 0.0 < self.level < 1.0:
@@ -156,13 +160,13 @@ class DimensionsSettings(_Settings):
 
     shuffles: int = 200
     model: str = "2pl"
-    prior: str = "vague"
+    prior: str | None = None  # None: the model's own (population for 1PL, 2PL)
     num_eigenvalues: int = 20
     residual_simulations: int = 60
     seed: int = 0
 
     def __post_init__(self):
-        _check_model(self.model, self.prior, 1)
+        _check_model(self, 1)
         if self.shuffles < 2:
             raise SettingsError(f"--shuffles must be >= 2, got {self.shuffles}")
         if self.residual_simulations < 2:

@@ -18,7 +18,7 @@ from engine.infer.fit import FitResult, fit_source
 from engine.infer.guide import GuideState, init_guide
 from engine.infer.marginal import choose_ability_factor, fit_marginal_result, pool_identical_rows
 from engine.infer.settings import FitSettings
-from engine.models.registry import get_model
+from engine.models.registry import get_model, resolve_prior
 
 __all__ = ["fit", "fit_nuts", "response_stats", "resolve_model", "load_responses", "make_source",
            "default_memory_budget", "IN_MEMORY_FACTOR"]
@@ -198,7 +198,7 @@ def _resolve_streamed(model: str, options: dict, y, info: dict, shape, cells: di
                               f"inflation='auto'; values are never clipped") from None
 
 
-def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prior: str = "vague",
+def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prior: str | None = None,
         signed_discrimination: bool = False, init: GuideState | None = None,
         frozen: frozenset = frozenset(), progress_fn=None, model_options: dict | None = None,
         checkpoint_dir: str | Path | None = None, resume: bool = False,
@@ -210,7 +210,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     data : a ``Store``, a store path, an int ``(subjects, items)`` array with -1 missing, or a
         float array with NaN missing (unit scores or non-negative errors).
     model : a name from ``engine.models.MODELS`` (``1pl``, ``2pl``, ``beta``, ``mirt-comp`` ...).
-    prior : ``vague`` or ``hierarchical`` (seed 003).
+    prior : ``population``, ``vague`` or ``hierarchical``; None (default): the model's own
+        (``engine.models.default_prior``: population for the 1PL and 2PL, vague otherwise).
     init, frozen : start from a guide and hold the named blocks fixed at it.
     model_options : further builder keywords (``dims``, ``q_matrix``, ``inflation`` ...).
     checkpoint_dir : save the fit's progress there every ``settings.checkpoint_every`` passes.
@@ -230,6 +231,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     >>> res = fit(responses, model="2pl", settings=FitSettings(seed=0))  # doctest: +SKIP
     >>> res.means()["ability"]  # doctest: +SKIP
     """
+    prior = resolve_prior(model, prior)
     options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
     source, subjects, items, stats, info, y = _prepare(data, settings)
     shape = (source.num_subjects, source.num_items)
@@ -283,7 +285,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     return result
 
 
-def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str = "vague",
+def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = None,
              signed_discrimination: bool = False, model_options: dict | None = None) -> FitResult:
     """Sample a named IRT model's exact posterior with NUTS (the variational fit's reference).
 
@@ -301,6 +303,7 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str = "vague",
 
     use_compilation_cache()
     settings = settings or NutsSettings()
+    prior = resolve_prior(model, prior)
     options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
     options = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in options.items()}
     if isinstance(data, (str, Path)):

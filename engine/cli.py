@@ -61,6 +61,9 @@ def _real(low: float, high: float, *, closed_low: bool = False, closed_high: boo
 
 _POSITIVE, _NONNEGATIVE = _count(1), _count(0)
 _TOL = _real(0.0, float("inf"))
+PRIOR_HELP = ("default: the model's own, population for 1pl and 2pl (abilities N(0, 1) set "
+              "the scale; items pooled), vague for the others; vague and hierarchical are "
+              "seed 003's")
 _SHARE = _real(0.0, 1.0)
 _PROBABILITY = _real(0.0, 1.0, closed_low=True, closed_high=True)
 
@@ -632,14 +635,16 @@ def _trial_model_options(p: argparse.ArgumentParser) -> None:
                         "memory); over it, stability and bootstrap trials read the items they "
                         "sample from the store, and dimensions refuses before reading")
     p.add_argument("--model", default="2pl", help="1pl, 2pl, 3pl, 4pl or feas")
-    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
+    p.add_argument("--prior", default=None, choices=["population", "vague", "hierarchical"],
+                   help=PRIOR_HELP)
 
 
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
     p.add_argument("--model", default=model_default,
                    help="1pl, 2pl, 3pl, 4pl, feas, beta, beta-1pl, gamma, beta3, mirt-comp, "
                         "mirt-noncomp or irt-vec")
-    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
+    p.add_argument("--prior", default=None, choices=["population", "vague", "hierarchical"],
+                   help=PRIOR_HELP)
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
@@ -656,8 +661,8 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--top-k", type=_POSITIVE, default=3, help="k of the P(top-k) column")
     p.add_argument("--ability-factor", default="auto",
                    choices=["auto", "gaussian", "quadrature"],
-                   help="quadrature: abilities integrated out (binary 1PL-4PL/feas, vague "
-                        "priors), items at their marginal mode; gaussian: mean-field; auto (default): "
+                   help="quadrature: abilities integrated out (binary 1PL-4PL/feas, "
+                        "population or vague priors), items at their marginal mode; gaussian: mean-field; auto (default): "
                         "quadrature where it applies, up to 1,000 responses per subject and "
                         "500,000 observed cells (fit.json records which)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -821,7 +826,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="directory for compare.parquet and compare.json")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--q-matrix", default=None, help="items x skills CSV for NAME:q models")
-    p.add_argument("--prior", default="vague", choices=["vague", "hierarchical", "population"])
+    p.add_argument("--prior", default=None, choices=["population", "vague", "hierarchical"],
+                   help=PRIOR_HELP)
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
                    help="auto (default): the model's own (adam for gamma, else newton); "
                         "naming the other is refused")

@@ -1,7 +1,7 @@
 """Marginal fit: abilities integrated out by adaptive quadrature, items at the marginal mode.
 
 For a model with one scalar ability per subject, binary responses and item blocks only
-(the logistic 1PL-4PL and IRT-feas under vague priors), the subjects are independent given
+(the logistic 1PL-4PL and IRT-feas under the population or vague priors), the subjects are independent given
 the items, so each ability can be integrated out exactly (up to quadrature):
 
     log p(items | y) = sum_s log int N(theta; 0, 1) prod_n p(y_sn | theta, item n) dtheta
@@ -306,11 +306,15 @@ def _item_values(spec, x, theta, y, mask, w):
 def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
     """Each item's log posterior volume ``-1/2 log det A_i`` ``(n,)``: ``A_i`` is item
     ``i``'s expected complete-data information under the node weights ``w`` ``(U, Q)``
-    (pattern counts folded in) plus its prior's, given the globals ``g``. This is the
-    Laplace term that integrating the item out adds to its mode's log density. With
+    (pattern counts folded in) plus its prior's, given the globals ``g``, in its pooled
+    blocks. This is the Laplace term that integrating the pooled values out adds to their
+    mode's log density. Blocks with a fixed prior (an asymptote's logit-uniform) stay at
+    the mode: their information vanishes at the boundary, where the volume would grow
+    without bound (a 3PL's guessing ran off to 0 and the fit never settled). With
     ``with_grad`` also the gradients of their sum in ``x`` ``(n, k)`` and in ``w``."""
     env = _env(spec, g)
     blocks = _item_blocks(spec)
+    pooled = np.array([j for j, p in enumerate(blocks) if p.prior.references()])
 
     def volumes(xx, ww):
         def one(xn, yn, mn):  # one item: xn (k,), yn / mn (U,)
@@ -319,7 +323,8 @@ def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
                 return jnp.sum(ww * ll) + sum(p.prior.log_prob(v[j], env)
                                               for j, p in enumerate(blocks))
 
-            return -0.5 * jnp.linalg.slogdet(-jax.hessian(log_post)(xn))[1]
+            info = -jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)]
+            return -0.5 * jnp.linalg.slogdet(info)[1]
 
         return jax.vmap(one, in_axes=(0, 1, 1))(xx, y, mask)
 

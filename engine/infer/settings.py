@@ -85,8 +85,8 @@ class FitSettings:
     prefetch : block groups read ahead of the devices when streaming.
     ability_factor : ``quadrature`` integrates each scalar ability out on adaptive
         quadrature and fits the items at their marginal posterior mode
-        (:mod:`engine.infer.marginal`; binary models with one scalar ability and vague
-        priors, matrices held in memory); ``gaussian`` is the mean-field variational fit;
+        (:mod:`engine.infer.marginal`; binary models with one scalar ability, population or
+        vague priors, matrices held in memory); ``gaussian`` is the mean-field variational fit;
         ``auto`` (the default) takes quadrature where it applies, subjects have at most
         ``quadrature_max_items`` observed responses (median) and the matrix has at most
         ``quadrature_max_cells`` observed cells, gaussian otherwise.

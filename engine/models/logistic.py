@@ -138,16 +138,20 @@ def _block(name, owner, family, vague_prior, transform="identity", init=0.0):
     ]
 
 
-def logistic_model(name: str, *, prior: str = "vague", signed_discrimination: bool = False) -> ModelSpec:
-    """Build a binary logistic model with vague or hierarchical priors (seed 003 4.2-4.3).
+def logistic_model(name: str, *, prior: str = "population",
+                   signed_discrimination: bool = False) -> ModelSpec:
+    """Build a binary logistic model under a prior family: ``population`` (the default),
+    or seed 003's ``vague`` and ``hierarchical`` (sections 4.2-4.3).
 
+    Population (default): ``theta ~ N(0, 1)``; the item blocks (difficulty, log
+    discrimination) pool as in hierarchical, so the scale is the ability population's
+    whatever the matrix's shape. (Under vague, the flat difficulty prior's volume stretches
+    the scale where items outnumber subjects.)
     Vague: ``theta ~ N(0, 1)``, ``b ~ N(0, 10^3)``, ``log a ~ N(0, 1)``.
     Hierarchical: each block ``~ N(mu, 1/u)`` with ``mu ~ N(0, 10^6)``, ``u ~ Gamma(1, 1)``.
-    Population: ``theta ~ N(0, 1)``; the item blocks (difficulty, log discrimination) pool
-    as in hierarchical, so the scale is the ability population's.
-    Asymptotes (guessing, feasibility) are ``U[0, 1]`` in both families (seed 002 eq. 1,
+    Asymptotes (guessing, feasibility) are ``U[0, 1]`` in every family (seed 002 eq. 1,
     seed 004 A.1). With ``signed_discrimination`` the discrimination is fitted on the real
-    line (DAD, seed 002 footnote 4) with ``a ~ N(1, 1)`` vague, started at 1.
+    line (DAD, seed 002 footnote 4) with ``a ~ N(1, 1)`` (vague and population), started at 1.
     """
     if name not in LOGISTIC_MODELS:
         raise ModelError(f"unknown model {name!r}; choose one of {sorted(LOGISTIC_MODELS)}")
@@ -160,7 +164,10 @@ def logistic_model(name: str, *, prior: str = "vague", signed_discrimination: bo
     params += _block("difficulty", "item", prior, normal(0.0, 1e3))
     if disc:
         if signed_discrimination:
-            params += _block("discrimination", "item", prior, normal(1.0, 1.0), init=1.0)
+            # Under population the signed discrimination keeps its N(1, 1): pooled, the
+            # negative items it is there to flag would be pulled towards the positive ones.
+            family = "vague" if prior == "population" else prior
+            params += _block("discrimination", "item", family, normal(1.0, 1.0), init=1.0)
         else:
             params += _block("discrimination", "item", prior, normal(0.0, 1.0), transform="exp")
     if lower:

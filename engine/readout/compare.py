@@ -34,7 +34,7 @@ from engine.atomic import atomic_write
 from engine.errors import ModelError, SettingsError
 from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
-from engine.models.registry import MODELS, get_model
+from engine.models.registry import MODELS, get_model, resolve_prior
 from engine.models.spec import ModelSpec
 from engine.readout.calibration import expected_calibration_error
 from engine.readout.posterior import draw_posterior
@@ -255,7 +255,7 @@ def _num_params(spec: ModelSpec, guide: GuideState) -> int:
 
 
 def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: float = 0.1,
-            seed: int = 0, settings: FitSettings = FitSettings(), *, prior: str = "vague",
+            seed: int = 0, settings: FitSettings = FitSettings(), *, prior: str | None = None,
             num_draws: int = 200, q_matrix: tuple[np.ndarray, Sequence[str]] | None = None,
             progress_fn=None) -> pd.DataFrame:
     """Fit each model on the same training cells and score it on the held-out ones.
@@ -266,7 +266,8 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
     models : ``"1pl,2pl,mirt-comp:2"``, a list of such tokens, or ``ModelChoice`` values.
     holdout : share of the observed cells held out, in (0, 1).
     seed : picks the held-out cells and the posterior draws (the fits use ``settings.seed``).
-    prior : ``vague`` or ``hierarchical``, for every model.
+    prior : ``population``, ``vague`` or ``hierarchical`` for every model; None (default):
+        each model's own (``engine.models.default_prior``).
     num_draws : joint posterior draws the predictive distribution averages over.
     q_matrix : ``(q, skill_names)`` for ``name:q`` tokens, rows in the data's item order.
     progress_fn : called as ``progress_fn(label, row)`` after each model.
@@ -296,8 +297,9 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
         choices = parse_models(models, q_matrix=q_matrix)
     y, _, _, info = load_responses(data)
     kind = info["kind"]
+    priors = {c.label: resolve_prior(c.name, prior) for c in choices}
     for c in choices:  # every model reads this kind and fits this shape, before any fit
-        resolve_model(c.name, {"prior": prior, **c.options}, None, kind, y.shape)
+        resolve_model(c.name, {"prior": priors[c.label], **c.options}, None, kind, y.shape)
     train, s_idx, i_idx = split_holdout(y, holdout, seed)
     binary = kind == "binary"
     # Items every training response answers alike are fitted as unobserved by every model
@@ -314,7 +316,8 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
     rows = []
     for k, c in enumerate(choices):
         t0 = time.perf_counter()
-        res = fit(train, model=c.name, settings=settings, prior=prior, model_options=c.options)
+        res = fit(train, model=c.name, settings=settings, prior=priors[c.label],
+                  model_options=c.options)
         wall = time.perf_counter() - t0
         log_pred, p1 = predictive(res.spec, res.guide, s_idx, i_idx, y_out, num_subjects=y.shape[0],
                                   num_items=y.shape[1], num_draws=num_draws,
@@ -331,7 +334,8 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
     table = table.sort_values("heldout_loglik", ascending=False, kind="stable").reset_index(drop=True)
     table.attrs["settings"] = {
         "models": [c.label for c in choices], "model_options": {c.label: c.options for c in choices},
-        "holdout": holdout, "seed": seed, "prior": prior, "num_draws": num_draws, "kind": kind,
+        "holdout": holdout, "seed": seed, "prior": prior, "priors": priors, "num_draws": num_draws,
+        "kind": kind,
         "shape": list(y.shape), "store": info.get("store"), "checksum": info.get("checksum"),
         "fit_settings": replace(settings, progress=False).to_dict()}
     return table

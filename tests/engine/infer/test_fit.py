@@ -85,7 +85,7 @@ RECOVERY = [
 
 
 @pytest.mark.parametrize("name,options,size,minimum", RECOVERY,
-                         ids=[f"{n}-{'-'.join(o.keys()) or 'vague'}" for n, o, _, _ in RECOVERY])
+                         ids=[f"{n}-{'-'.join(o.keys()) or 'default'}" for n, o, _, _ in RECOVERY])
 def test_seeded_recovery(name, options, size, minimum):
     y, truth = _simulate(name, *size, seed=2)
     res = fit_source(get_model(name, **options), InMemorySource(y), FitSettings(seed=0))

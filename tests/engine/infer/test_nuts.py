@@ -79,7 +79,7 @@ def test_one_item_1pl_matches_quadrature():
     y = np.zeros((30, 1), np.int8)
     y[:21, 0] = 1
     eb, sdb, right, wrong = _one_item_posterior(21, 30)
-    res = nuts_fit_result(get_model("1pl"), y, FAST)
+    res = nuts_fit_result(get_model("1pl", prior="vague"), y, FAST)
     b = res.draws["difficulty"].reshape(-1)
     theta = res.draws["ability"].reshape(-1, 30)
     assert abs(b.mean() - eb) < 0.1 * sdb and abs(b.std() / sdb - 1) < 0.1
@@ -162,7 +162,9 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path):
     info = json.loads((out / "fit.json").read_text())
     assert info["method"] == "nuts" and info["num_chains"] == 2 and info["num_samples"] == 300
     assert info["converged"] == (info["rhat_max"] <= 1.01)
-    assert set(info["blocks"]) == {"ability", "difficulty"}
+    # the 1PL's default population priors: the difficulties pool through mu and u
+    assert info["model_options"]["prior"] == "population"
+    assert set(info["blocks"]) == {"ability", "difficulty", "mu_difficulty", "u_difficulty"}
     subjects = pd.read_parquet(out / "subjects.parquet")
     assert {"ability_mean", "ability_sd", "rank_mean", "p_top1"} <= set(subjects.columns)
     assert np.corrcoef(subjects["ability_mean"], theta)[0, 1] > 0.6

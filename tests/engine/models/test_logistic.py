@@ -178,7 +178,7 @@ def test_symmetries_leave_loglik_unchanged(name, options):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_model_params_and_transforms(name):
-    spec = get_model(name)
+    spec = get_model(name, prior="vague")
     has = {"discrimination": name != "1pl", "guessing": name in ("3pl", "4pl"),
            "feasibility": name in ("4pl", "feas")}
     expected = ["ability", "difficulty"] + [k for k, v in has.items() if v]
@@ -262,7 +262,7 @@ def test_symmetries_carry_the_pooled_hyper_parameters():
     for t in (-0.3, 0.2, 0.7):
         assert pooled(t) == pytest.approx(pooled(0.0), rel=1e-5)
     # without pooling nothing is added
-    vague = get_model("2pl")
+    vague = get_model("2pl", prior="vague")
     assert all(s.with_hypers(vague.params) == s for s in vague.symmetries)
 
 

@@ -111,14 +111,34 @@ def test_hierarchical_priors_reference_globals_by_name(name):
 
 @pytest.mark.parametrize("name", ["1pl", "2pl", "3pl", "4pl", "feas"])
 def test_vague_priors(name):
-    spec = get_model(name)
+    spec = get_model(name, prior="vague")
     assert not spec.by_owner("global")
     assert spec.param("ability").prior == normal(0.0, 1.0)
     assert spec.param("difficulty").prior == normal(0.0, 1e3)
     if name != "1pl":
         assert spec.param("discrimination").prior == normal(0.0, 1.0)  # on log a
-        assert get_model(name, signed_discrimination=True).param("discrimination").prior \
-            == normal(1.0, 1.0)
+        for family in ("vague", "population"):  # population: the signed a is not pooled
+            assert get_model(name, prior=family, signed_discrimination=True).param(
+                "discrimination").prior == normal(1.0, 1.0)
     for n in ("guessing", "feasibility"):
         if n in spec.names:
             assert spec.param(n).prior == logit_uniform()
+
+
+def test_each_model_names_its_default_prior():
+    """The 1PL and 2PL default to the population priors (their scale is the abilities'
+    N(0, 1) whatever the matrix's shape); the others, asymptote models included, to seed
+    003's vague ones.
+    A model built without a prior is the one built with its default."""
+    from engine.errors import ModelError
+    from engine.models import MODELS
+    from engine.models.registry import default_prior, resolve_prior
+
+    for name in MODELS:
+        want = "population" if name in ("1pl", "2pl") else "vague"
+        assert default_prior(name) == want
+        assert resolve_prior(name, None) == want and resolve_prior(name, "hierarchical") == "hierarchical"
+        options = {"dims": 2} if name in ("mirt-comp", "mirt-noncomp", "irt-vec") else {}
+        assert get_model(name, **options) == get_model(name, prior=want, **options)
+    with pytest.raises(ModelError, match="unknown model 'rasch'"):
+        default_prior("rasch")
