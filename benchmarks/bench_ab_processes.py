@@ -7,6 +7,8 @@ with its own warm compilation cache, and compare the medians: both see the same 
     python benchmarks/bench_ab_processes.py --base /tmp/base [--head .] [--data lsat7,nlu]
         [--rounds 5] [--work /tmp/ab]
 
+``--data`` names lsat7, nlu or a simulated shape of ``bench_core.py`` (squad, big, square, wide).
+
 ``--base`` is a checkout of the earlier commit (``git worktree add /tmp/base REV``); both
 versions run with the repository's ``.venv`` and ``PYTHONPATH`` set to their tree.
 """
@@ -39,10 +41,10 @@ def _stores(work: Path, names: list[str]) -> None:
             continue
         if name == "lsat7":
             source = LSAT7
-        else:
-            from bench_core import NLU_PARQUET, load_nlu
+        else:  # nlu, or one of bench_core's simulated shapes (squad: 161 x 11,873 ...)
+            from bench_core import NLU_PARQUET, load_dataset
 
-            y = load_nlu(NLU_PARQUET)
+            y = load_dataset(name, quick=False, nlu_path=NLU_PARQUET)["responses"]
             s, i = np.nonzero(y >= 0)
             source = work / f"{name}.parquet"
             pd.DataFrame({"subject": s.astype(np.int32), "item": i.astype(np.int32),

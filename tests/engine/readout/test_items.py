@@ -118,7 +118,7 @@ def test_reversal_statistic_is_calibrated_for_items_unrelated_to_ability():
     p = 1 / (1 + np.exp(-0.5 * (ability[:, None] - rng.normal(size=500))))  # a = 0.5, weak items
     working = (rng.random(p.shape) < p).astype(np.int8)
     y = np.concatenate([null, working], axis=1)
-    flags = item_flags(get_model("1pl"), _guide(ability, y.shape[1]), y)
+    flags = item_flags(get_model("1pl", prior="vague"), _guide(ability, y.shape[1]), y)
     share_null = flags["flagged"].to_numpy()[:2000].mean()
     print("flagged share: null items", share_null, "working items", flags["flagged"][2000:].mean())
     assert 0.035 < share_null < 0.065  # binomial sd of the share: 0.005
@@ -133,7 +133,7 @@ def test_small_items_get_the_exact_permutation_p_value():
     ability = np.array([-1.6, -0.9, -0.5, -0.1, 0.2, 0.4, 1.0, 1.7, 2.5])
     y = np.array([[1, 1, 0, 1], [1, 0, 0, 1], [0, 1, 1, 1], [1, 0, 0, 0], [0, 1, 1, 0],
                   [0, 0, 1, 1], [0, 1, 1, 0], [0, 0, 1, 0], [0, 0, 0, 1]], np.int8)
-    flags = item_flags(get_model("1pl"), _guide(ability, 4), y, num_draws=4000, seed=3)
+    flags = item_flags(get_model("1pl", prior="vague"), _guide(ability, 4), y, num_draws=4000, seed=3)
     theta = ability - ability.mean()
     for j in range(4):
         k = int(y[:, j].sum())

@@ -20,7 +20,7 @@ def guide():
 
 
 def test_summaries_match_scipy_quantiles(guide):
-    spec = get_model("2pl")
+    spec = get_model("2pl", prior="vague")
     items = summarize(spec, guide, "item")
     sd = np.exp(guide.log_scale["discrimination"])
     loc = guide.loc["discrimination"]
@@ -36,7 +36,7 @@ def test_summaries_match_scipy_quantiles(guide):
 
 
 def test_draws_follow_the_guide(guide):
-    spec = get_model("2pl")
+    spec = get_model("2pl", prior="vague")
     d = draw_posterior(spec, guide, 20000, rng_key=jax.random.PRNGKey(0))
     assert d["ability"].shape == (20000, 5)
     np.testing.assert_allclose(d["ability"].mean(0), guide.loc["ability"], atol=0.02)
@@ -50,7 +50,7 @@ def test_within_item_marginal_sds_invert_each_items_precision():
     mean-field sds; uncoupled owners and blocks are untouched."""
     from engine.readout.posterior import within_owner_scales
 
-    spec = get_model("2pl")
+    spec = get_model("2pl", prior="vague")
     rng = np.random.default_rng(0)
     n = 6
     log_scale = {"ability": np.zeros(3, np.float32),
