@@ -216,10 +216,14 @@ def prior_terms(spec: ModelSpec, z: dict, log_density=None) -> Terms:
     f = log_density or (lambda zz: log_prior(spec, zz))
     value, grad = jax.value_and_grad(f)(z)
     g_fn = jax.grad(f)
-    hess = {}
-    for p in spec.params:
-        tangent = {n: (jnp.ones_like(v) if n == p.name else jnp.zeros_like(v)) for n, v in z.items()}
-        hess[p.name] = jax.jvp(g_fn, (z,), (tangent,))[1][p.name]
+    # One forward-over-reverse product per block, all under one vmap over the blocks'
+    # unit tangents: traced once (with a pooled prior's hyper-parameters, seven traces of
+    # it were a third of a mean-field update's tracing).
+    names = [p.name for p in spec.params]
+    tangents = {n: jnp.stack([jnp.full_like(v, 1.0 if n == m else 0.0) for m in names])
+                for n, v in z.items()}
+    products = jax.vmap(lambda t: jax.jvp(g_fn, (z,), (t,))[1])(tangents)
+    hess = {n: products[n][k] for k, n in enumerate(names)}
     return Terms(value, grad, hess)
 
 
