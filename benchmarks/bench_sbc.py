@@ -2,8 +2,8 @@
 
 For each replicate: draw every parameter from the vague priors (theta ~ N(0, 1),
 b ~ N(0, 10^3), log a ~ N(0, 1); fitted with ``prior="vague"``: SBC needs a prior that can
-be drawn from, and the population priors' N(0, 10^6) item location cannot), simulate a response matrix, fit it at
-default settings, and record the rank of the true value among ``L`` posterior draws, for
+be drawn from, and the population priors' N(0, 10^6) item location cannot), simulate a
+response matrix, fit it at default settings, and record the rank of the true value among ``L`` posterior draws, for
 one subject's ability and one item's difficulty (and log-discrimination). Under a
 calibrated posterior the ranks are uniform on 0..L; a chi-square statistic over ``B``
 equal bins (df = B - 1) tests it, and the histograms are plotted.

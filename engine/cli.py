@@ -61,9 +61,6 @@ def _real(low: float, high: float, *, closed_low: bool = False, closed_high: boo
 
 _POSITIVE, _NONNEGATIVE = _count(1), _count(0)
 _TOL = _real(0.0, float("inf"))
-PRIOR_HELP = ("default: the model's own, population for 1pl and 2pl (abilities N(0, 1) set "
-              "the scale; items pooled), vague for the others; vague and hierarchical are "
-              "seed 003's")
 _SHARE = _real(0.0, 1.0)
 _PROBABILITY = _real(0.0, 1.0, closed_low=True, closed_high=True)
 
@@ -626,6 +623,14 @@ def _trial_fit_settings(args):
     return FitSettings(seed=args.seed, memory_budget=parse_bytes(budget) if budget else None)
 
 
+def _prior_option(p: argparse.ArgumentParser) -> None:
+    """``--prior``, the same for every command that fits (None: the model's own)."""
+    p.add_argument("--prior", default=None, choices=["population", "vague", "hierarchical"],
+                   help="default: the model's own, population for 1pl and 2pl (abilities "
+                        "N(0, 1) set the scale; items pooled), vague for the others; vague "
+                        "and hierarchical are seed 003's")
+
+
 def _trial_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("store", help="response store: a path or an s3://, gs://, file:// URL")
     p.add_argument("--out", required=True, help="directory for the results (resumes if "
@@ -635,16 +640,14 @@ def _trial_model_options(p: argparse.ArgumentParser) -> None:
                         "memory); over it, stability and bootstrap trials read the items they "
                         "sample from the store, and dimensions refuses before reading")
     p.add_argument("--model", default="2pl", help="1pl, 2pl, 3pl, 4pl or feas")
-    p.add_argument("--prior", default=None, choices=["population", "vague", "hierarchical"],
-                   help=PRIOR_HELP)
+    _prior_option(p)
 
 
 def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None:
     p.add_argument("--model", default=model_default,
                    help="1pl, 2pl, 3pl, 4pl, feas, beta, beta-1pl, gamma, beta3, mirt-comp, "
                         "mirt-noncomp or irt-vec")
-    p.add_argument("--prior", default=None, choices=["population", "vague", "hierarchical"],
-                   help=PRIOR_HELP)
+    _prior_option(p)
     p.add_argument("--signed-discrimination", action="store_true",
                    help="allow negative discrimination (flags annotation errors)")
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
@@ -662,9 +665,10 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--ability-factor", default="auto",
                    choices=["auto", "gaussian", "quadrature"],
                    help="quadrature: abilities integrated out (binary 1PL-4PL/feas, "
-                        "population or vague priors), items at their marginal mode; gaussian: mean-field; auto (default): "
-                        "quadrature where it applies, up to 1,000 responses per subject and "
-                        "500,000 observed cells (fit.json records which)")
+                        "population or vague priors), items at their marginal mode; "
+                        "gaussian: mean-field; auto (default): quadrature where it applies, "
+                        "up to 1,000 responses per subject and 500,000 observed cells "
+                        "(fit.json records which)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dims", type=_POSITIVE, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
     p.add_argument("--inflation-owner", default=None, choices=["both", "subject", "item"],
@@ -826,8 +830,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="directory for compare.parquet and compare.json")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--q-matrix", default=None, help="items x skills CSV for NAME:q models")
-    p.add_argument("--prior", default=None, choices=["population", "vague", "hierarchical"],
-                   help=PRIOR_HELP)
+    _prior_option(p)
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
                    help="auto (default): the model's own (adam for gamma, else newton); "
                         "naming the other is refused")

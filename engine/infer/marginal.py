@@ -1,8 +1,9 @@
 """Marginal fit: abilities integrated out by adaptive quadrature, items at the marginal mode.
 
 For a model with one scalar ability per subject, binary responses and item blocks only
-(the logistic 1PL-4PL and IRT-feas under the population or vague priors), the subjects are independent given
-the items, so each ability can be integrated out exactly (up to quadrature):
+(the logistic 1PL-4PL and IRT-feas under the population or vague priors), the subjects are
+independent given the items, so each ability can be integrated out exactly (up to
+quadrature):
 
     log p(items | y) = sum_s log int N(theta; 0, 1) prod_n p(y_sn | theta, item n) dtheta
                        + sum_n log p(item n) + const.
