@@ -1,10 +1,21 @@
 """Session-wide test settings."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
-# The CLI keeps compiled programs in ~/.cache between runs; tests call it in-process, where
-# that would switch the cache on for every later test. Tests that want it set it themselves.
-os.environ.setdefault("IRT_ENGINE_COMPILATION_CACHE", "0")
+# One persistent compilation cache for the whole session, in a temporary folder removed at
+# its end: every test, xdist worker and process a test starts (CLI, kill -9, Ray workers)
+# inherits it, so a program compiled once (the same model at the same bucketed shape) is
+# loaded by the next test instead of compiled again. Never ~/.cache: the CLI's default folder
+# stays untouched. Tests of the cache itself give their processes folders of their own.
+_SESSION_CACHE = "IRT_ENGINE_TEST_SESSION_CACHE"
+if _SESSION_CACHE not in os.environ:  # the first process of the session (xdist's controller)
+    os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="irt-engine-test-jax-")
+    atexit.register(shutil.rmtree, os.environ[_SESSION_CACHE], True)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_SESSION_CACHE]
+os.environ["IRT_ENGINE_COMPILATION_CACHE"] = "1"
 
 # gcsfs reads this once, when it is first imported (by whichever test comes first): its
 # experimental bucket-type probe waits on a GCS emulator's gRPC port without end, and the

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.compile_cache import count_compiles, use_compilation_cache
+from engine.exported import exported_jit
 from engine.data.blocks import Block, BlockSource, InMemorySource
 from engine.infer.checkpoint import Checkpointer, FitProgress
 from engine.infer.elbo import add_terms, make_block_terms, make_observation_terms
@@ -112,7 +113,7 @@ def _group_loader(source: BlockSource, num_devices: int):
     return load
 
 
-_add_terms = jax.jit(add_terms)  # one compiled sum, not an eager op per leaf and shape
+_add_terms = exported_jit(add_terms)  # one compiled sum, not an eager op per leaf and shape
 _stack_draws = jax.jit(stack_draws)  # likewise for the draws axis of the update's inputs
 
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from engine.exported import register_structures
 from engine.models.spec import ModelSpec
 
 __all__ = ["GuideState", "FitState", "StepInfo", "init_guide", "reparameterise", "sample",
@@ -38,6 +39,8 @@ class StepInfo(NamedTuple):
     max_step: jax.Array  # largest |change of loc| / posterior sd
     finite: jax.Array  # all terms finite
 
+
+register_structures(GuideState, FitState, StepInfo)  # exported programs take and return them
 
 def init_guide(spec: ModelSpec, num_subjects: int, num_items: int, init_scale: float = 0.1) -> GuideState:
     """Locations at each block's ``init``, scales at ``init_scale`` (host float32 arrays)."""

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from engine.errors import ModelError, SettingsError
+from engine.exported import exported_jit
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
 from engine.rows import identical_rows
@@ -269,7 +269,7 @@ def _cell_loglik(spec: ModelSpec, x, theta, y, mask):
     return spec.loglik(params, y[:, None, :], mask[:, None, :]) * mask[:, None, :]
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _ability_log_prior(spec, theta):
     """The ability prior's log density at nodes ``theta``: one compiled program, where the
     density's operations run one by one (each its own small program) outside jit."""
@@ -277,13 +277,13 @@ def _ability_log_prior(spec, theta):
     return subject.prior.log_prob(theta, {})
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _node_loglik(spec, x, theta, y, mask):
     """``(U, Q)``: each pattern's log-likelihood at each of its nodes."""
     return jnp.sum(_cell_loglik(spec, x, theta, y, mask), axis=-1)
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _item_terms(spec, x, theta, y, mask, w):
     """Expected complete-data log-likelihood of each item under node weights ``w`` ``(U, Q)``
     (pattern counts folded in) with its gradient ``(n, k)`` and Hessian ``(n, k, k)``."""
@@ -297,13 +297,13 @@ def _item_terms(spec, x, theta, y, mask, w):
     return value, grad, hess
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _item_values(spec, x, theta, y, mask, w):
     """``(n,)``: the expected complete-data log-likelihood of each item (no derivatives)."""
     return jnp.einsum("uq,uqn->n", w, _cell_loglik(spec, x, theta, y, mask))
 
 
-@partial(jax.jit, static_argnames=("spec", "with_grad"))
+@exported_jit(static_argnames=("spec", "with_grad"))
 def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
     """Each item's log posterior volume ``-1/2 log det A_i`` ``(n,)``: ``A_i`` is item
     ``i``'s expected complete-data information under the node weights ``w`` ``(U, Q)``
@@ -335,7 +335,7 @@ def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
     return (vol, *pullback(jnp.ones_like(vol)))
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _weighted_scores(spec, x, theta, y, mask, c):
     """``(n, k)``: the gradient in the items of ``sum c * (cell log-likelihood)`` for node
     weights ``c`` ``(U, Q)``."""
@@ -380,7 +380,7 @@ def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad:
     return vol, grad
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _cell_scores(spec, x, theta, y, mask):
     """``(U, Q, n, k)``: each cell's score with respect to its item's values."""
     def cell(xn, t, yn, mn):
@@ -397,7 +397,7 @@ def _env(spec: ModelSpec, g) -> dict:
     return {p.name: p.constrain(g[i]) for i, p in enumerate(spec.by_owner("global"))}
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _item_prior_terms(spec, x, g):
     blocks = _item_blocks(spec)
     env = _env(spec, g)
@@ -435,19 +435,19 @@ def _expected_log_prior(spec, x, v, g):
     return total
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _prior_value(spec, x, g):
     return _log_prior(spec, x, g)
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _hyper_terms(spec, x, v, g):
     """:func:`_expected_log_prior` with its gradient ``(h,)`` and Hessian ``(h, h)`` in ``g``."""
     value, grad = jax.value_and_grad(_expected_log_prior, 3)(spec, x, v, g)
     return value, grad, jax.hessian(_expected_log_prior, 3)(spec, x, v, g)
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _prior_cross(spec, x, g):
     """The log prior's mixed derivatives ``d^2 / dx dg`` ``(n, k, h)``."""
     return jax.jacfwd(jax.grad(_log_prior, 1), 2)(spec, x, g)
@@ -713,7 +713,7 @@ def _marginal_newton(info: np.ndarray, grad: np.ndarray, max_step: float) -> np.
     return step * min(1.0, max_step / max(size, 1e-12))
 
 
-@partial(jax.jit, static_argnames=("spec",))
+@exported_jit(static_argnames=("spec",))
 def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
     """For item draws ``xs`` ``(D, n, k)`` with their globals ``gs`` ``(D, h)``: the log prior
     of each draw ``(D,)``, and each pattern's log marginal likelihood and ability posterior

@@ -17,6 +17,7 @@ import numpy as np
 from engine.data.blocks import Block
 
 from engine.errors import SettingsError
+from engine.exported import exported_jit
 
 __all__ = ["make_parallel_terms", "stack_blocks", "num_local_devices"]
 
@@ -35,7 +36,7 @@ def make_parallel_terms(block_terms: Callable, num_devices: int) -> Callable:
     """``terms(z, stacked_block) -> Terms`` summed over a group of ``num_devices`` blocks."""
 
     if num_devices == 1:  # the group's one block, taken inside the compiled program
-        @jax.jit
+        @exported_jit
         def one(z, subject_idx, item_idx, y):
             return block_terms(z, subject_idx[0], item_idx[0], y[0])
 

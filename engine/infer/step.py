@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from engine.infer.elbo import Terms, entropy, log_prior, prior_terms
 from engine.infer.guide import FitState, GuideState, StepInfo, reparameterise, sample
 from engine.infer.settings import FitSettings
+from engine.exported import exported_jit
 from engine.models.spec import ModelSpec
 
 if TYPE_CHECKING:  # imported where Adam is built: Newton fits do not load it
@@ -26,7 +27,7 @@ __all__ = ["make_update", "make_optimizer", "init_opt_state", "draw", "draw_many
            "stack_draws"]
 
 
-@jax.jit
+@exported_jit
 def draw(state: FitState, sizes: dict | None = None) -> tuple[FitState, dict, dict]:
     """Advance the state's key and take one reparameterised draw from the guide.
 
@@ -313,4 +314,4 @@ def make_update(spec: ModelSpec, settings: FitSettings, frozen: frozenset = froz
         new = _keep_padded(GuideState(*new), guide, valid)
         return FitState(new, opt_state, state.step + 1, state.rng_key), info
 
-    return jax.jit(newton if optimizer is None else adam)
+    return exported_jit(newton if optimizer is None else adam)

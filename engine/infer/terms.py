@@ -11,6 +11,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from engine.exported import register_structures
 from engine.models.spec import ModelSpec
 
 __all__ = ["Terms", "add_terms", "scale_terms", "cross_pairs", "terms_shapes"]
@@ -27,6 +28,9 @@ class Terms(NamedTuple):
     grad: dict
     hess: dict
     cross: dict = {}
+
+
+register_structures(Terms)  # exported programs take and return them
 
 
 def add_terms(a: Terms, b: Terms) -> Terms:

@@ -1,0 +1,220 @@
+"""Jitted functions whose tracing is kept between processes: ``jax.export`` on disk.
+
+The persistent compilation cache (:mod:`engine.compile_cache`) keeps XLA's compiled code, but
+a new process still traces every program to a jaxpr and lowers it to StableHLO before it can
+look the code up: on LSAT7 (1,000 x 5) that was 1.5 of a warm fit's 1.7 s of compile work,
+most of it the quadrature fit's nested derivatives. A function decorated with
+:func:`exported_jit` is exported once per model, shapes and static arguments
+(``jax.export``: its lowered StableHLO, serialized), and a later process deserializes it
+instead of tracing it; the compiled code then comes from the compilation cache as before.
+
+It is the compilation cache's folder (``traces/`` inside it) and switch:
+``IRT_ENGINE_COMPILATION_CACHE=0`` turns both off, and then a decorated function is plain
+``jax.jit``. An entry's key covers everything its program depends on: the function, every
+source file of the ``engine`` package, the JAX and jaxlib versions, the backend, the
+``x64`` flag, the arguments' shapes, dtypes and structure, and the static arguments' values.
+A static argument whose value cannot be written down completely (a model with a function
+from outside ``engine``, whose code the key cannot cover) is not cached: that call is plain
+``jax.jit``. Each entry carries a SHA-256 of its bytes; one that does not match, or does not
+deserialize, is exported again, never run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import inspect
+import os
+import threading
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+
+from engine.compile_cache import compilation_cache_dir, compilation_cache_enabled
+
+__all__ = ["exported_jit", "fingerprint", "Unkeyable", "source_digest", "register_structures"]
+
+_MAGIC = b"irt-engine exported program 1\n"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+class Unkeyable(Exception):
+    """A value whose every effect on a program cannot be written into a cache key."""
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """SHA-256 over the ``engine`` package's Python sources and the JAX versions."""
+    import jaxlib
+
+    h = hashlib.sha256(f"jax {jax.__version__} jaxlib {jaxlib.__version__}\n".encode())
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        h.update(str(path.relative_to(_PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def fingerprint(value) -> str:
+    """A text that determines ``value`` as a static argument: its type and contents, and for a
+    function of the ``engine`` package its name and closure (its code is in
+    :func:`source_digest`). Raises :class:`Unkeyable` for anything else."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return f"{type(value).__name__}:{value!r}"
+    if isinstance(value, enum.Enum):
+        return f"enum:{type(value).__qualname__}.{value.name}"
+    if isinstance(value, (tuple, list, frozenset, set)):
+        items = [fingerprint(v) for v in value]
+        if isinstance(value, (frozenset, set)):
+            items.sort()
+        return f"{_qualified(type(value))}({','.join(items)})"
+    if isinstance(value, dict):
+        items = sorted(f"{fingerprint(k)}={fingerprint(v)}" for k, v in value.items())
+        return f"dict({','.join(items)})"
+    if isinstance(value, (np.ndarray, np.generic)):
+        a = np.ascontiguousarray(value)
+        return f"ndarray({a.dtype.str},{a.shape},{hashlib.sha256(a.tobytes()).hexdigest()})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [f"{f.name}={fingerprint(getattr(value, f.name))}"
+                  for f in dataclasses.fields(value)]
+        return f"{_qualified(type(value))}({','.join(fields)})"
+    if isinstance(value, functools.partial):
+        return (f"partial({fingerprint(value.func)},{fingerprint(value.args)},"
+                f"{fingerprint(value.keywords)})")
+    if inspect.ismethod(value):
+        return f"method({fingerprint(value.__self__)}.{value.__func__.__qualname__})"
+    if inspect.isfunction(value) or inspect.isbuiltin(value) or isinstance(value, np.ufunc):
+        name = _qualified(value)
+        if inspect.isfunction(value):
+            if not name.startswith("engine."):
+                raise Unkeyable(f"function {name} is not part of the engine package")
+            cells = [fingerprint(c.cell_contents) for c in (value.__closure__ or ())]
+            defaults = fingerprint(value.__defaults__)
+            kwdefaults = fingerprint(value.__kwdefaults__)
+            return f"function({name},{','.join(cells)},{defaults},{kwdefaults})"
+        return f"builtin({name})"
+    raise Unkeyable(f"a {type(value).__name__}")
+
+
+def register_structures(*types: type) -> None:
+    """Let the named tuples ``types`` be arguments and results of exported programs (their
+    pytree structure is written into the entry under the type's qualified name)."""
+    for t in types:
+        try:
+            jax.export.register_namedtuple_serialization(t, serialized_name=_qualified(t))
+        except ValueError:  # registered already (the module was imported again)
+            pass
+
+
+def _qualified(obj) -> str:
+    return f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _folder() -> Path:
+    return Path(compilation_cache_dir()) / "traces"
+
+
+def _read(path: Path):
+    """The deserialized program at ``path``, or None where it is absent or damaged."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    head = len(_MAGIC)
+    if not data.startswith(_MAGIC) or len(data) < head + 32:
+        return None
+    digest, payload = data[head:head + 32], data[head + 32:]
+    if hashlib.sha256(payload).digest() != digest:
+        return None
+    try:
+        return jax.export.deserialize(bytearray(payload))
+    except Exception:
+        return None
+
+
+def _write(path: Path, exp) -> None:
+    """Write atomically (a private temporary name, then rename); a cache that cannot be
+    written is skipped, not an error of the fit."""
+    payload = bytes(exp.serialize())
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb") as f:
+            f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
+class _ExportedJit:
+    """``jax.jit(fn, static_argnames=...)`` whose traced programs are kept on disk."""
+
+    def __init__(self, fn: Callable, static_argnames: tuple[str, ...]):
+        self.fn = fn
+        self.static_argnames = static_argnames
+        self.jitted = jax.jit(fn, static_argnames=static_argnames)
+        parameters = inspect.signature(fn).parameters.values()
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+            raise TypeError(f"exported_jit({fn.__qualname__}): *args and **kwargs are not "
+                            "supported; name the arguments")
+        self.names = [p.name for p in parameters]
+        self.dynamic_names = [n for n in self.names if n not in static_argnames]
+        self.defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+        self.programs: dict = {}  # in-process: (static values, argument types) -> callable
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        if not compilation_cache_enabled():
+            return self.jitted(*args, **kwargs)
+        values = {**self.defaults, **dict(zip(self.names, args)), **kwargs}
+        static = tuple(values[k] for k in self.static_argnames)
+        dynamic = [values[k] for k in self.dynamic_names]
+        leaves, tree = jax.tree.flatten(dynamic)
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+            return self.jitted(*args, **kwargs)  # inside another trace: nothing to keep
+        types = tuple(jax.typeof(leaf) for leaf in leaves)
+        memo = (static, tree, types)
+        program = self.programs.get(memo)
+        if program is None:
+            program = self.programs[memo] = self._program(static, dynamic, tree, types)
+        return program(*dynamic)
+
+    def _program(self, static: tuple, dynamic: list, tree, types) -> Callable:
+        """The callable for these static values and argument types: the exported program,
+        read from disk or exported there now; plain ``jax.jit`` where no key can be made."""
+        named = dict(zip(self.static_argnames, static))
+
+        def bound(*dyn):
+            return self.fn(**named, **dict(zip(self.dynamic_names, dyn)))
+
+        try:
+            key = hashlib.sha256("\n".join([
+                fingerprint(self.fn), source_digest(), jax.default_backend(),
+                f"x64={jax.config.jax_enable_x64}", str(tree), repr(types),
+                fingerprint(sorted(named.items()))]).encode()).hexdigest()
+        except Unkeyable:
+            return jax.jit(bound)
+        path = _folder() / f"{self.fn.__name__.lstrip('_')}-{key[:40]}.exported"
+        exp = _read(path)
+        if exp is None:
+            specs = [jax.ShapeDtypeStruct(t.shape, t.dtype, weak_type=t.weak_type) for t in types]
+            try:
+                exp = jax.export.export(jax.jit(bound))(*jax.tree.unflatten(tree, specs))
+                _write(path, exp)
+            except Exception:  # not exportable (a structure without serialization, or an
+                return jax.jit(bound)  # error the plain call reports itself)
+        return jax.jit(exp.call)
+
+
+def exported_jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] = ()):
+    """Decorator: ``jax.jit`` with ``static_argnames`` whose traced and lowered programs are
+    kept between processes (module docstring). Static arguments are passed by name or
+    position as with ``jax.jit``; the others are arrays (or pytrees of them)."""
+    if fn is None:
+        return functools.partial(exported_jit, static_argnames=tuple(static_argnames))
+    return _ExportedJit(fn, tuple(static_argnames))

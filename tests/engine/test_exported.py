@@ -1,0 +1,135 @@
+"""Traced programs kept between processes (``engine.exported``): a new process loads them
+instead of tracing, gives the same numbers to the bit, refuses a damaged entry, and never
+keeps a program whose key cannot cover everything it depends on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from engine.exported import Unkeyable, fingerprint
+from engine.models import get_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _simulate(S: int, N: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    theta, b = rng.normal(size=S), rng.normal(size=N)
+    a = np.exp(0.3 * rng.normal(size=N))
+    return (rng.random((S, N)) < 1 / (1 + np.exp(-a * (theta[:, None] - b)))).astype(np.int8)
+
+
+def test_fingerprint_separates_models_and_options():
+    two = get_model("2pl")
+    assert fingerprint(two) == fingerprint(get_model("2pl"))
+    assert fingerprint(two) != fingerprint(get_model("2pl", prior="vague"))
+    assert fingerprint(two) != fingerprint(get_model("1pl"))
+    assert fingerprint(get_model("3pl")) != fingerprint(get_model("4pl"))
+    assert fingerprint((1, 2.0)) != fingerprint((1.0, 2.0)) != fingerprint([1, 2.0])
+    assert fingerprint(np.arange(3)) != fingerprint(np.arange(3.0))
+
+
+def test_fingerprint_is_the_same_in_another_process():
+    code = "from engine.exported import fingerprint; from engine.models import get_model; " \
+           "print(fingerprint(get_model('2pl')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": "7"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == fingerprint(get_model("2pl"))
+
+
+def test_code_from_outside_the_package_cannot_be_keyed():
+    spec = get_model("2pl")
+    custom = replace(spec, loglik=lambda params, y, mask: y * 0.0, linear=None)
+    with pytest.raises(Unkeyable, match="not part of the engine package"):
+        fingerprint(custom)
+    with pytest.raises(Unkeyable):
+        fingerprint(object())
+
+
+def _node_inputs(n: int = 6, U: int = 16, Q: int = 5):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(n, 2)), jnp.float32)
+    theta = jnp.asarray(rng.normal(size=(U, Q)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 2, (U, n)), jnp.float32)
+    return x, theta, y, jnp.ones((U, n), jnp.float32)
+
+
+def test_a_program_is_kept_once_and_matches_plain_jit(tmp_path, monkeypatch):
+    from engine.infer.marginal import _node_loglik
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE", "1")
+    spec = get_model("2pl", prior="vague")
+    args = _node_inputs()
+    kept = np.asarray(_node_loglik(spec, *args))
+    entries = sorted((tmp_path / "traces").iterdir())
+    assert len(entries) == 1 and entries[0].name.startswith("node_loglik-")
+    np.asarray(_node_loglik(spec, *args))  # the same key: nothing new
+    assert sorted((tmp_path / "traces").iterdir()) == entries
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE", "0")
+    plain = np.asarray(_node_loglik(spec, *args))
+    np.testing.assert_array_equal(kept, plain)
+    # a model with code from outside the package runs as plain jit and keeps nothing
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE", "1")
+    custom = replace(spec, loglik=lambda params, y, mask: spec.loglik(params, y, mask) * 2.0,
+                     linear=None, name="custom")
+    np.testing.assert_allclose(np.asarray(_node_loglik(custom, *args)), 2 * plain, rtol=1e-6)
+    assert sorted((tmp_path / "traces").iterdir()) == entries
+
+
+_CHILD = """
+import json, sys
+import numpy as np
+import engine
+y = np.load(sys.argv[1])
+res = engine.fit(y, model="2pl")
+print(json.dumps({"compile": res.extra["compile"], "source": res.extra["source"],
+                  "loc": {k: np.asarray(v).tolist() for k, v in res.guide.loc.items()},
+                  "log_scale": {k: np.asarray(v).tolist() for k, v in res.guide.log_scale.items()}}))
+"""
+
+
+def _child(data: Path, env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(data)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_loads_the_programs_instead_of_tracing_them(tmp_path):
+    """The default short-test fit (quadrature, population priors) in three fresh processes:
+    the second traces next to nothing and gives the first's numbers to the bit; with every
+    entry damaged the third traces again, rewrites them and still gives the same numbers."""
+    data = tmp_path / "y.npy"
+    np.save(data, _simulate(300, 6, seed=1))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "IRT_ENGINE_"))}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "cache")
+    first = _child(data, env)
+    traces = tmp_path / "cache" / "traces"
+    entries = {p.name: p.read_bytes() for p in traces.iterdir()}
+    assert first["source"] == "quadrature" and len(entries) >= 8
+    second = _child(data, env)
+    assert {p.name for p in traces.iterdir()} == set(entries)
+    assert second["compile"]["trace_s"] < 0.2 * first["compile"]["trace_s"]
+    assert second["loc"] == first["loc"] and second["log_scale"] == first["log_scale"]
+    for name, data_bytes in entries.items():  # one flipped byte in every entry
+        damaged = bytearray(data_bytes)
+        damaged[len(damaged) // 2] ^= 0xFF
+        (traces / name).write_bytes(bytes(damaged))
+    third = _child(data, env)
+    assert third["compile"]["trace_s"] > 0.2 * first["compile"]["trace_s"]  # traced again
+    assert {p.name: p.read_bytes() for p in traces.iterdir()} == entries  # and rewritten
+    assert third["loc"] == first["loc"] and third["log_scale"] == first["log_scale"]
+    env_off = {**env, "IRT_ENGINE_COMPILATION_CACHE": "0"}
+    off = _child(data, env_off)
+    assert off["loc"] == first["loc"] and off["log_scale"] == first["log_scale"]
