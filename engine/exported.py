@@ -26,14 +26,13 @@ import enum
 import functools
 import hashlib
 import inspect
-import os
-import threading
 from pathlib import Path
 from typing import Callable
 
 import jax
 import numpy as np
 
+from engine.atomic import atomic_write
 from engine.compile_cache import compilation_cache_dir, compilation_cache_enabled
 
 __all__ = ["exported_jit", "fingerprint", "Unkeyable", "source_digest", "register_structures"]
@@ -135,20 +134,15 @@ def _read(path: Path):
 
 
 def _write(path: Path, exp) -> None:
-    """Write atomically (a private temporary name, then rename); a cache that cannot be
-    written is skipped, not an error of the fit."""
+    """Write atomically (:func:`engine.atomic.atomic_write`); a cache that cannot be written
+    is skipped, not an error of the fit."""
     payload = bytes(exp.serialize())
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "xb") as f:
-            f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
-        os.replace(tmp, path)
+        atomic_write(path, lambda tmp: tmp.write_bytes(
+            _MAGIC + hashlib.sha256(payload).digest() + payload))
     except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        pass
 
 
 class _ExportedJit:
