@@ -12,6 +12,7 @@ from engine.data.blocks import BlockSource, InMemorySource
 from engine.data.kinds import READS, as_responses, boundary_counts, detect_kind, source_for
 from engine.data.sparse import SparseSource
 from engine.data.store import Store, open_store
+from engine.data.tally import tally
 from engine.errors import DataFormatError, ModelError, SettingsError
 from engine.infer.checkpoint import Checkpointer
 from engine.infer.fit import FitResult, fit_source
@@ -44,14 +45,14 @@ def make_source(store: Store, settings: FitSettings) -> BlockSource:
     check_fit_memory(store, max(budget, default_memory_budget()))
     if store.layout == "sparse":
         in_memory = store.num_observed * _COO_BYTES * IN_MEMORY_FACTOR <= budget
-        return SparseSource.from_store(store, settings.max_block_cells, in_memory=in_memory)
+        return SparseSource.from_store(store, settings.block_cells, in_memory=in_memory)
     cell_bytes = store.dtype.itemsize  # 1 (int8) or 4 (float32 kinds)
     if store.num_subjects * store.num_items * cell_bytes * IN_MEMORY_FACTOR <= budget:
         return source_for(store.load(),  # checks the observed count against the metadata
-                          settings.max_block_cells)
+                          settings.block_cells)
     from engine.data.streaming import StreamingSource  # Dask only for stores it streams
 
-    return StreamingSource.from_store(store, settings.max_block_cells)
+    return StreamingSource.from_store(store, settings.block_cells)
 
 
 def check_fit_memory(store: Store, budget: int) -> None:
@@ -102,16 +103,10 @@ def _store_stats(store: Store, source: BlockSource) -> dict[str, np.ndarray]:
 
 def response_stats(y: np.ndarray) -> dict[str, np.ndarray]:
     """Observed counts and mean responses per subject (rows) and item (columns)."""
-    observed = y >= 0  # False for -1 (int8) and NaN (float32)
-    values = np.where(observed, y, 0).astype(np.float64)
-    n_s, n_i = observed.sum(axis=1), observed.sum(axis=0)
+    t = tally(y)  # one threaded pass; -1 (int8) and NaN (float32) are missing
     with np.errstate(invalid="ignore", divide="ignore"):
-        return {
-            "subject_n": n_s,
-            "subject_mean": values.sum(axis=1) / n_s,
-            "item_n": n_i,
-            "item_mean": values.sum(axis=0) / n_i,
-        }
+        return {"subject_n": t.row_n, "subject_mean": t.row_sum / t.row_n,
+                "item_n": t.col_n, "item_mean": t.col_sum / t.col_n}
 
 
 def _ids(values) -> np.ndarray:
@@ -137,7 +132,7 @@ def _prepare(data, settings: FitSettings):
         return source, _ids(data.subjects), _ids(data.items), _store_stats(data, source), info, y
     # int8 with -1 missing (binary), or float32 with NaN missing (unit scores, errors)
     y, kind = as_responses(data)
-    source = source_for(y, settings.max_block_cells)
+    source = source_for(y, settings.block_cells)
     info = {"store": None, "checksum": None, "kind": kind}
     return source, _array_ids(y.shape[0]), _array_ids(y.shape[1]), response_stats(y), info, y
 
@@ -232,6 +227,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     >>> res.means()["ability"]  # doctest: +SKIP
     """
     prior = resolve_prior(model, prior)
+    settings = settings.replace(max_block_cells=settings.block_cells)  # fit.json: the one used
     options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
     source, subjects, items, stats, info, y = _prepare(data, settings)
     shape = (source.num_subjects, source.num_items)
@@ -248,7 +244,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     if constant.any():  # set aside: they carry no ranking information, only Monte Carlo noise
         y_fit = y.copy()
         y_fit[:, constant] = -1
-        source = source_for(y_fit, settings.max_block_cells)
+        source = source_for(y_fit, settings.block_cells)
         info["constant_items"] = int(constant.sum())
     factor = choose_ability_factor(spec, y, settings.ability_factor, settings.quadrature_max_items,
                                    max_cells=settings.quadrature_max_cells,
@@ -350,8 +346,12 @@ def _constant_items(y, kind: str, spec, frozen) -> np.ndarray:
 def constant_columns(y: np.ndarray) -> np.ndarray:
     """``(..., N)`` bool: binary columns (items) of ``y`` (``(..., S, N)``, -1 missing) whose
     observed responses are all 0 or all 1; leading axes are separate matrices (trials)."""
-    observed = (y >= 0).sum(axis=-2)
-    ones = (y == 1).sum(axis=-2)
+    if np.ndim(y) == 2:  # one matrix: a threaded pass (responses are 0 / 1, so sums count ones)
+        t = tally(y)
+        observed, ones = t.col_n, t.col_sum
+    else:
+        observed = (y >= 0).sum(axis=-2)
+        ones = (y == 1).sum(axis=-2)
     return (observed > 0) & ((ones == 0) | (ones == observed))
 
 

@@ -102,8 +102,11 @@ def tile_block(part: np.ndarray, origin: tuple[int, int], tile: tuple[int, int])
     with the missing value of ``part``'s dtype (int8 or float32)."""
     r, c = origin
     rows, cols = tile
-    y = np.full((rows, cols), missing_of(part.dtype), part.dtype)
-    y[: part.shape[0], : part.shape[1]] = part
+    if part.shape == (rows, cols):  # a whole tile: no padding, no copy (consumers copy)
+        y = part
+    else:
+        y = np.full((rows, cols), missing_of(part.dtype), part.dtype)
+        y[: part.shape[0], : part.shape[1]] = part
     return Block(
         _pad(np.arange(r, r + part.shape[0], dtype=np.int32), rows),
         _pad(np.arange(c, c + part.shape[1], dtype=np.int32), cols),
@@ -122,7 +125,8 @@ def empty_tile(tile: tuple[int, int], dtype=np.int8) -> Block:
 class InMemorySource:
     """Tiles of a response matrix held in host memory (int8, ``-1`` missing).
 
-    ``tile`` overrides the tile shape (default :func:`block_shape`).
+    ``tile`` overrides the tile shape (default :func:`block_shape`). A block may be a view
+    of ``responses``: the fit copies it to the devices.
     """
 
     responses: np.ndarray
@@ -131,16 +135,19 @@ class InMemorySource:
 
     layout = "dense"
     resident = True
+    dtype = np.int8  # the stored dtype (float32 in engine.data.kinds.FloatInMemorySource)
 
     def __post_init__(self):
+        from engine.data.tally import count_observed
+
         y = np.asarray(self.responses)
         if y.ndim != 2:
             raise ValueError(f"responses must be 2-D (subjects x items), got shape {y.shape}")
-        self.responses = y.astype(np.int8, copy=False)
+        self.responses = y.astype(self.dtype, copy=False)
         self.shape = self.responses.shape
         tile = self.tile or block_shape(*self.shape, self.max_block_cells)
         self.tile = tuple(max(1, min(int(t), n)) for t, n in zip(tile, self.shape))
-        self.num_observed = int((self.responses >= 0).sum())
+        self.num_observed = count_observed(self.responses)
 
     @property
     def num_subjects(self) -> int:
@@ -167,4 +174,4 @@ class InMemorySource:
             yield self.block(origin)
 
     def empty_block(self) -> Block:
-        return empty_tile(self.tile)
+        return empty_tile(self.tile, self.dtype)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.data.blocks import Block, InMemorySource, block_shape
+from engine.data.blocks import InMemorySource
 from engine.errors import DataFormatError
 
 __all__ = ["KINDS", "detect_kind", "check_kind", "as_responses", "FloatInMemorySource",
@@ -104,28 +104,7 @@ def boundary_counts(y: np.ndarray) -> dict[str, int]:
 class FloatInMemorySource(InMemorySource):
     """Tiles of a float32 response matrix, NaN missing (padding is NaN too)."""
 
-    def __post_init__(self):
-        y = np.asarray(self.responses)
-        if y.ndim != 2:
-            raise ValueError(f"responses must be 2-D (subjects x items), got shape {y.shape}")
-        self.responses = y.astype(np.float32, copy=False)
-        self.shape = self.responses.shape
-        self.tile = block_shape(*self.shape, self.max_block_cells)
-        self.num_observed = int((~np.isnan(self.responses)).sum())
-
-    def block(self, origin: tuple[int, int]) -> Block:
-        r, c = origin
-        rows, cols = self.tile
-        part = self.responses[r : r + rows, c : c + cols]
-        y = np.full((rows, cols), np.nan, np.float32)
-        y[: part.shape[0], : part.shape[1]] = part
-        idx = lambda start, n, size: np.pad(np.arange(start, start + n, dtype=np.int32), (0, size - n))
-        return Block(idx(r, part.shape[0], rows), idx(c, part.shape[1], cols), y)
-
-    def empty_block(self) -> Block:
-        rows, cols = self.tile
-        return Block(np.zeros(rows, np.int32), np.zeros(cols, np.int32),
-                     np.full((rows, cols), np.nan, np.float32))
+    dtype = np.float32
 
 
 def source_for(y: np.ndarray, max_block_cells: int) -> InMemorySource:

@@ -52,6 +52,7 @@ import zarr
 from engine.data.integrity import (INTEGRITY, REPAIR as _REPAIR, CheckedArray, array_options,
                                    brief as _brief, open_checked as _open_checked)
 from engine.data.remote import URL, as_location, filesystem, is_file, list_files, zarr_store
+from engine.data.tally import count_observed
 from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
 from engine.memory import ID_BYTES, default_memory_budget
 
@@ -277,7 +278,7 @@ class Store:
             y[s, i] = v
         else:
             y = np.asarray(self._array[...])
-        self.check_observed(int(observed(y).sum()))
+        self.check_observed(count_observed(y))
         return y
 
     def check_observed(self, count: int) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from engine.compile_cache import count_compiles, use_compilation_cache
 from engine.exported import exported_jit
 from engine.data.blocks import Block, BlockSource, InMemorySource
+from engine.data.tally import count_observed
 from engine.infer.checkpoint import Checkpointer, FitProgress
 from engine.infer.elbo import add_terms, make_block_terms, make_observation_terms
 from engine.infer.guide import FitState, GuideState, constrained_means, init_guide
@@ -106,7 +107,7 @@ def _group_loader(source: BlockSource, num_devices: int):
 
     def load(keys: tuple) -> tuple[Block, int]:
         blocks = [source.block(k) if k is not None else source.empty_block() for k in keys]
-        observed = int(sum((b.y >= 0).sum() for b in blocks))
+        observed = sum(count_observed(b.y) for b in blocks)
         stacked = stack_blocks(blocks, num_devices)
         return Block(*(jax.device_put(a, sharding) for a in stacked)), observed
 

@@ -41,7 +41,7 @@ from engine.errors import ModelError, SettingsError
 from engine.exported import exported_jit
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
-from engine.rows import identical_rows
+from engine.rows import all_distinct, identical_rows
 
 __all__ = ["MarginalSettings", "marginal_applies", "fit_marginal", "fit_marginal_result",
            "distinct_rows", "items_per_subject", "pool_identical_rows", "choose_ability_factor"]
@@ -183,6 +183,8 @@ def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray) -> Gu
     them factors that differ by Monte Carlo noise, which their average reduces. Subjects
     with a row of their own keep their factor to the bit.
     """
+    if all_distinct(y):  # the usual case of a long test, found without sorting the rows
+        return guide
     _, inverse, counts = distinct_rows(y)
     if counts.max(initial=1) == 1:
         return guide

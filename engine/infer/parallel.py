@@ -59,5 +59,6 @@ def make_parallel_terms(block_terms: Callable, num_devices: int) -> Callable:
 
 
 def stack_blocks(blocks: Sequence[Block], num_devices: int) -> Block:
-    """Stack ``num_devices`` host blocks along a new leading axis for ``pmap``."""
+    """Stack ``num_devices`` host blocks along a new leading axis for ``pmap`` (one copy;
+    a block's arrays may be views of the caller's matrix)."""
     return Block(*(np.stack(parts) for parts in zip(*blocks)))

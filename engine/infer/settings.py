@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from engine.errors import SettingsError
 
-__all__ = ["FitSettings", "parse_bytes"]
+__all__ = ["FitSettings", "default_block_cells", "parse_bytes"]
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -51,6 +52,38 @@ _DISAGREE = {
 }
 
 
+# Cells per block by default: on a CPU a block's temporaries stay in cache-sized pieces; on
+# an accelerator each block costs launches and a sum, so blocks are as large as its memory
+# allows (1B cells on one H200: 82 ms a pass in 4M-cell blocks, 23 ms in 64M-cell ones, 15 ms
+# in 256M-cell ones; BENCHMARKS.md, "On a GPU"), at most one 128th of the device's memory.
+CPU_BLOCK_CELLS = 1 << 22
+ACCELERATOR_BLOCK_CELLS = 1 << 28
+_DEVICE_BYTES_PER_BLOCK_CELL = 128
+
+
+def default_block_cells() -> int:
+    """Cells per block where ``max_block_cells`` is 0: by JAX's default backend and, on an
+    accelerator, its memory (a power of two between the CPU's size and 268,435,456)."""
+    import jax
+
+    try:
+        backend = jax.default_backend()
+    except (AssertionError, RuntimeError) as err:  # JAX asserts when no named platform starts
+        named = os.environ.get("JAX_PLATFORMS")
+        raise SettingsError(
+            f"JAX could not start a backend (JAX_PLATFORMS={named!r}): "
+            f"{type(err).__name__} {err}; unset JAX_PLATFORMS, or name a platform this machine "
+            f"has (cpu; cuda needs a GPU and jax[cuda])") from None
+    if backend == "cpu":
+        return CPU_BLOCK_CELLS
+    try:
+        limit = int((jax.local_devices()[0].memory_stats() or {})["bytes_limit"])
+    except (KeyError, TypeError, ValueError, RuntimeError, NotImplementedError):
+        return CPU_BLOCK_CELLS << 4
+    fits = max(1, limit // _DEVICE_BYTES_PER_BLOCK_CELL)
+    return int(min(ACCELERATOR_BLOCK_CELLS, max(CPU_BLOCK_CELLS, 1 << (fits.bit_length() - 1))))
+
+
 @dataclass(frozen=True)
 class FitSettings:
     """How a model is fitted.
@@ -77,7 +110,8 @@ class FitSettings:
     steps_per_pass : 1 = one step per full pass; k > 1 = k stochastic steps per pass,
         each on a random share of blocks with the likelihood scaled up to the whole matrix.
     num_devices : devices to shard blocks across (None = all local devices).
-    max_block_cells : cells per block (fixed shape, so the step compiles once).
+    max_block_cells : cells per block (fixed shape, so the step compiles once); 0 = automatic
+        (:func:`default_block_cells`: 4,194,304 on a CPU, 67,108,864 on an accelerator).
     seed : the one source of randomness.
     checkpoint_every : save the fit's progress every this many passes (0 = never).
     memory_budget : bytes the response data may occupy in memory (None = a share of the
@@ -112,7 +146,7 @@ class FitSettings:
     mc_draws: int = 0
     steps_per_pass: int = 1
     num_devices: int | None = None
-    max_block_cells: int = 1 << 22
+    max_block_cells: int = 0
     seed: int = 0
     progress: bool = False
     checkpoint_every: int = 0
@@ -160,8 +194,11 @@ class FitSettings:
             raise SettingsError("damping and precision_damping must be in (0, 1]")
         if self.tol <= 0 or self.learning_rate <= 0 or self.max_step <= 0:
             raise SettingsError("tol, learning_rate and max_step must be positive")
-        if self.patience < 1 or self.steps_per_pass < 1 or self.max_block_cells < 1:
-            raise SettingsError("patience, steps_per_pass and max_block_cells must be >= 1")
+        if self.patience < 1 or self.steps_per_pass < 1:
+            raise SettingsError("patience and steps_per_pass must be >= 1")
+        if self.max_block_cells < 0:
+            raise SettingsError(f"max_block_cells must be >= 1, or 0 for automatic, got "
+                                f"{self.max_block_cells}")
         for name in ("checkpoint_every", "prefetch", "unbiased_after", "mc_draws",
                      "quadrature_max_items", "quadrature_max_cells"):
             if getattr(self, name) < 0:
@@ -171,6 +208,11 @@ class FitSettings:
                                 f"{self.memory_budget}")
         if self.num_devices is not None and self.num_devices < 1:
             raise SettingsError(f"num_devices must be >= 1, got {self.num_devices}")
+
+    @property
+    def block_cells(self) -> int:
+        """``max_block_cells``, or :func:`default_block_cells` where it is 0 (automatic)."""
+        return self.max_block_cells or default_block_cells()
 
     def draws_for(self, observed_cells: int) -> int:
         """Monte Carlo draws per step for a matrix of ``observed_cells`` (see ``mc_draws``)."""

@@ -41,6 +41,22 @@ def test_devices_above_those_present_is_a_clear_error(tmp_path):
         num_local_devices(99)
 
 
+def test_a_platform_the_machine_lacks_is_a_clear_error(tmp_path):
+    """JAX_PLATFORMS naming a backend that cannot start (cuda on this CPU-only machine, or a
+    made-up name): one line naming the variable and the fix, exit 2, no run written."""
+    csv = tmp_path / "r.csv"
+    csv.write_text("subject,a,b,c\ns1,1,0,1\ns2,0,1,1\ns3,1,1,0\n")
+    assert main(["ingest", str(csv), "--out", str(tmp_path / "s.zarr")]) == 0
+    platform = "cuda" if not os.path.exists("/dev/nvidia0") else "no-such-platform"
+    env = {**os.environ, "JAX_PLATFORMS": platform}
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "fit", str(tmp_path / "s.zarr"),
+                          "--out", str(tmp_path / "run")], capture_output=True, text=True,
+                         env=env)
+    assert out.returncode == 2, out.stderr
+    assert f"JAX_PLATFORMS='{platform}'" in out.stderr and "unset JAX_PLATFORMS" in out.stderr
+    assert out.stderr.count("\n") == 1 and not (tmp_path / "run").exists()
+
+
 def test_help_and_version_import_no_numerics():
     """--help and --version load neither JAX, Dask, SciPy, Ray nor matplotlib."""
     code = ("import sys, contextlib, io\n"

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine.rows import identical_rows
+from engine.rows import all_distinct, identical_rows
 
 
 @settings(max_examples=60, deadline=None)
@@ -34,3 +34,31 @@ def test_columns_of_a_strided_view_and_bad_shape():
     assert inverse[0] == inverse[2] != inverse[1] and sorted(first) == [0, 1]
     with pytest.raises(ValueError, match="2-D"):
         identical_rows(np.zeros(3))
+
+
+@settings(max_examples=80, deadline=None)
+@given(arrays(st.sampled_from([np.int8, np.float32]),
+              st.tuples(st.integers(0, 30), st.integers(0, 13)),
+              elements=st.sampled_from([-1, 0, 1])))
+def test_all_distinct_agrees_with_the_grouping(a):
+    """Any row width (whole 8-byte words or not), int8 and float32; a True answer is exact."""
+    expected = len(identical_rows(a)[0]) == a.shape[0] if a.shape[1] else a.shape[0] < 2
+    assert all_distinct(a) == expected
+
+
+def test_all_distinct_on_threaded_bands(monkeypatch):
+    """A matrix over the serial size goes through the thread pool, band by band."""
+    import engine.data.tally as tally
+
+    monkeypatch.setattr(tally, "_BAND_CELLS", 1_000)
+    monkeypatch.setattr(tally, "_SERIAL_CELLS", 0)
+    rng = np.random.default_rng(0)
+    a = rng.integers(-1, 2, size=(300, 77), dtype=np.int8)
+    assert all_distinct(a)
+    a[250] = a[3]  # rows in different bands
+    assert not all_distinct(a)
+    a[250, 76] = 1 - a[3, 76] if a[3, 76] >= 0 else 0  # the last (padded) word differs
+    assert all_distinct(a)
+    assert not all_distinct(np.full((3, 5), np.nan, np.float32))
+    with pytest.raises(ValueError, match="2-D"):
+        all_distinct(np.zeros(3))

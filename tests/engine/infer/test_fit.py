@@ -342,6 +342,35 @@ def test_automatic_draws_per_step_follow_the_matrix_size(observed, expected):
     assert FitSettings(mc_draws=3).draws_for(observed) == 3
 
 
+def test_block_cells_follow_the_backend_and_the_device_memory(monkeypatch):
+    """0 = automatic: 4M cells on a CPU (this machine); on an accelerator a power of two up
+    to 256M cells, at most 1/128 of the device's memory limit. The accelerator branch is
+    checked here with a stand-in device's memory figure; on a real H200 it gave 256M
+    (BENCHMARKS.md, "On a GPU")."""
+    import jax
+
+    from engine.errors import SettingsError
+    from engine.infer import settings as settings_module
+
+    assert FitSettings().max_block_cells == 0 and FitSettings().block_cells == 1 << 22
+    assert FitSettings(max_block_cells=100).block_cells == 100
+    with pytest.raises(SettingsError, match="max_block_cells must be >= 1, or 0 for automatic"):
+        FitSettings(max_block_cells=-1)
+
+    class Device:
+        def __init__(self, limit):
+            self.limit = limit
+
+        def memory_stats(self):
+            return None if self.limit is None else {"bytes_limit": self.limit}
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    for limit, cells in [(105 << 30, 1 << 28), (12 << 30, 1 << 26), (1 << 20, 1 << 22),
+                         (None, 1 << 26)]:
+        monkeypatch.setattr(jax, "local_devices", lambda limit=limit: [Device(limit)])
+        assert settings_module.default_block_cells() == cells, limit
+
+
 def test_bad_mc_draws_is_a_clear_error():
     from engine.errors import SettingsError
 
