@@ -240,7 +240,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     info = {**info, "kind": info.get("kind") or detect_kind(y)}
     if info["kind"] != "binary" and y is not None:
         info["boundary"] = boundary_counts(y)  # exact 0 / 1 cells, fitted by inflation
-    constant = _constant_items(y, info["kind"], spec, frozen)
+    constant = _constant_items(y, stats, info["kind"], spec, frozen)
     if constant.any():  # set aside: they carry no ranking information, only Monte Carlo noise
         y_fit = y.copy()
         y_fit[:, constant] = -1
@@ -311,7 +311,8 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
     spec, options = resolve_model(model, options, y, info.get("kind"))
     if info["kind"] != "binary":
         info["boundary"] = boundary_counts(y)
-    constant = _constant_items(y, info["kind"], spec, frozenset())
+    stats = response_stats(y)
+    constant = _constant_items(y, stats, info["kind"], spec, frozenset())
     y_fit = y
     if constant.any():  # as fit(): prior only
         y_fit = y.copy()
@@ -319,7 +320,7 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
         info["constant_items"] = int(constant.sum())
     result = nuts_fit_result(spec, y_fit, settings, subjects=subjects, items=items)
     result.extra.update(model=model, model_options=options, subjects=subjects, items=items,
-                        stats=response_stats(y), data=info)
+                        stats=stats, data=info)
     return result
 
 
@@ -328,8 +329,9 @@ def _one_scalar_ability(spec) -> bool:
     return len(subject) == 1 and subject[0].shape == ()
 
 
-def _constant_items(y, kind: str, spec, frozen) -> np.ndarray:
-    """Binary items every observed subject answered the same way, ``(N,)`` bool.
+def _constant_items(y, stats: dict, kind: str, spec, frozen) -> np.ndarray:
+    """Binary items every observed subject answered the same way, ``(N,)`` bool, read from
+    ``y``'s :func:`response_stats` (an item's mean is exactly 0 or 1 just when it is constant).
 
     Their likelihood only pushes the item's own difficulty towards infinity; under a vague
     prior its factor stays nearly as wide as the prior, and its draws feed pure noise into
@@ -340,18 +342,15 @@ def _constant_items(y, kind: str, spec, frozen) -> np.ndarray:
     """
     if y is None or kind != "binary" or any(p.owner == "item" and p.name in frozen for p in spec.params):
         return np.zeros(0 if y is None else y.shape[1], bool)
-    return constant_columns(y)
+    mean = stats["item_mean"]
+    return (stats["item_n"] > 0) & ((mean == 0) | (mean == 1))
 
 
 def constant_columns(y: np.ndarray) -> np.ndarray:
     """``(..., N)`` bool: binary columns (items) of ``y`` (``(..., S, N)``, -1 missing) whose
     observed responses are all 0 or all 1; leading axes are separate matrices (trials)."""
-    if np.ndim(y) == 2:  # one matrix: a threaded pass (responses are 0 / 1, so sums count ones)
-        t = tally(y)
-        observed, ones = t.col_n, t.col_sum
-    else:
-        observed = (y >= 0).sum(axis=-2)
-        ones = (y == 1).sum(axis=-2)
+    observed = (y >= 0).sum(axis=-2)
+    ones = (y == 1).sum(axis=-2)
     return (observed > 0) & ((ones == 0) | (ones == observed))
 
 

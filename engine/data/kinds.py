@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.data.blocks import InMemorySource
+from engine.data.tally import observed
 from engine.errors import DataFormatError
 
 __all__ = ["KINDS", "detect_kind", "check_kind", "as_responses", "FloatInMemorySource",
@@ -24,15 +25,9 @@ READS = {"binary": ("binary",), "unit": ("binary", "unit"),
          "nonnegative": ("binary", "unit", "nonnegative")}
 
 
-def _observed(y: np.ndarray) -> np.ndarray:
-    if np.issubdtype(y.dtype, np.floating):
-        return ~np.isnan(y)
-    return y >= 0
-
-
 def detect_kind(y: np.ndarray) -> str:
     """Smallest kind holding every observed value of ``y`` (int8 -1 / NaN missing)."""
-    values = y[_observed(y)]
+    values = y[observed(y)]
     if values.size == 0 or np.isin(values, (0, 1)).all():
         return "binary"
     if values.min() >= 0 and values.max() <= 1:
@@ -50,7 +45,7 @@ def check_kind(y: np.ndarray, kind: str, name: str = "responses") -> None:
     """Raise ``DataFormatError`` at the first value outside ``kind``'s support."""
     if kind not in KINDS:
         raise DataFormatError(f"unknown response kind {kind!r}; use one of {', '.join(KINDS)}")
-    obs = _observed(y)
+    obs = observed(y)
     if np.issubdtype(y.dtype, np.floating):
         bad = obs & ~np.isfinite(y)
         if bad.any():
@@ -89,14 +84,14 @@ def as_responses(y: np.ndarray, kind: str | None = None, name: str = "responses"
     kind = kind or detected
     check_kind(y, kind, name)
     if kind == "binary":
-        obs = _observed(y)
+        obs = observed(y)
         return np.where(obs, np.nan_to_num(y), -1).astype(np.int8), kind
-    return np.where(_observed(y), y, np.nan).astype(np.float32), kind
+    return np.where(observed(y), y, np.nan).astype(np.float32), kind
 
 
 def boundary_counts(y: np.ndarray) -> dict[str, int]:
     """Observed cells exactly at 0 and at 1."""
-    obs = _observed(y)
+    obs = observed(y)
     return {"zeros": int((obs & (y == 0)).sum()), "ones": int((obs & (y == 1)).sum())}
 
 

@@ -52,7 +52,7 @@ import zarr
 from engine.data.integrity import (INTEGRITY, REPAIR as _REPAIR, CheckedArray, array_options,
                                    brief as _brief, open_checked as _open_checked)
 from engine.data.remote import URL, as_location, filesystem, is_file, list_files, zarr_store
-from engine.data.tally import count_observed
+from engine.data.tally import count_observed, observed
 from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
 from engine.memory import ID_BYTES, default_memory_budget
 
@@ -109,11 +109,6 @@ KINDS: dict[str, ResponseKind] = {
 def format_version(kind: str) -> int:
     """The store format version written for ``kind`` (binary stores stay at 1)."""
     return KINDS[kind].version
-
-
-def observed(values: np.ndarray) -> np.ndarray:
-    """Observed cells: not -1 (int8) and not NaN (float32)."""
-    return values >= 0 if values.dtype.kind != "f" else ~np.isnan(values)
 
 
 def check_values(values: np.ndarray, kind: str) -> str | None:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Tally", "count_observed", "map_row_bands", "tally"]
+__all__ = ["Tally", "count_observed", "map_row_bands", "observed", "tally"]
 
 _BAND_CELLS = 1 << 24  # cells per band: temporaries of a few tens of MB per thread
 _SERIAL_CELLS = 1 << 22  # below this, one band in the calling thread
@@ -33,8 +33,9 @@ class Tally(NamedTuple):
     col_sum: np.ndarray  # int64 or float64 (N,)
 
 
-def _observed(band: np.ndarray) -> np.ndarray:
-    return ~np.isnan(band) if band.dtype.kind == "f" else band >= 0
+def observed(values: np.ndarray) -> np.ndarray:
+    """Observed cells: not -1 (int8) and not NaN (float32)."""
+    return ~np.isnan(values) if values.dtype.kind == "f" else values >= 0
 
 
 def _bands(y: np.ndarray) -> list[slice]:
@@ -57,12 +58,12 @@ def count_observed(y: np.ndarray) -> int:
     """The number of observed cells of a 2-D response matrix."""
     y = np.asarray(y)
     if y.ndim != 2:
-        return int(np.count_nonzero(_observed(y)))
-    return int(sum(map_row_bands(lambda band: np.count_nonzero(_observed(band)), y)))
+        return int(np.count_nonzero(observed(y)))
+    return int(sum(map_row_bands(lambda band: np.count_nonzero(observed(band)), y)))
 
 
 def _band_tally(band: np.ndarray) -> Tally:
-    obs = _observed(band)
+    obs = observed(band)
     floating = band.dtype.kind == "f"
     values = np.where(obs, band, 0)
     acc = np.float64 if floating else np.int64
@@ -76,12 +77,7 @@ def tally(y: np.ndarray) -> Tally:
     y = np.asarray(y)
     if y.ndim != 2:
         raise ValueError(f"tally needs a 2-D (subjects x items) matrix, got shape {y.shape}")
-    parts = map_row_bands(_band_tally, y)
-    if not parts:  # no rows
-        empty = np.zeros(0, np.int64)
-        zeros = np.zeros(y.shape[1], np.int64)
-        return Tally(empty, empty.astype(np.float64 if y.dtype.kind == "f" else np.int64),
-                     zeros, zeros.astype(np.float64 if y.dtype.kind == "f" else np.int64))
+    parts = map_row_bands(_band_tally, y) or [_band_tally(y)]  # no rows: one empty band
     return Tally(np.concatenate([p.row_n for p in parts]),
                  np.concatenate([p.row_sum for p in parts]),
                  np.sum([p.col_n for p in parts], axis=0),

@@ -24,7 +24,8 @@ from engine.data.remote import URL, _check_store_target, as_location, list_files
 from engine.data.store import (COO_FIELDS, KINDS, Boundary, Store, _ATTR, _chunking,
                                _move_into_place, canonical_bytes, check_id_list, check_values,
                                check_writable, checksum_header, coo_bytes, format_version,
-                               hash_ids, observed, open_store)
+                               hash_ids, open_store)
+from engine.data.tally import count_observed
 from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["DenseWriter", "SparseWriter", "check_ids"]
@@ -170,7 +171,7 @@ class DenseWriter(_Writer):
             rows = rows + np.float32(0)  # -0.0 stored as 0.0
             self.boundary.add_rows(rows, self.written + self.pending_rows)
         self.digest.update(canonical_bytes(rows))
-        self.num_observed += int(observed(rows).sum())
+        self.num_observed += count_observed(rows)
         self.pending.append(rows)
         self.pending_rows += rows.shape[0]
         if self.pending_rows >= self.band_rows:

@@ -111,7 +111,8 @@ class FitSettings:
         each on a random share of blocks with the likelihood scaled up to the whole matrix.
     num_devices : devices to shard blocks across (None = all local devices).
     max_block_cells : cells per block (fixed shape, so the step compiles once); 0 = automatic
-        (:func:`default_block_cells`: 4,194,304 on a CPU, 67,108,864 on an accelerator).
+        (:func:`default_block_cells`: 4,194,304 on a CPU; on an accelerator a power of two up
+        to 268,435,456 by its memory).
     seed : the one source of randomness.
     checkpoint_every : save the fit's progress every this many passes (0 = never).
     memory_budget : bytes the response data may occupy in memory (None = a share of the
