@@ -1,21 +1,24 @@
 """Simulation-based calibration (Talts et al. 2018) of the default fit method.
 
-For each replicate: draw every parameter from the vague priors (theta ~ N(0, 1),
-b ~ N(0, 10^3), log a ~ N(0, 1); fitted with ``prior="vague"``: SBC needs a prior that can
-be drawn from, and the population priors' N(0, 10^6) item location cannot), simulate a
-response matrix, fit it at default settings, and record the rank of the true value among ``L`` posterior draws, for
-one subject's ability and one item's difficulty (and log-discrimination). Under a
-calibrated posterior the ranks are uniform on 0..L; a chi-square statistic over ``B``
-equal bins (df = B - 1) tests it, and the histograms are plotted.
+For each replicate: draw every parameter from the model's own priors (``--prior``;
+``ModelSpec.draw_prior``: under ``population`` the pooled locations and precisions first,
+then the items from them; theta ~ N(0, 1) in both families), simulate a response matrix,
+fit it at default settings under the same priors, and record the rank of the true value
+among ``L`` posterior draws, for one subject's ability and one item's difficulty (and
+log-discrimination). Under a calibrated posterior the ranks are uniform on 0..L; a
+chi-square statistic over ``B`` equal bins (df = B - 1) tests it, and the histograms are
+plotted. (Seed 003's hierarchical family cannot be drawn from usefully: its locations are
+N(0, 10^6).)
 
 Item draws use what ``items.parquet`` reports (the within-item marginal sd), abilities the
 guide's factor, both as Gaussians on the unconstrained scale. Items whose simulated
-responses are all alike are fitted as unobserved (prior only), as every fit does.
+responses are all alike ("constant") are fitted as the fit treats them: with their data
+under pooled item priors (quadrature fit, NUTS), as unobserved (prior only) otherwise.
 
-    python benchmarks/bench_sbc.py --reps 100 --out benchmarks/results/sbc.json
+    python benchmarks/bench_sbc.py --reps 200 --prior population --out benchmarks/results/sbc_population.json
 
-``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, vague
-priors as above, constant items set aside as ``fit_nuts`` does): one compiled sampler per
+``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, the same
+priors, constant items as ``fit_nuts`` treats them): one compiled sampler per
 model and shape (the data is its argument), 2 chains; each block's draws are thinned by
 its bulk ESS (stride ``ceil(draws / ESS)``) so the ranked draws are close to independent,
 and the rank among the ``m`` thinned draws is mapped to ``0..L`` as
@@ -42,63 +45,67 @@ from scipy.special import expit
 from engine.api import fit
 from engine.compile_cache import use_compilation_cache
 from engine.infer.settings import FitSettings
-from engine.readout.posterior import summarize
+from engine.readout.posterior import within_owner_scales
 
-Z90 = 1.6448536269514722
+def _simulate(model: str, prior: str, s: int, n: int, rep: int):
+    """A replicate's truth (unconstrained blocks, ``discrimination`` as log a; zero for the
+    1PL), its responses and the rng that continues to draw the ranks."""
+    from engine.models.registry import get_model
 
-
-def _prior_draw(model: str, s: int, n: int, rng) -> dict:
-    truth = {"ability": rng.normal(0, 1, s), "difficulty": rng.normal(0, np.sqrt(1e3), n)}
-    truth["log_discrimination"] = rng.normal(0, 1, n) if model == "2pl" else np.zeros(n)
-    return truth
-
-
-def _ranks(model: str, s: int, n: int, rep: int, num_draws: int, factor: str) -> dict:
     rng = np.random.default_rng(10_000 + rep)
-    t = _prior_draw(model, s, n, rng)
-    p = expit(np.exp(t["log_discrimination"])[None, :] * (t["ability"][:, None] - t["difficulty"][None, :]))
+    t = get_model(model, prior=prior).draw_prior(s, n, rng)
+    t.setdefault("discrimination", np.zeros(n))
+    p = expit(np.exp(t["discrimination"])[None, :] * (t["ability"][:, None] - t["difficulty"][None, :]))
     y = (rng.random((s, n)) < p).astype(np.int8)
-    res = fit(y, model=model, prior="vague",
+    return t, y, rng
+
+
+def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, factor: str) -> dict:
+    t, y, rng = _simulate(model, prior, s, n, rep)
+    res = fit(y, model=model, prior=prior,
               settings=FitSettings(seed=rep, progress=False, ability_factor=factor))
-    items = summarize(res.spec, res.guide, "item", cross=res.cross)
+    # the items' posterior as items.parquet reports it (within-item marginal sds), read on
+    # the unconstrained scale (a quantile of a tiny discrimination underflows to 0)
+    scales = within_owner_scales(res.spec, res.guide, "item", res.cross) if res.cross else {}
     constant = np.ptp(y, axis=0) == 0
     out = {"converged": bool(res.converged), "constant_share": float(constant.mean())}
     loc, sd = res.guide.loc["ability"][0], np.exp(res.guide.log_scale["ability"][0])
     out["ability"] = int((rng.normal(loc, sd, num_draws) < t["ability"][0]).sum())
     # the first informative item and the first set-aside one (selecting on y keeps each
     # selected item's truth a draw from its posterior, so its rank stays uniform)
-    for label, found in (("informative", np.flatnonzero(~constant)), ("set aside", np.flatnonzero(constant))):
+    for label, found in (("informative", np.flatnonzero(~constant)), ("constant", np.flatnonzero(constant))):
         if not found.size:
             continue
         j = found[0]
-        post = {"difficulty": (items["difficulty_mean"][j],
-                               (items["difficulty_q95"][j] - items["difficulty_q05"][j]) / (2 * Z90))}
-        if model == "2pl":
-            lo, hi = np.log(items["discrimination_q05"][j]), np.log(items["discrimination_q95"][j])
-            post["log_discrimination"] = ((lo + hi) / 2, (hi - lo) / (2 * Z90))
+        post = {name: (float(res.guide.loc[name][j]),
+                       float(scales[name][j] if name in scales else np.exp(res.guide.log_scale[name][j])))
+                for name in _LABEL if name in res.guide.loc}
         for name, (m, v) in post.items():
-            out[f"{name} ({label})"] = int((rng.normal(m, v, num_draws) < t[name][j]).sum())
+            out[f"{_LABEL[name]} ({label})"] = int((rng.normal(m, v, num_draws) < t[name][j]).sum())
     return out
 
 
-def _nuts_ranks(model: str, s: int, n: int, rep: int, num_draws: int, sampler, settings) -> dict:
+_LABEL = {"difficulty": "difficulty", "discrimination": "log_discrimination"}
+
+
+def _nuts_ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, sampler,
+                settings) -> dict:
     """One replicate's ranks among thinned NUTS draws (see the module docstring)."""
     import warnings
 
+    from engine.api import _constant_items, response_stats
     from engine.infer.nuts import sample_nuts
     from engine.models.registry import get_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         import arviz as az
-    rng = np.random.default_rng(10_000 + rep)
-    t = _prior_draw(model, s, n, rng)
-    p = expit(np.exp(t["log_discrimination"])[None, :] * (t["ability"][:, None] - t["difficulty"][None, :]))
-    y = (rng.random((s, n)) < p).astype(np.int8)
+    t, y, rng = _simulate(model, prior, s, n, rep)
+    spec = get_model(model, prior=prior)
     constant = np.ptp(y, axis=0) == 0
-    y_fit = y.copy()
-    y_fit[:, constant] = -1  # prior only, as fit_nuts does
-    draws, _ = sample_nuts(get_model(model, prior="vague"), y_fit, settings.replace(seed=rep), sampler=sampler)
+    y_fit = y.copy()  # constant items set aside where fit_nuts sets them aside
+    y_fit[:, _constant_items(y, response_stats(y), "binary", spec, (), "nuts")] = -1
+    draws, _ = sample_nuts(spec, y_fit, settings.replace(seed=rep), sampler=sampler)
     pos = {k: np.asarray(v) for k, v in draws.position.items()}
     out = {"converged": bool(draws.diverging.sum() == 0), "constant_share": float(constant.mean()),
            "mean_steps": float(np.mean(draws.num_steps))}
@@ -111,14 +118,14 @@ def _nuts_ranks(model: str, s: int, n: int, rep: int, num_draws: int, sampler, s
         return int(np.floor((r + rng.random()) * (num_draws + 1) / (thinned.size + 1)))
 
     out["ability"] = rank(pos["ability"][..., 0], t["ability"][0])
-    for label, found in (("informative", np.flatnonzero(~constant)), ("set aside", np.flatnonzero(constant))):
+    for label, found in (("informative", np.flatnonzero(~constant)), ("constant", np.flatnonzero(constant))):
         if not found.size:
             continue
         j = found[0]
         out[f"difficulty ({label})"] = rank(pos["difficulty"][..., j], t["difficulty"][j])
         if model == "2pl":  # the unconstrained block is log a
             out[f"log_discrimination ({label})"] = rank(pos["discrimination"][..., j],
-                                                        t["log_discrimination"][j])
+                                                        t["discrimination"][j])
     return out
 
 
@@ -138,8 +145,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/sbc.json")
     ap.add_argument("--plot", default="benchmarks/results/sbc.png")
     ap.add_argument("--replot", default=None, metavar="JSON", help="only redraw a results file")
-    ap.add_argument("--ability-factor", default="gaussian", choices=["gaussian", "auto", "quadrature"],
-                    help="the fit's ability factor (gaussian: the default mean-field fit)")
+    ap.add_argument("--prior", default="population", choices=["population", "vague"],
+                    help="the prior family drawn from and fitted (population: the 1PL/2PL default)")
+    ap.add_argument("--ability-factor", default="auto", choices=["gaussian", "auto", "quadrature"],
+                    help="the fit's ability factor (auto: the default fit)")
     ap.add_argument("--method", default="fit", choices=["fit", "nuts"],
                     help="fit: the default fit (--ability-factor); nuts: NUTS draws")
     ap.add_argument("--nuts-warmup", type=int, default=300)
@@ -162,14 +171,15 @@ def main() -> None:
 
                 settings = NutsSettings(num_chains=2, num_warmup=args.nuts_warmup,
                                         num_samples=args.nuts_samples)
-                sampler = make_sampler(get_model(model, prior="vague"), s, n, settings)
+                sampler = make_sampler(get_model(model, prior=args.prior), s, n, settings)
                 reps = []
                 for r in range(args.reps):
                     if time.time() - row_start > args.time_limit:
                         break
-                    reps.append(_nuts_ranks(model, s, n, r, args.draws, sampler, settings))
+                    reps.append(_nuts_ranks(model, args.prior, s, n, r, args.draws, sampler, settings))
             else:
-                reps = [_ranks(model, s, n, r, args.draws, args.ability_factor) for r in range(args.reps)]
+                reps = [_ranks(model, args.prior, s, n, r, args.draws, args.ability_factor)
+                        for r in range(args.reps)]
             blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share", "mean_steps"})
             for block in blocks:
                 ranks = np.array([r[block] for r in reps if block in r])
@@ -183,7 +193,7 @@ def main() -> None:
                                 if args.method == "nuts" else {})})
                 print(f"{model} {shape} {block:34s} n={len(ranks):4d} chi2={stat:7.2f} "
                       f"p={p:.3f} {counts}", flush=True)
-    meta = {"method": args.method, "ability_factor": args.ability_factor,
+    meta = {"method": args.method, "prior": args.prior, "ability_factor": args.ability_factor,
             **({"nuts": {"chains": 2, "warmup": args.nuts_warmup, "samples": args.nuts_samples,
                          "thinning": "stride ceil(draws / bulk ESS) per block"}}
                if args.method == "nuts" else {}), "machine": platform.processor() or platform.machine(), "cores": 2, "reps": args.reps,

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.errors import ModelError
-from engine.models.priors import check_family, hyper_params, logit_uniform, normal, pooled
+from engine.models.priors import (POPULATION_LOCATION, check_family, hyper_params, log_gamma,
+                                  logit_uniform, normal, pooled)
 from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
 from engine.models.special import softplus
 
@@ -126,11 +127,18 @@ def _sign_start(y) -> dict:
     return {"discrimination": np.where(cov < 0, -1.0, 1.0).astype(np.float32)}
 
 
-def _block(name, owner, family, vague_prior, transform="identity", init=0.0):
-    """A parameter block plus its hyper-parameters under the chosen prior family."""
+def _block(name, owner, family, vague_prior, transform="identity", init=0.0, location=None,
+           precision=None):
+    """A parameter block plus its hyper-parameters under the chosen prior family; under
+    ``population`` the pooled location's and precision's priors are ``location`` and
+    ``precision`` (POPULATION_LOCATION and Gamma(1, 1) when None), under ``hierarchical``
+    seed 003's."""
     if not pooled(family, owner):
         return [ParamSpec(name, owner, vague_prior, transform=transform, init=init)]
-    mu, u, prior = hyper_params(name)
+    if family == "population":
+        mu, u, prior = hyper_params(name, location or POPULATION_LOCATION, precision)
+    else:
+        mu, u, prior = hyper_params(name)
     return [
         ParamSpec(**mu, init=init),
         ParamSpec(**u),
@@ -148,6 +156,8 @@ def logistic_model(name: str, *, prior: str = "population",
     whatever the matrix's shape. (Under vague, the flat difficulty prior's volume stretches
     the scale where items outnumber subjects.)
     Vague: ``theta ~ N(0, 1)``, ``b ~ N(0, 10^3)``, ``log a ~ N(0, 1)``.
+    Population's hyper-priors: ``mu_difficulty ~ N(0, 3^2)``, ``u_difficulty ~ Gamma(1, 1)``;
+    of log a, ``mu_discrimination ~ N(0, 1)`` and ``u_discrimination ~ Gamma(2, 1/2)``.
     Hierarchical: each block ``~ N(mu, 1/u)`` with ``mu ~ N(0, 10^6)``, ``u ~ Gamma(1, 1)``.
     Asymptotes (guessing, feasibility) are ``U[0, 1]`` in every family (seed 002 eq. 1,
     seed 004 A.1). With ``signed_discrimination`` the discrimination is fitted on the real
@@ -169,7 +179,11 @@ def logistic_model(name: str, *, prior: str = "population",
             family = "vague" if prior == "population" else prior
             params += _block("discrimination", "item", family, normal(1.0, 1.0), init=1.0)
         else:
-            params += _block("discrimination", "item", prior, normal(0.0, 1.0), transform="exp")
+            # the pooled log discrimination: location N(0, 1) (a typical a in 0.14-7.4) and
+            # precision Gamma(2, 1/2): spread sd 0.5 typical, over 1 with prior probability
+            # 0.09, over 2 with 0.007 (Gamma(1, 1) put 10% on a spread over 3, a ~ e^+-6)
+            params += _block("discrimination", "item", prior, normal(0.0, 1.0), transform="exp",
+                             location=normal(0.0, 1.0), precision=log_gamma(2.0, 0.5))
     if lower:
         params.append(ParamSpec("guessing", "item", logit_uniform(), transform="sigmoid", init=-2.0))
     if upper:

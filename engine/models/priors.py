@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.scipy.special import gammaln
 
 __all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "hyper_params", "PRIOR_FAMILIES",
-           "check_family", "pooled"]
+           "check_family", "pooled", "POPULATION_LOCATION"]
 
 Arg = Union[float, str]
 _LOG_2PI = 1.8378770664093453
@@ -55,6 +55,21 @@ class Prior:
             return jax.nn.log_sigmoid(x) + jax.nn.log_sigmoid(-x)
         raise ValueError(f"unknown prior family {self.family!r}")
 
+    def sample(self, rng, shape, env: Mapping[str, float]):
+        """Draws of the unconstrained value (numpy), ``env`` as in :meth:`log_prob`."""
+        import numpy as np
+
+        get = lambda a: float(env[a]) if isinstance(a, str) else a
+        if self.family == "normal":
+            var = 1.0 / get(self.precision) if self.precision is not None else get(self.variance)
+            return rng.normal(get(self.loc), np.sqrt(var), shape)
+        if self.family == "log_gamma":
+            return np.log(rng.gamma(self.shape_, 1.0 / self.rate, shape))
+        if self.family == "logit_uniform":
+            c = rng.random(shape)
+            return np.log(c) - np.log1p(-c)
+        raise ValueError(f"unknown prior family {self.family!r}")
+
     def references(self) -> tuple[str, ...]:
         return tuple(a for a in (self.loc, self.variance, self.precision) if isinstance(a, str))
 
@@ -74,7 +89,10 @@ class Prior:
 # vague and hierarchical are seed 003's (sections 4.2-4.3). population keeps the subjects'
 # vague N(0, 1) (the ability population that fixes the scale, as in marginal maximum
 # likelihood) and pools each item block through N(mu, 1/u): a learned location and scale,
-# so no flat prior's volume pulls the scale where items outnumber subjects.
+# so no flat prior's volume pulls the scale where items outnumber subjects. Its locations
+# have proper, weakly informative priors (POPULATION_LOCATION, or the block's own): with
+# few items seed 003's N(0, 10^6) leaves a funnel (a -> 0, b -> -inf) open to the exact
+# posterior, and a prior that can be drawn from is what simulation-based calibration needs.
 PRIOR_FAMILIES = ("vague", "hierarchical", "population")
 
 
@@ -98,6 +116,12 @@ def normal(loc: Arg = 0.0, variance: Arg | None = 1.0, *, precision: Arg | None 
                  precision=precision)
 
 
+# The population family's default location prior of a pooled block: sd 3 on the logit
+# scale, so a block's mean difficulty may sit anywhere a benchmark's mean accuracy does
+# (0.3%-99.7% for an average subject at two sd). Blocks on a log scale name their own.
+POPULATION_LOCATION = normal(0.0, 9.0)
+
+
 def log_gamma(shape: float = 1.0, rate: float = 1.0) -> Prior:
     """Density of ``log u`` for ``u ~ Gamma(shape, rate)``."""
     return Prior("log_gamma", shape_=shape, rate=rate, variance=None)
@@ -108,16 +132,17 @@ def logit_uniform() -> Prior:
     return Prior("logit_uniform", variance=None)
 
 
-def hyper_params(block: str):
-    """The two global hyper-parameters of a hierarchical block (seed 003 section 4.2-4.3).
+def hyper_params(block: str, location: Prior | None = None, precision: Prior | None = None):
+    """The two global hyper-parameters of a pooled block.
 
-    ``mu_<block> ~ N(0, 10^6)`` and ``u_<block> ~ Gamma(1, 1)``, the latter fitted as
-    ``log u``. Returns ``(mu_spec_kwargs, u_spec_kwargs, prior_for_block)``.
+    ``mu_<block> ~ location`` and ``u_<block> ~ precision``, the latter fitted as ``log u``;
+    seed 003's ``N(0, 10^6)`` and ``Gamma(1, 1)`` (sections 4.2-4.3) where None. Returns
+    ``(mu_spec_kwargs, u_spec_kwargs, prior_for_block)``.
     """
     mu, u = f"mu_{block}", f"u_{block}"
     return (
-        dict(name=mu, owner="global", prior=normal(0.0, 1e6), in_likelihood=False),
-        dict(name=u, owner="global", prior=log_gamma(1.0, 1.0), transform="exp",
+        dict(name=mu, owner="global", prior=location or normal(0.0, 1e6), in_likelihood=False),
+        dict(name=u, owner="global", prior=precision or log_gamma(1.0, 1.0), transform="exp",
              in_likelihood=False),
         normal(mu, precision=u),
     )

@@ -242,6 +242,17 @@ class ModelSpec:
                 return p
         raise ModelError(f"model {self.name!r} has no parameter {name!r}; it has {self.names}")
 
+    def draw_prior(self, num_subjects: int, num_items: int, rng) -> dict:
+        """One draw of every block from its prior, unconstrained (the globals first, so the
+        pooled blocks draw from their drawn location and precision): the truth of a
+        simulation-based calibration or a prior predictive check."""
+        out, env = {}, {}
+        for p in self.by_owner("global") + tuple(q for q in self.params if q.owner != "global"):
+            out[p.name] = p.prior.sample(rng, p.full_shape(num_subjects, num_items), env)
+            if p.owner == "global":
+                env[p.name] = p.constrain(out[p.name])
+        return out
+
     def by_owner(self, owner: Owner) -> tuple[ParamSpec, ...]:
         return tuple(p for p in self.params if p.owner == owner)
 

@@ -296,9 +296,9 @@ def test_signed_discrimination_recovers_negative_items():
 
 
 def test_constant_items_are_fitted_as_unobserved_and_flagged(tmp_path):
-    """Items every subject answered alike carry no ranking information; fitted as
-    unobserved they leave the abilities alone and the ELBO settles (with them in the
-    likelihood, a 10-subject demo fit never did)."""
+    """Items every subject answered alike carry no ranking information; in the mean-field
+    fit, fitted as unobserved they leave the abilities alone and the ELBO settles (with them
+    in the likelihood, a 10-subject demo fit never did)."""
     from engine.api import fit
     from engine.run import save_run
 
@@ -309,8 +309,8 @@ def test_constant_items_are_fitted_as_unobserved_and_flagged(tmp_path):
     y[:, 120:130] = 1
     constant = np.isin(y.sum(axis=0), (0, 12))  # the 130 planted and a few by chance
     assert constant[:130].all() and constant.sum() < 150
-    res = fit(y, "1pl", settings=FitSettings(seed=0))
-    ref = fit(y[:, ~constant], "1pl", settings=FitSettings(seed=0))
+    res = fit(y, "1pl", settings=FitSettings(seed=0, ability_factor="gaussian"))
+    ref = fit(y[:, ~constant], "1pl", settings=FitSettings(seed=0, ability_factor="gaussian"))
     assert res.extra["data"]["constant_items"] == constant.sum()
     assert res.num_observed == 12 * (~constant).sum()
     gap = np.abs(res.means()["ability"] - ref.means()["ability"]) / ref.sds()["ability"]
@@ -318,6 +318,27 @@ def test_constant_items_are_fitted_as_unobserved_and_flagged(tmp_path):
     assert gap.max() < 1.0  # Monte Carlo noise of two fits: measured 0.5 sd
     run = save_run(res, tmp_path / "run", num_draws=50)
     assert run.items["constant_response"].tolist() == constant.tolist()
+
+
+def test_constant_items_under_pooled_priors_are_fitted_with_their_data():
+    """Under pooled item priors the quadrature fit keeps constant items in the likelihood
+    (the pool keeps their posterior proper): an item every subject answered right comes out
+    easier than every informative item, one all answered wrong harder, with finite sds, and
+    none is counted as set aside. Under the vague priors they are still set aside."""
+    from engine.api import fit
+
+    rng = np.random.default_rng(5)
+    theta, b = rng.normal(size=200), rng.normal(size=20)
+    y = (rng.random((200, 20)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
+    y[:, 0], y[:, 1] = 1, 0
+    res = fit(y, "1pl", settings=FitSettings(seed=0))
+    assert res.extra["ability_factor"]["method"] == "quadrature"
+    assert "constant_items" not in res.extra["data"] and res.num_observed == y.size
+    est, sd = res.means()["difficulty"], res.sds()["difficulty"]
+    assert est[0] < est[2:].min() and est[1] > est[2:].max()
+    assert np.isfinite(sd[:2]).all() and (sd[:2] < 3).all()
+    vague = fit(y, "1pl", prior="vague", settings=FitSettings(seed=0))
+    assert vague.extra["data"]["constant_items"] == 2
 
 
 @pytest.mark.parametrize("bad,match", [

@@ -11,14 +11,21 @@ from engine.api import fit
 from engine.infer.settings import FitSettings
 
 
+# population's hyper-priors per block: mu's sd, u's Gamma shape and rate
+HYPER = {"difficulty": (3.0, 1.0, 1.0), "discrimination": (1.0, 2.0, 0.5)}
+
+
 def _item_prior(z, block, vague_sd, population):
     """log p of an item block and, under population, of its hyper-parameters: the block
-    ~ N(mu, 1/u), mu ~ N(0, 10^6), u ~ Gamma(1, 1) fitted as log u (Jacobian included)."""
+    ~ N(mu, 1/u), mu ~ N(0, s^2), u ~ Gamma(shape, rate) fitted as log u (Jacobian
+    included), with (s, shape, rate) from HYPER."""
     if not population:
         return stats.norm.logpdf(z[block], 0, vague_sd).sum()
     mu, log_u = z[f"mu_{block}"], z[f"u_{block}"]
+    sd, shape, rate = HYPER[block]
     return (stats.norm.logpdf(z[block], mu, 1 / np.sqrt(np.exp(log_u))).sum()
-            + stats.norm.logpdf(mu, 0, 1e3) + stats.gamma.logpdf(np.exp(log_u), 1.0) + log_u)
+            + stats.norm.logpdf(mu, 0, sd) + stats.gamma.logpdf(np.exp(log_u), shape, scale=1 / rate)
+            + log_u)
 
 
 def _scipy_elbo(res, y, population, num_draws=300, seed=1):

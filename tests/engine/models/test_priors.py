@@ -142,3 +142,51 @@ def test_each_model_names_its_default_prior():
         assert get_model(name, **options) == get_model(name, prior=want, **options)
     with pytest.raises(ModelError, match="unknown model 'rasch'"):
         default_prior("rasch")
+
+
+@pytest.mark.parametrize("prior,env", [(normal(0.3, 2.0), {}), (normal("m", precision="u"), {"m": -1.5, "u": 4.0}),
+                                       (log_gamma(2.0, 0.5), {}), (log_gamma(1.0, 1.0), {}),
+                                       (logit_uniform(), {})],
+                         ids=["normal", "normal-by-name", "log_gamma", "gamma11", "logit"])
+def test_draws_follow_the_density(prior, env):
+    """``Prior.sample`` draws from the density ``log_prob`` evaluates: a KS test of 4,000
+    draws against the CDF integrated from ``exp(log_prob)`` with scipy."""
+    draws = prior.sample(np.random.default_rng(0), (4000,), env)
+    assert draws.shape == (4000,) and np.isfinite(draws).all()
+    grid = np.linspace(-40, 40, 160_001)
+    dens = np.exp(np.asarray(prior.log_prob(jnp.asarray(grid), {k: jnp.float32(v) for k, v in env.items()}),
+                             np.float64))
+    cdf = integrate.cumulative_trapezoid(dens, grid, initial=0.0)
+    assert cdf[-1] == pytest.approx(1.0, abs=1e-4)
+    p = stats.kstest(draws, lambda x: np.interp(x, grid, cdf)).pvalue
+    assert p > 1e-3
+
+
+def test_population_hyper_priors_are_proper_and_hierarchical_keeps_seed_003s():
+    """Population: mu_difficulty ~ N(0, 3^2), u_difficulty ~ Gamma(1, 1), and for log a
+    mu ~ N(0, 1), u ~ Gamma(2, 1/2); hierarchical keeps N(0, 10^6) and Gamma(1, 1)."""
+    pop = get_model("2pl", prior="population")
+    assert pop.param("mu_difficulty").prior == normal(0.0, 9.0)
+    assert pop.param("u_difficulty").prior == log_gamma(1.0, 1.0)
+    assert pop.param("mu_discrimination").prior == normal(0.0, 1.0)
+    assert pop.param("u_discrimination").prior == log_gamma(2.0, 0.5)
+    assert get_model("1pl", prior="population").param("mu_difficulty").prior == normal(0.0, 9.0)
+    hier = get_model("2pl", prior="hierarchical")
+    for block in ("ability", "difficulty", "discrimination"):
+        assert hier.param(f"mu_{block}").prior == normal(0.0, 1e6)
+        assert hier.param(f"u_{block}").prior == log_gamma(1.0, 1.0)
+
+
+def test_draw_prior_draws_pooled_blocks_from_their_drawn_hyper_parameters():
+    """``ModelSpec.draw_prior``: the globals first, then each pooled block from N(mu, 1/u)
+    at the drawn mu and u (20,000 items: the block's mean and sd match them)."""
+    spec = get_model("2pl", prior="population")
+    t = spec.draw_prior(7, 20_000, np.random.default_rng(3))
+    assert t["ability"].shape == (7,) and t["difficulty"].shape == (20_000,)
+    for block in ("difficulty", "discrimination"):
+        sd = 1.0 / np.sqrt(np.exp(t[f"u_{block}"]))
+        assert np.mean(t[block]) == pytest.approx(t[f"mu_{block}"], abs=5 * sd / np.sqrt(20_000))
+        assert np.std(t[block]) == pytest.approx(sd, rel=0.03)
+    # the hyper-parameters themselves follow their priors: mu_difficulty's sd is 3
+    mus = [spec.draw_prior(1, 1, np.random.default_rng(s))["mu_difficulty"] for s in range(400)]
+    assert stats.kstest(mus, stats.norm(0, 3).cdf).pvalue > 1e-3
