@@ -12,8 +12,8 @@ N(0, 10^6).)
 
 Item draws use what ``items.parquet`` reports (the within-item marginal sd), abilities the
 guide's factor, both as Gaussians on the unconstrained scale. Items whose simulated
-responses are all alike ("constant") are fitted as the fit treats them: with their data
-under pooled item priors (quadrature fit, NUTS), as unobserved (prior only) otherwise.
+responses are all alike ("constant") are fitted as unobserved (prior only), as every fit
+does.
 
     python benchmarks/bench_sbc.py --reps 200 --prior population --out benchmarks/results/sbc_population.json
 
@@ -104,7 +104,7 @@ def _nuts_ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int
     spec = get_model(model, prior=prior)
     constant = np.ptp(y, axis=0) == 0
     y_fit = y.copy()  # constant items set aside where fit_nuts sets them aside
-    y_fit[:, _constant_items(y, response_stats(y), "binary", spec, (), "nuts")] = -1
+    y_fit[:, _constant_items(y, response_stats(y), "binary", spec, ())] = -1
     draws, _ = sample_nuts(spec, y_fit, settings.replace(seed=rep), sampler=sampler)
     pos = {k: np.asarray(v) for k, v in draws.position.items()}
     out = {"converged": bool(draws.diverging.sum() == 0), "constant_share": float(constant.mean()),

@@ -244,7 +244,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
                                    max_cells=settings.quadrature_max_cells,
                                    frozen=bool(frozen), init=init is not None,
                                    variational=settings.optimizer != "auto" or settings.mc_draws > 0)
-    constant = _constant_items(y, stats, info["kind"], spec, frozen, factor["method"])
+    constant = _constant_items(y, stats, info["kind"], spec, frozen)
     if constant.any():  # set aside: they carry no ranking information, only Monte Carlo noise
         y_fit = y.copy()
         y_fit[:, constant] = -1
@@ -312,7 +312,7 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
     if info["kind"] != "binary":
         info["boundary"] = boundary_counts(y)
     stats = response_stats(y)
-    constant = _constant_items(y, stats, info["kind"], spec, frozenset(), "nuts")
+    constant = _constant_items(y, stats, info["kind"], spec, frozenset())
     y_fit = y
     if constant.any():  # as fit(): prior only
         y_fit = y.copy()
@@ -329,25 +329,25 @@ def _one_scalar_ability(spec) -> bool:
     return len(subject) == 1 and subject[0].shape == ()
 
 
-def _constant_items(y, stats: dict, kind: str, spec, frozen, method: str) -> np.ndarray:
-    """Binary items every observed subject answered the same way that the fit sets aside,
-    ``(N,)`` bool, read from ``y``'s :func:`response_stats` (an item's mean is exactly 0 or 1
-    just when it is constant).
+def _constant_items(y, stats: dict, kind: str, spec, frozen) -> np.ndarray:
+    """Binary items every observed subject answered the same way, ``(N,)`` bool, read from
+    ``y``'s :func:`response_stats` (an item's mean is exactly 0 or 1 just when it is constant).
 
     Their likelihood only pushes the item's own difficulty towards infinity; under a vague
     prior its factor stays nearly as wide as the prior, and its draws feed pure noise into
     every ability step (a 10-subject fit with hundreds of such items never settled). Such
     items are fitted as unobserved (prior only), the usual treatment of extreme items in IRT
     software. Not when item blocks are frozen (scoring: their values are known, so a
-    constant column is informative), nor for data not held in memory. Nor where the item
-    priors pool and the fit (``method``) draws no Monte Carlo samples of the items (the
-    quadrature fit, NUTS): the pool keeps such an item's posterior proper, and set aside
-    it would report the pool's prior where its data say it is easier (or harder) than most
-    (simulation-based calibration, 1PL 100 x 8: those items' ranks chi-square 123, 9 df).
+    constant column is informative), nor for data not held in memory.
+
+    Under pooled item priors the item table then reports the pool's prior for them, where
+    their data say they are easier (or harder) than most: simulation-based calibration of
+    the 1PL at 100 x 8 gives those items' ranks chi-square 123 (9 df). Fitting them with
+    their data fixed that (11.5) but let hundreds of all-wrong items on a 10-system
+    leaderboard pull the pooled prior and every ability with them, away from the
+    replicates of ``bootstrap``, so they stay set aside.
     """
-    pooled_items = any(p.prior.references() for p in spec.by_owner("item"))
-    if (y is None or kind != "binary" or any(p.owner == "item" and p.name in frozen for p in spec.params)
-            or (pooled_items and method in ("quadrature", "nuts"))):
+    if y is None or kind != "binary" or any(p.owner == "item" and p.name in frozen for p in spec.params):
         return np.zeros(0 if y is None else y.shape[1], bool)
     mean = stats["item_mean"]
     return (stats["item_n"] > 0) & ((mean == 0) | (mean == 1))

@@ -320,27 +320,6 @@ def test_constant_items_are_fitted_as_unobserved_and_flagged(tmp_path):
     assert run.items["constant_response"].tolist() == constant.tolist()
 
 
-def test_constant_items_under_pooled_priors_are_fitted_with_their_data():
-    """Under pooled item priors the quadrature fit keeps constant items in the likelihood
-    (the pool keeps their posterior proper): an item every subject answered right comes out
-    easier than every informative item, one all answered wrong harder, with finite sds, and
-    none is counted as set aside. Under the vague priors they are still set aside."""
-    from engine.api import fit
-
-    rng = np.random.default_rng(5)
-    theta, b = rng.normal(size=200), rng.normal(size=20)
-    y = (rng.random((200, 20)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
-    y[:, 0], y[:, 1] = 1, 0
-    res = fit(y, "1pl", settings=FitSettings(seed=0))
-    assert res.extra["ability_factor"]["method"] == "quadrature"
-    assert "constant_items" not in res.extra["data"] and res.num_observed == y.size
-    est, sd = res.means()["difficulty"], res.sds()["difficulty"]
-    assert est[0] < est[2:].min() and est[1] > est[2:].max()
-    assert np.isfinite(sd[:2]).all() and (sd[:2] < 3).all()
-    vague = fit(y, "1pl", prior="vague", settings=FitSettings(seed=0))
-    assert vague.extra["data"]["constant_items"] == 2
-
-
 @pytest.mark.parametrize("bad,match", [
     ({"unbiased_after": -1}, "unbiased_after must be >= 0"),
     ({"prefetch": -1}, "prefetch must be >= 0, got -1"),
