@@ -266,7 +266,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     use_compilation_cache()  # IRT_ENGINE_COMPILATION_CACHE=0 turns it off
     if factor["method"] == "quadrature":  # abilities integrated out (engine.infer.marginal)
         with count_compiles() as compiles:
-            result = fit_marginal_result(spec, y_fit if constant.any() else y, settings)
+            aside = (np.flatnonzero(constant), y[:, constant]) if constant.any() else None
+            result = fit_marginal_result(spec, y_fit if constant.any() else y, settings, aside=aside)
         result.extra["compile"] = compiles.to_dict()
     else:  # fit_source counts its own compilation
         result = fit_source(spec, source, settings, init=init, frozen=frozen,

@@ -53,7 +53,8 @@ class MarginalSettings:
 
     num_nodes : adaptive Gauss-Hermite nodes per subject.
     max_iter, tol : EM iterations; converged when the marginal log posterior changes by less
-        than ``tol`` (relative, at least 1e-3 nats) and no item moves by more than 1e-3.
+        than ``tol`` (relative, at least 1e-3 nats) and no item moves by more than 1e-3, or
+        by less than 5% of its conditional posterior sd in two passes running.
     max_step : largest change of an item's unconstrained value per Newton step.
     full_cov_max : the items' joint covariance is computed when the item vector has at most
         this many values (and the score matrix has at most ``score_cells_max`` cells); per
@@ -531,10 +532,15 @@ def _move_in_sds(spec: ModelSpec, x_before: np.ndarray, x: np.ndarray, g_before:
     sds are logits) the Newton and EM steps settled into a cycle of 0.01-sized moves, 0.03
     sd, with the objective flat to 1e-5, and ran to the iteration limit (a simulated 2PL,
     100 x 8). A move under 5% of an sd is converged (the agreement target with NUTS is 25%),
-    whatever its size on the parameter scale; with the objective's change under 1e-3 as
-    well, a fit creeping towards a distant optimum is not taken for converged. Conditional
-    sds are at most the marginal ones, so this is the stricter reading."""
+    whatever its size on the parameter scale; the caller also asks the objective's change
+    to stay under 1e-3 and the moves to stay small in two passes running. Conditional sds
+    are at most the marginal ones, so this is the stricter reading. An item whose
+    information is singular or not positive definite has no sd to measure by: its move
+    counts as infinite."""
+    eig = np.linalg.eigvalsh(info)  # (n, k)
+    flat = eig.min(axis=-1) <= 1e-8 * np.abs(eig).max(axis=-1)
     moves = [np.abs(x - x_before) / np.maximum(np.sqrt(_conditional_variances(info)), 1e-12)]
+    moves[0][flat] = np.inf
     if g.size:
         v = jnp.asarray(_conditional_variances(info), jnp.float32)
         _, _, g_hess = _hyper_terms(spec, jnp.asarray(x, jnp.float32), v, jnp.asarray(g, jnp.float32))
@@ -849,11 +855,10 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         {"later_round_failed": why} if why and round_ > used else {})
 
 
-def _laplace_abilities(spec, x, g, proposal, g_cov, quad, y, mask, counts,
-                       settings: MarginalSettings):
+def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: MarginalSettings):
     """Each pattern's ability posterior mean and variance ``(U,)`` averaged over item draws
     from the Laplace approximation ``N((x, g), proposal)`` (``proposal`` joint ``(d, d)``,
-    the globals after the items, or per item ``(n, k, k)`` with the globals' ``g_cov``), by
+    the globals after the items, or per item ``(n, k, k)`` at the globals ``g``), by
     the law of total variance; ``(None, record)`` where the draws would exceed the cells.
 
     The abilities at the items' mode alone are too spread where items are uncertain: at
@@ -876,14 +881,15 @@ def _laplace_abilities(spec, x, g, proposal, g_cov, quad, y, mask, counts,
         if proposal.ndim == 2:
             centre = np.concatenate([x.reshape(-1), g])
             xs = centre + z @ np.linalg.cholesky(proposal).T
-        else:
+        else:  # per item, given the globals (they enter no likelihood: held at theirs)
             chol = np.linalg.cholesky(proposal)  # (n, k, k)
             items = x + np.einsum("nij,dnj->dni", chol, z[:, :n * k].reshape(draws, n, k))
-            glob = (g + z[:, n * k:] @ np.linalg.cholesky(g_cov).T
-                    if g.size else np.zeros((draws, 0)))
-            xs = np.concatenate([items.reshape(draws, -1), glob], axis=1)
+            xs = np.concatenate([items.reshape(draws, -1), np.broadcast_to(g, (draws, g.size))],
+                                axis=1)
     except np.linalg.LinAlgError:
         return None, record | {"method": "mode", "because": "covariance not positive definite"}
+    if not np.isfinite(xs).all():
+        return None, record | {"method": "mode", "because": "covariance not finite"}
     theta, log_base = quad.log_base(spec, Q)
     _, _, m1, m2 = (np.asarray(a, np.float64) for a in _draw_moments(
         spec, jnp.asarray(xs[:, :n * k].reshape(draws, n, k), jnp.float32),
@@ -904,8 +910,65 @@ def _proposal_off(centre, proposal_cov, mean, cov, settings: MarginalSettings) -
                 or (np.abs(mean - centre) > settings.importance_refit_shift * sd0).any())
 
 
+def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limit: int,
+                          points: int = 41):
+    """Posterior mean ``(m, k)`` and covariance ``(m, k, k)`` of items the fit set aside,
+    from their responses ``aside`` ``(S, m)`` (-1 missing) against the fitted abilities:
+    each item's values on a ``points^k`` grid spanning 6 prior sds about the pooled
+    prior's location (given the globals ``g``), its likelihood integrated over each
+    pattern's ability posterior (nodes ``theta``, weights ``w``; ``inverse`` maps subjects
+    to patterns). The abilities do not see these items, as in the fit; the items see the
+    abilities' uncertainty. ``None`` where an item has more than two values or a block's
+    prior is not normal."""
+    blocks = _item_blocks(spec)
+    k = len(blocks)
+    env = {name: float(v) for name, v in _env(spec, g).items()}
+    if k > 2 or any(p.prior.family != "normal" for p in blocks):
+        return None
+    axes = []
+    for p in blocks:
+        pr = p.prior
+        loc = env[pr.loc] if isinstance(pr.loc, str) else pr.loc
+        prec = (env[pr.precision] if isinstance(pr.precision, str) else pr.precision) \
+            if pr.precision is not None else 1.0 / pr.variance
+        axes.append(loc + 6.0 / np.sqrt(prec) * np.linspace(-1.0, 1.0, points))
+    grid = np.stack([a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")], -1)  # (G, k)
+    U, G = theta.shape[0], grid.shape[0]
+    log_prior = _item_prior(spec, grid, g)[0]
+    th = jnp.asarray(theta, jnp.float32)
+    per = max(1, limit // max(U * theta.shape[1], 1))
+    log_p = {}
+    for r in (0, 1):  # log P(y = r | pattern u, item at grid point) (U, G)
+        parts = []
+        for start in range(0, G, per):
+            gx = jnp.asarray(grid[start:start + per], jnp.float32)
+            ones = jnp.ones((U, gx.shape[0]), jnp.float32)
+            ll = np.asarray(_node_loglik_cells(spec, gx, th, r * ones, ones), np.float64)
+            top = ll.max(axis=1, keepdims=True)
+            parts.append(top[:, 0] + np.log(np.einsum("uq,uqg->ug", w, np.exp(ll - top))))
+        log_p[r] = np.concatenate(parts, axis=1)
+    means, covs = [], []
+    for col in np.asarray(aside).T:
+        n1 = np.bincount(inverse, weights=(col == 1), minlength=U)[:U]
+        n0 = np.bincount(inverse, weights=(col == 0), minlength=U)[:U]
+        lp = log_prior + n1 @ log_p[1] + n0 @ log_p[0]
+        wt = np.exp(lp - lp.max())
+        wt /= wt.sum()
+        m = wt @ grid
+        d = grid - m
+        means.append(m)
+        covs.append((d * wt[:, None]).T @ d)
+    return np.array(means), np.array(covs)
+
+
+@exported_jit(static_argnames=("spec",))
+def _node_loglik_cells(spec, x, theta, y, mask):
+    return _cell_loglik(spec, x, theta, y, mask)
+
+
 def fit_marginal(spec: ModelSpec, y: np.ndarray,
-                 settings: MarginalSettings = MarginalSettings()) -> tuple[GuideState, dict, dict]:
+                 settings: MarginalSettings = MarginalSettings(),
+                 aside: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[GuideState, dict, dict]:
     """Fit ``spec`` to binary responses ``y`` (int8 ``(s, n)``, -1 missing) by marginal MAP.
 
     Each iteration takes the E-step (posterior weights on every pattern's nodes), then a
@@ -937,6 +1000,11 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     Raises
     ------
     ModelError : the model is not one ``marginal_applies`` accepts.
+
+    ``aside``: ``(columns, responses)`` of items set aside in ``y`` (all -1 there: constant
+    items) with their responses ``(S, m)``. Under pooled priors their read-outs are their
+    own posterior against the fitted abilities (:func:`_set_aside_posteriors`), not the
+    pool's prior; the abilities and the pool do not see them.
     """
     if not marginal_applies(spec):
         raise ModelError(f"model {spec.name!r}: the marginal fit needs binary responses, one "
@@ -969,7 +1037,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     hyper = spec.by_owner("global")  # the item priors' hyper-parameters, if any
     g = np.array([p.init if np.isscalar(p.init) else 0.0 for p in hyper], np.float64)
     quad = _Quadrature(Q, U, settings.cell_chunk)
-    trace, converged, previous, newton_steps = [], False, None, 0
+    trace, converged, previous, newton_steps, settled = [], False, None, 0, False
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
@@ -1034,10 +1102,12 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         quad.adapt(theta, w)
         change = abs(objective - previous) if previous is not None else np.inf
         previous = objective
-        if it >= 2 and change < max(settings.tol * abs(objective), 1e-3) and (
-                full_step < 1e-3 or _move_in_sds(spec, x_before, x, g_before, g, -hess) < 0.05):
+        small = change < max(settings.tol * abs(objective), 1e-3)
+        within_sd = small and _move_in_sds(spec, x_before, x, g_before, g, -hess) < 0.05
+        if it >= 2 and small and (full_step < 1e-3 or (within_sd and settled)):
             converged = True
             break
+        settled = within_sd  # a move within 5% of an sd counts in two passes running
     # final posterior at the fitted items, with the nodes recentred once more
     theta, w, _ = quad.posterior(spec, x, yy, mask)
     quad.adapt(theta, w)
@@ -1079,12 +1149,21 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         sd = np.sqrt(total_var)
         moments_record["abilities"] = "importance"
     else:  # the abilities over the items' Laplace approximation
-        averaged, record = _laplace_abilities(spec, x, g, proposal, g_cov, quad, yy, mask,
-                                              counts_f, settings)
+        averaged, record = _laplace_abilities(spec, x, g, proposal, quad, yy, mask, counts_f,
+                                              settings)
         moments_record["abilities"] = record
         if averaged is not None:
             mean, total_var = averaged
             sd = np.sqrt(total_var)
+    set_aside = None
+    if aside is not None and hyper and len(aside[0]):
+        columns, responses = aside
+        found = _set_aside_posteriors(spec, x, g, theta, w, inverse, responses,
+                                      settings.cell_chunk)
+        if found is not None:  # the set-aside items' own posterior, not the pool's prior
+            x, cov = x.copy(), cov.copy()
+            x[columns], cov[columns] = found
+            set_aside = {"items": int(len(columns)), "method": "grid against the fitted abilities"}
     # items: conditional sds in the guide, within-item couplings in cross, so that the
     # read-outs' within-item marginal sds are this covariance's diagonal
     prec = np.linalg.pinv(cov)
@@ -1104,22 +1183,23 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
             "num_nodes": Q, "joint_item_covariance": joint, "newton_steps": newton_steps,
             "log_marginal_posterior": float(counts_f @ log_marg + total_prior),
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
-            "item_moments": moments_record, "item_mode": mode,
+            "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
             "wall_s": time.perf_counter() - t0}
     return GuideState(loc, log_scale), cross, info
 
 
 def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
-                        settings: MarginalSettings = MarginalSettings()):
+                        settings: MarginalSettings = MarginalSettings(), aside=None):
     """:func:`fit_marginal` as a :class:`~engine.infer.fit.FitResult` (the trace's ``elbo``
-    is the marginal log posterior), for the same run directory and read-outs."""
+    is the marginal log posterior), for the same run directory and read-outs. ``aside``:
+    ``(columns, responses)`` of items set aside in ``y`` (see :func:`fit_marginal`)."""
     from engine.infer.fit import FitResult
     from engine.memory import default_memory_budget
 
     if not fit_settings.bucket_shapes:
         settings = replace(settings, bucket_patterns=False)
     settings, memory = within_budget(settings, fit_settings.memory_budget or default_memory_budget())
-    guide, cross, info = fit_marginal(spec, y, settings)
+    guide, cross, info = fit_marginal(spec, y, settings, aside)
     y = np.asarray(y)
     return FitResult(
         spec=spec, guide=guide, settings=fit_settings, trace=info["trace"],
@@ -1130,5 +1210,6 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
         extra={"source": "quadrature", "layout": "dense", "mc_draws": 0,
                "quadrature": {k: info[k] for k in (
                    "num_patterns", "patterns_padded_to", "num_nodes", "joint_item_covariance",
-                   "newton_steps", "log_marginal_posterior", "item_moments")} | {"memory": memory}},
+                   "newton_steps", "log_marginal_posterior", "item_moments", "set_aside")}
+                   | {"memory": memory}},
         cross=cross)

@@ -460,3 +460,39 @@ def test_abilities_over_the_items_laplace_draws_match_importance_sampling():
     assert z("laplace").max() < 0.03
     assert z("mode").max() > 0.08  # the regime: the mode's abilities are measurably off
     np.testing.assert_allclose(runs["laplace"][1], ref_sd, rtol=0.05)
+
+
+def test_set_aside_items_report_their_posterior_against_the_fitted_abilities():
+    """Under pooled priors a constant item stays out of the fit (the abilities equal a fit
+    without it, to 1e-3) but the item table reports its own posterior, not the pool's prior: against
+    scipy, p(b | y) ∝ N(b; mu, 1/u) prod_s ∫ sigmoid(±(theta - b)) N(theta; m_s, sd_s) dtheta
+    with the fitted abilities' means and sds, on a 1PL with one item all answered right
+    and one all wrong."""
+    y = _simulate(150, 12, seed=7, log_a_sd=0.0)[0]
+    y[:, 0], y[:, 1] = 1, 0
+    res = fit(y, "1pl", settings=FitSettings(seed=0, progress=False))
+    assert res.extra["ability_factor"]["method"] == "quadrature"
+    assert res.extra["data"]["constant_items"] == 2
+    assert res.extra["quadrature"]["set_aside"]["items"] == 2
+    ref = fit(y[:, 2:], "1pl", settings=FitSettings(seed=0, progress=False))
+    # (the set-aside items' prior terms still touch the pool: 7e-4 measured)
+    np.testing.assert_allclose(res.means()["ability"], ref.means()["ability"], atol=3e-3)
+    m, sd = res.means()["ability"], res.sds()["ability"]
+    mu, u = float(res.guide.loc["mu_difficulty"]), float(np.exp(res.guide.loc["u_difficulty"]))
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)
+    theta = m[:, None] + sd[:, None] * nodes  # (S, 40)
+    got_b, got_sd = res.means()["difficulty"], res.sds()["difficulty"]
+    for j, sign in ((0, 1.0), (1, -1.0)):
+        def log_post(b):
+            p = (weights * (1 / (1 + np.exp(-sign * (theta - b))))).sum(axis=1) / weights.sum()
+            return stats.norm.logpdf(b, mu, u ** -0.5) + np.log(p).sum()
+        grid = np.linspace(mu - 8 / np.sqrt(u), mu + 8 / np.sqrt(u), 4001)
+        lp = np.array([log_post(b) for b in grid])
+        dens = np.exp(lp - lp.max())
+        total = integrate.trapezoid(dens, grid)
+        mean = integrate.trapezoid(grid * dens, grid) / total
+        var = integrate.trapezoid((grid - mean) ** 2 * dens, grid) / total
+        assert got_b[j] == pytest.approx(mean, abs=0.05 * np.sqrt(var))
+        assert got_sd[j] == pytest.approx(np.sqrt(var), rel=0.05)
+    informative = got_b[2:]
+    assert got_b[0] < informative.min() and got_b[1] > informative.max()
