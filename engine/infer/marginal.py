@@ -918,8 +918,9 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
     prior's location (given the globals ``g``), its likelihood integrated over each
     pattern's ability posterior (nodes ``theta``, weights ``w``; ``inverse`` maps subjects
     to patterns). The abilities do not see these items, as in the fit; the items see the
-    abilities' uncertainty. ``None`` where an item has more than two values or a block's
-    prior is not normal."""
+    abilities' uncertainty. Also returns ``(m,)`` bool: which items got a finite, positive
+    definite posterior (the others keep the prior). ``None`` where an item has more than
+    two values or a block's prior is not normal."""
     blocks = _item_blocks(spec)
     k = len(blocks)
     env = {name: float(v) for name, v in _env(spec, g).items()}
@@ -947,18 +948,25 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
             top = ll.max(axis=1, keepdims=True)
             parts.append(top[:, 0] + np.log(np.einsum("uq,uqg->ug", w, np.exp(ll - top))))
         log_p[r] = np.concatenate(parts, axis=1)
-    means, covs = [], []
+    means, covs, found = [], [], []
     for col in np.asarray(aside).T:
         n1 = np.bincount(inverse, weights=(col == 1), minlength=U)[:U]
         n0 = np.bincount(inverse, weights=(col == 0), minlength=U)[:U]
         lp = log_prior + n1 @ log_p[1] + n0 @ log_p[0]
+        lp = np.where(np.isfinite(lp), lp, -np.inf)
+        if not np.isfinite(lp).any():  # no grid point with a finite density: keep the prior
+            found.append(False)
+            means.append(np.zeros(k))
+            covs.append(np.eye(k))
+            continue
         wt = np.exp(lp - lp.max())
         wt /= wt.sum()
         m = wt @ grid
         d = grid - m
         means.append(m)
         covs.append((d * wt[:, None]).T @ d)
-    return np.array(means), np.array(covs)
+        found.append(bool(np.isfinite(covs[-1]).all() and np.linalg.eigvalsh(covs[-1]).min() > 0))
+    return np.array(means), np.array(covs), np.array(found, bool)
 
 
 @exported_jit(static_argnames=("spec",))
@@ -1161,9 +1169,12 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         found = _set_aside_posteriors(spec, x, g, theta, w, inverse, responses,
                                       settings.cell_chunk)
         if found is not None:  # the set-aside items' own posterior, not the pool's prior
+            means, covs, ok = found
             x, cov = x.copy(), cov.copy()
-            x[columns], cov[columns] = found
-            set_aside = {"items": int(len(columns)), "method": "grid against the fitted abilities"}
+            x[columns[ok]], cov[columns[ok]] = means[ok], covs[ok]
+            set_aside = {"items": int(ok.sum()), "method": "grid against the fitted abilities"}
+            if not ok.all():
+                set_aside["at_the_prior"] = int((~ok).sum())
     # items: conditional sds in the guide, within-item couplings in cross, so that the
     # read-outs' within-item marginal sds are this covariance's diagonal
     prec = np.linalg.pinv(cov)

@@ -496,3 +496,22 @@ def test_set_aside_items_report_their_posterior_against_the_fitted_abilities():
         assert got_sd[j] == pytest.approx(np.sqrt(var), rel=0.05)
     informative = got_b[2:]
     assert got_b[0] < informative.min() and got_b[1] > informative.max()
+
+
+def test_set_aside_posteriors_stay_finite_where_the_grid_overflows():
+    """A pool of log discriminations with a tiny precision spans a grid whose far end
+    overflows float32 (a = e^300): those grid points drop out instead of making the item's
+    posterior NaN (seen in simulation-based calibration, 2PL 30 x 20)."""
+    from engine.infer.marginal import _set_aside_posteriors
+
+    spec = get_model("2pl", prior="population")
+    names = [p.name for p in spec.by_owner("global")]
+    g = np.array([{"mu_difficulty": 0.0, "u_difficulty": 0.0, "mu_discrimination": 0.0,
+                   "u_discrimination": -8.0}[n] for n in names])
+    theta = np.tile(np.linspace(-2, 2, 5), (3, 1))
+    w = np.full((3, 5), 0.2)
+    inverse = np.array([0, 0, 1, 2, 2])
+    responses = np.array([[1], [1], [1], [1], [-1]], np.int8)
+    means, covs, ok = _set_aside_posteriors(spec, np.zeros((1, 2)), g, theta, w, inverse,
+                                            responses, 8_000_000)
+    assert ok.all() and np.isfinite(means).all() and np.isfinite(covs).all()
