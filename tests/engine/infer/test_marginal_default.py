@@ -43,3 +43,30 @@ def test_large_matrices_stay_mean_field():
     large = fit(y, "2pl", FitSettings(quadrature_max_cells=2999)).extra["ability_factor"]
     assert large["method"] == "gaussian" and large["max_observed_cells"] == 2999
     assert FitSettings().quadrature_max_cells == 500_000
+
+
+def test_auto_falls_back_to_mean_field_when_quadrature_does_not_converge(monkeypatch):
+    """``auto`` runs the mean-field fit where the quadrature fit ends unconverged (2PL on 19
+    classifiers x 501 OpenML instances: 500 iterations, discriminations in the hundreds),
+    and fit.json says so; an explicit ``quadrature`` keeps its own result. The quadrature
+    fit is held to two iterations here so that it cannot converge."""
+    from dataclasses import replace
+
+    import engine.api
+    from engine.api import fit
+    from engine.infer.marginal import MarginalSettings, fit_marginal_result
+    from engine.infer.settings import FitSettings
+
+    def two_iterations(spec, y, fit_settings, settings=MarginalSettings(), aside=None):
+        return fit_marginal_result(spec, y, fit_settings, replace(settings, max_iter=2), aside)
+
+    monkeypatch.setattr(engine.api, "fit_marginal_result", two_iterations)
+    rng = np.random.default_rng(0)
+    theta, b = rng.normal(size=100), rng.normal(size=10)
+    y = (rng.random((100, 10)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
+    res = fit(y, "2pl", settings=FitSettings(seed=0, progress=False))
+    record = res.extra["ability_factor"]
+    assert record["method"] == "gaussian" and "2 iterations" in record["quadrature_not_converged"]
+    assert res.converged and res.extra.get("source") != "quadrature"
+    forced = fit(y, "2pl", settings=FitSettings(seed=0, progress=False, ability_factor="quadrature"))
+    assert forced.extra["ability_factor"]["method"] == "quadrature" and not forced.converged
