@@ -539,11 +539,12 @@ def _move_in_sds(spec: ModelSpec, x_before: np.ndarray, x: np.ndarray, g_before:
     counts as infinite."""
     eig = np.linalg.eigvalsh(info)  # (n, k)
     flat = eig.min(axis=-1) <= 1e-8 * np.abs(eig).max(axis=-1)
-    moves = [np.abs(x - x_before) / np.maximum(np.sqrt(_conditional_variances(info)), 1e-12)]
+    var = _conditional_variances(info)
+    moves = [np.abs(x - x_before) / np.maximum(np.sqrt(var), 1e-12)]
     moves[0][flat] = np.inf
     if g.size:
-        v = jnp.asarray(_conditional_variances(info), jnp.float32)
-        _, _, g_hess = _hyper_terms(spec, jnp.asarray(x, jnp.float32), v, jnp.asarray(g, jnp.float32))
+        _, _, g_hess = _hyper_terms(spec, jnp.asarray(x, jnp.float32), jnp.asarray(var, jnp.float32),
+                                    jnp.asarray(g, jnp.float32))
         g_var = np.diagonal(np.linalg.pinv(-np.asarray(g_hess, np.float64)))
         moves.append(np.abs(g - g_before) / np.maximum(np.sqrt(np.maximum(g_var, 0.0)), 1e-12))
     return max(float(np.max(m)) for m in moves)
@@ -767,6 +768,17 @@ def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
     return jax.lax.map(one, (xs, gs))  # one draw at a time: memory of one E-step
 
 
+def _flat_draw_moments(spec, xs: np.ndarray, item_shape: tuple[int, int], theta, y, mask,
+                       log_base) -> tuple[np.ndarray, ...]:
+    """:func:`_draw_moments` (float64) of draws ``xs`` ``(D, n k + h)``: the items' values
+    flattened, then the globals'."""
+    n, k = item_shape
+    return tuple(np.asarray(a, np.float64) for a in _draw_moments(
+        spec, jnp.asarray(xs[:, :n * k].reshape(len(xs), n, k), jnp.float32),
+        jnp.asarray(xs[:, n * k:], jnp.float32), jnp.asarray(theta, jnp.float32),
+        jnp.asarray(y), jnp.asarray(mask), jnp.asarray(log_base, jnp.float32)))
+
+
 def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
     """The ``(n, k, k)`` within-item blocks of the items' joint ``(n k, n k)`` covariance."""
     return np.stack([full_cov[i * k:(i + 1) * k, i * k:(i + 1) * k] for i in range(n)])
@@ -814,10 +826,7 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
             break
         z = rng.standard_normal((draws, d))
         xs = centre + spread * z @ chol.T
-        lp, lm, m1, m2 = (np.asarray(a, np.float64) for a in _draw_moments(
-            spec, jnp.asarray(xs[:, :n * k].reshape(draws, n, k), jnp.float32),
-            jnp.asarray(xs[:, n * k:], jnp.float32), jnp.asarray(theta, jnp.float32),
-            jnp.asarray(y), jnp.asarray(mask), jnp.asarray(log_base, jnp.float32)))
+        lp, lm, m1, m2 = _flat_draw_moments(spec, xs, (n, k), theta, y, mask, log_base)
         logw = lm @ counts + lp + 0.5 * (z ** 2).sum(axis=1)  # log p - log q, up to a constant
         if not np.isfinite(logw).all():
             why = f"round {round_}: a draw had no finite density"
@@ -891,10 +900,7 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
     if not np.isfinite(xs).all():
         return None, record | {"method": "mode", "because": "covariance not finite"}
     theta, log_base = quad.log_base(spec, Q)
-    _, _, m1, m2 = (np.asarray(a, np.float64) for a in _draw_moments(
-        spec, jnp.asarray(xs[:, :n * k].reshape(draws, n, k), jnp.float32),
-        jnp.asarray(xs[:, n * k:], jnp.float32), jnp.asarray(theta, jnp.float32),
-        jnp.asarray(y), jnp.asarray(mask), jnp.asarray(log_base, jnp.float32)))
+    _, _, m1, m2 = _flat_draw_moments(spec, xs, (n, k), theta, y, mask, log_base)
     mean = m1.mean(axis=0)
     return (mean, np.maximum(m2.mean(axis=0) - mean ** 2, 1e-24)), record
 
@@ -928,21 +934,17 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
         return None
     axes = []
     for p in blocks:
-        pr = p.prior
-        loc = env[pr.loc] if isinstance(pr.loc, str) else pr.loc
-        prec = (env[pr.precision] if isinstance(pr.precision, str) else pr.precision) \
-            if pr.precision is not None else 1.0 / pr.variance
+        loc, prec = p.prior.normal_params(env)
         axes.append(loc + 6.0 / np.sqrt(prec) * np.linspace(-1.0, 1.0, points))
     grid = np.stack([a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")], -1)  # (G, k)
     U, G = theta.shape[0], grid.shape[0]
     log_prior = _item_prior(spec, grid, g)[0]
     th = jnp.asarray(theta, jnp.float32)
-    per = max(1, limit // max(U * theta.shape[1], 1))
     log_p = {}
     for r in (0, 1):  # log P(y = r | pattern u, item at grid point) (U, G)
         parts = []
-        for start in range(0, G, per):
-            gx = jnp.asarray(grid[start:start + per], jnp.float32)
+        for sl in _chunks(U, theta.shape[1], G, limit):
+            gx = jnp.asarray(grid[sl], jnp.float32)
             ones = jnp.ones((U, gx.shape[0]), jnp.float32)
             ll = np.asarray(_node_loglik_cells(spec, gx, th, r * ones, ones), np.float64)
             top = ll.max(axis=1, keepdims=True)

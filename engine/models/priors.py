@@ -13,6 +13,7 @@ from typing import Mapping, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import gammaln
 
 __all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "hyper_params", "PRIOR_FAMILIES",
@@ -38,15 +39,16 @@ class Prior:
     shape_: float = 1.0
     rate: float = 1.0
 
+    def normal_params(self, env: Mapping[str, jax.Array]):
+        """``(loc, precision)`` of a ``normal`` prior, names looked up in ``env``."""
+        get = lambda a: env[a] if isinstance(a, str) else a
+        prec = get(self.precision) if self.precision is not None else 1.0 / get(self.variance)
+        return get(self.loc), prec
+
     def log_prob(self, x, env: Mapping[str, jax.Array]):
         """Elementwise log density of unconstrained ``x``; ``env`` maps global names to values."""
-        get = lambda a: env[a] if isinstance(a, str) else a
         if self.family == "normal":
-            loc = get(self.loc)
-            if self.precision is not None:
-                prec = get(self.precision)
-            else:
-                prec = 1.0 / get(self.variance)
+            loc, prec = self.normal_params(env)
             return 0.5 * (jnp.log(prec) - _LOG_2PI) - 0.5 * prec * (x - loc) ** 2
         if self.family == "log_gamma":
             a, b = self.shape_, self.rate
@@ -57,12 +59,9 @@ class Prior:
 
     def sample(self, rng, shape, env: Mapping[str, float]):
         """Draws of the unconstrained value (numpy), ``env`` as in :meth:`log_prob`."""
-        import numpy as np
-
-        get = lambda a: float(env[a]) if isinstance(a, str) else a
         if self.family == "normal":
-            var = 1.0 / get(self.precision) if self.precision is not None else get(self.variance)
-            return rng.normal(get(self.loc), np.sqrt(var), shape)
+            loc, prec = (float(v) for v in self.normal_params(env))
+            return rng.normal(loc, 1.0 / np.sqrt(prec), shape)
         if self.family == "log_gamma":
             return np.log(rng.gamma(self.shape_, 1.0 / self.rate, shape))
         if self.family == "logit_uniform":
