@@ -11,7 +11,7 @@ the 308 subjects who answered 11111.
 
     python benchmarks/bench_marginal.py [--data lsat7,2000x12] [--no-nuts] [--out PATH]
         [--nuts-cache DIR] [--nuts-samples N] [--marginal-nuts results/nuts-marginal.json]
-        [--prior vague|hierarchical|population] [--nuts-only]
+        [--prior vague|hierarchical|population] [--nuts-only] [--nuts-warmup N] [--nuts-chains N]
 
 ``--nuts-samples`` sets NUTS's draws per chain (1,000 by default, as ``fit --method nuts``);
 ``--marginal-nuts`` also compares the items with ``nuts_marginal.py``'s long runs on the
@@ -36,6 +36,7 @@ sys.path.insert(0, str(HERE))
 from simulate import simulate_2pl  # noqa: E402
 
 LSAT7 = Path("/work/shared/data/psych_human_r/lsat7.parquet")
+OPENML = Path("/work/shared/data/openml_classifiers/responses_items_x_subjects.parquet")
 # issue 16: R mirt's 2PL on LSAT7 (marginal ML, Oakes standard errors), items 3 and 5
 MIRT_QUOTED = {"item": [3, 5], "a": [1.70, 0.74], "a_se": [0.32, 0.15]}
 
@@ -46,6 +47,14 @@ def _load(name: str, seed: int = 0) -> np.ndarray:
 
         df = pd.read_parquet(LSAT7)
         return df[[c for c in df.columns if c.startswith("Q")]].to_numpy().astype(np.int8)
+    if name.startswith("openml:"):  # one data set's leaderboard: 19 classifiers x its test instances
+        import pandas as pd
+
+        df = pd.read_parquet(OPENML)
+        rows = df[df["dataset"] == name.split(":", 1)[1]]
+        if rows.empty:
+            raise SystemExit(f"{OPENML}: no dataset {name.split(':', 1)[1]!r}")
+        return rows.iloc[:, 3:].to_numpy().T.astype(np.int8)
     s, n = (int(v) for v in name.split("x"))
     return simulate_2pl(s, n, seed=seed)["responses"]
 
@@ -67,7 +76,8 @@ def _reference(res) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
-                    samples: int = 1000, prior: str = "population") -> tuple[dict, dict]:
+                    samples: int = 1000, prior: str = "population",
+                    warmup: int = 500, chains: int = 4) -> tuple[dict, dict]:
     """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
     saved it: the sampler is the expensive part, and a changed fit is compared again for
     free."""
@@ -75,7 +85,8 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
     from engine.infer.nuts import NutsSettings
 
     tag = ("" if samples == 1000 else f"-{samples}") + ("" if prior == "vague" else f"-{prior}")
-    path = cache / f"nuts-{name}{tag}.npz" if cache else None
+    tag += ("" if warmup == 500 else f"-w{warmup}") + ("" if chains == 4 else f"-c{chains}")
+    path = cache / f"nuts-{name.replace(':', '_')}{tag}.npz" if cache else None
     if path is not None and path.exists():
         z = np.load(path)
         blocks = sorted({k.split("/")[0] for k in z.files if "/" in k})
@@ -83,11 +94,15 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
                 json.loads(str(z["record"])) | {"from_cache": str(path)})
     t = time.perf_counter()
     res = engine.api.fit_nuts(y, model="2pl", prior=prior,
-                              settings=NutsSettings(num_samples=samples))
+                              settings=NutsSettings(num_samples=samples, num_warmup=warmup,
+                                                    num_chains=chains))
     ref = _reference(res)
     record = {"wall_s": time.perf_counter() - t,
               "rhat_max": res.extra["diagnostics"]["rhat_max"],
-              "ess_bulk_min": res.extra["diagnostics"].get("ess_bulk_min")}
+              "ess_bulk_min": res.extra["diagnostics"].get("ess_bulk_min"),
+              "divergences": res.extra["diagnostics"].get("divergences"),
+              "chains": chains, "warmup": warmup, "samples_per_chain": samples,
+              "device": str(__import__("jax").devices()[0])}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {f"{b}/{w}": v for b, (m, s) in ref.items() for w, v in (("mean", m), ("sd", s))}
@@ -115,13 +130,14 @@ def _agreement(res, ref: dict) -> dict:
 
 
 def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 1000,
-            marginal: dict | None = None, prior: str = "population", nuts_only: bool = False) -> dict:
+            marginal: dict | None = None, prior: str = "population", nuts_only: bool = False,
+            warmup: int = 500, chains: int = 4) -> dict:
     import engine
 
     y = _load(name)
     out = {"data": name, "shape": list(y.shape), "prior": prior, "fits": {}}
     if nuts_only:
-        out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior)[1]
+        out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup, chains)[1]
         return out
     fits = {}
     for label, factor in (("auto", "auto"), ("gaussian", "gaussian")):
@@ -131,7 +147,7 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
         out["fits"][label] = {"wall_s": time.perf_counter() - t,
                               "method": fits[label].extra["ability_factor"]["method"]}
     if nuts:
-        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior)
+        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup, chains)
         for label in ("auto", "gaussian"):
             out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref)
     if marginal and name in marginal:
@@ -163,11 +179,14 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="lsat7,2000x12")
+    ap.add_argument("--data", default="lsat7,2000x12",
+                    help="comma-separated: lsat7, SxN (simulated 2PL) or openml:<dataset>")
     ap.add_argument("--no-nuts", action="store_true")
     ap.add_argument("--nuts-cache", type=Path, default=None,
                     help="directory keeping each data set's NUTS summary (reused when present)")
     ap.add_argument("--nuts-samples", type=int, default=1000)
+    ap.add_argument("--nuts-warmup", type=int, default=500)
+    ap.add_argument("--nuts-chains", type=int, default=4)
     ap.add_argument("--marginal-nuts", type=Path, default=None,
                     help="nuts_marginal.py's results, compared with the items as well")
     ap.add_argument("--prior", default="population", choices=["population", "vague", "hierarchical"])
@@ -179,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name in args.data.split(","):
         runs.append(measure(name, not args.no_nuts, args.nuts_cache, args.nuts_samples, marginal,
-                            args.prior, args.nuts_only))
+                            args.prior, args.nuts_only, args.nuts_warmup, args.nuts_chains))
         print(json.dumps(runs[-1], indent=1), flush=True)
     out = Path(args.out)
     out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
