@@ -25,27 +25,16 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
 import engine  # noqa: E402
 from engine.infer.nuts import NutsSettings  # noqa: E402
-
-LOWER = {"3pl": True, "4pl": True, "feas": False}
-UPPER = {"3pl": False, "4pl": True, "feas": True}
+from simulate import simulate_asymptotes  # noqa: E402
 
 
 def simulate(model: str, S: int, N: int, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    truth = {"ability": rng.standard_normal(S), "difficulty": rng.standard_normal(N),
-             "discrimination": np.exp(0.3 * rng.standard_normal(N))}
-    lower = rng.beta(2, 8, N) if LOWER[model] else np.zeros(N)
-    upper = 1 - rng.beta(2, 8, N) if UPPER[model] else np.ones(N)
-    if LOWER[model]:
-        truth["guessing"] = lower
-    if UPPER[model]:
-        truth["feasibility"] = upper
-    eta = truth["discrimination"] * (truth["ability"][:, None] - truth["difficulty"])
-    p = lower + (upper - lower) / (1 + np.exp(-eta))
-    return {"y": (rng.random((S, N)) < p).astype(np.int8), "truth": truth}
+    sim = simulate_asymptotes(model, S, N, seed=seed)
+    return {"y": sim.pop("responses"), "truth": sim}
 
 
 def summary(means: dict, truth: dict) -> dict:

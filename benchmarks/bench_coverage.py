@@ -1,6 +1,8 @@
-"""Coverage of the variational 90% intervals against simulated truth (1PL and 2PL).
+"""Coverage of the variational 90% intervals against simulated truth (1PL-4PL, feas).
 
-Each data set is simulated with a seed (``simulate.py``: theta, b ~ N(0, 1), log a ~ N(0, 0.3^2)),
+Each data set is simulated with a seed (``simulate.py``: theta, b ~ N(0, 1), log a ~ N(0, 0.3^2);
+for the 3PL / 4PL / feas guessing ~ Beta(2, 8), feasibility ~ 1 - Beta(2, 8), scored on the
+logit scale),
 fitted with ``engine.fit`` at default settings, and every block's interval ``loc +- 1.645 sd``
 on the unconstrained scale (log-discrimination for the 2PL) is checked against the truth.
 Reports per block: the share covered, and the ratio of the actual root-mean-square error to the
@@ -15,7 +17,7 @@ Markdown table.
 
     python benchmarks/bench_coverage.py [--seeds 5] [--ability-factor auto|gaussian|quadrature]
         [--models 1pl,2pl] [--shapes 2000x12,1000x50,200x400,50x1000] [--out PATH]
-        [--prior vague|hierarchical|population]
+        [--prior vague|hierarchical|population|default]
         [--mirt /work/bench-venv/bin/python]
 
 ``raw_within_item`` scores the raw truth with the sds ``items.parquet`` reports (the
@@ -37,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from simulate import simulate_1pl, simulate_2pl  # noqa: E402
+from simulate import ASYMPTOTES, simulate_1pl, simulate_2pl, simulate_asymptotes  # noqa: E402
 
 SHAPES = [(2000, 12), (1000, 50), (200, 400), (50, 1000)]
 Z90 = 1.6448536
@@ -46,14 +48,17 @@ Z90 = 1.6448536
 def _truth_unconstrained(sim: dict, model: str, k: float = 1.0, c: float = 0.0) -> dict:
     """The truth on the unconstrained scale, moved along the likelihood's symmetries."""
     truth = {"ability": k * sim["ability"] + c, "difficulty": k * sim["difficulty"] + c}
-    if model == "2pl":
+    if model != "1pl":
         truth["discrimination"] = np.log(sim["discrimination"]) - np.log(k)
+    for block in ("guessing", "feasibility"):  # logit scale; unmoved by the symmetries
+        if block in sim:
+            truth[block] = np.log(sim[block]) - np.log1p(-sim[block])
     return truth
 
 
 def _linking(sim: dict, model: str, fitted_ability: np.ndarray) -> tuple[float, float]:
     """Mean/sigma linking constants (``k = 1`` for the 1PL) from the abilities."""
-    k = float(np.std(fitted_ability) / np.std(sim["ability"])) if model == "2pl" else 1.0
+    k = float(np.std(fitted_ability) / np.std(sim["ability"])) if model != "1pl" else 1.0
     return k, float(np.mean(fitted_ability) - k * np.mean(sim["ability"]))
 
 
@@ -81,12 +86,14 @@ def mirt_wald(model: str, sim: dict, python: str) -> dict:
 
 
 def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto",
-            mirt_python: str | None = None, prior: str = "population") -> dict:
+            mirt_python: str | None = None, prior: str | None = "population") -> dict:
     import engine
     from engine.readout.posterior import within_owner_scales
 
-    simulate = simulate_2pl if model == "2pl" else simulate_1pl
-    sim = simulate(*shape, seed=seed)
+    if model in ASYMPTOTES:
+        sim = simulate_asymptotes(model, *shape, seed=seed)
+    else:
+        sim = (simulate_2pl if model == "2pl" else simulate_1pl)(*shape, seed=seed)
     start = time.perf_counter()
     res = engine.fit(sim["responses"], model=model, prior=prior,
                      settings=engine.FitSettings(seed=seed, ability_factor=ability_factor))
@@ -122,19 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "coverage.json"))
     ap.add_argument("--ability-factor", default="auto", choices=["auto", "gaussian", "quadrature"])
     ap.add_argument("--models", default="1pl,2pl")
-    ap.add_argument("--prior", default="population", choices=["population", "vague", "hierarchical"])
+    ap.add_argument("--prior", default="population",
+                    choices=["population", "vague", "hierarchical", "default"],
+                    help="default: each model's own (population for 1PL/2PL, vague otherwise)")
     ap.add_argument("--mirt", default=None, metavar="PYTHON",
                     help="the bench venv's python: add mirt's Wald-interval coverage")
     ap.add_argument("--shapes", default=",".join(f"{a}x{b}" for a, b in SHAPES),
                     help="comma-separated SUBJECTSxITEMS")
     args = ap.parse_args(argv)
     models = args.models.split(",")
+    prior = None if args.prior == "default" else args.prior
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     runs = []
     for m in models:
         for s in shapes:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                runs.append(measure(m, s, seed, args.ability_factor, args.mirt, args.prior))
+                runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior))
                 r = runs[-1]
                 print(m, s, seed, r["ability_factor"], f"{r['wall_s']:.1f} s", {
                     b: round(v["raw_within_item"]["coverage90"], 3) for b, v in r["blocks"].items()},

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["simulate_1pl", "simulate_2pl"]
+__all__ = ["simulate_1pl", "simulate_2pl", "simulate_asymptotes", "ASYMPTOTES"]
+
+# model -> (guessing lower asymptote, feasibility upper asymptote)
+ASYMPTOTES = {"3pl": (True, False), "4pl": (True, True), "feas": (False, True)}
 
 _CHUNK_CELLS = 4_000_000  # cells per row chunk (~32 MB of float64 temporaries)
 
@@ -60,3 +63,25 @@ def _simulate(num_subjects: int, num_items: int, seed: int, draw_discrimination)
     responses = _draw_responses(rng, ability, difficulty, discrimination)
     return dict(responses=responses, ability=ability, difficulty=difficulty,
                 discrimination=discrimination)
+
+
+def simulate_asymptotes(model: str, num_subjects: int, num_items: int, *, seed: int) -> dict:
+    """Simulate a 3PL, 4PL or feasibility (DAD IRT-feas) data set: the 2PL's abilities,
+    difficulties and discriminations, guessing ``c ~ Beta(2, 8)`` (3PL, 4PL) and
+    feasibility ``d ~ 1 - Beta(2, 8)`` (4PL, feas); ``P = c + (d - c) sigmoid(a (theta - b))``.
+    Keys as :func:`simulate_2pl` plus ``guessing`` / ``feasibility`` where the model has them."""
+    lower, upper = ASYMPTOTES[model]
+    rng = np.random.default_rng(seed)
+    out = {"ability": rng.standard_normal(num_subjects),
+           "difficulty": rng.standard_normal(num_items),
+           "discrimination": np.exp(0.3 * rng.standard_normal(num_items))}
+    c = rng.beta(2, 8, num_items) if lower else np.zeros(num_items)
+    d = 1 - rng.beta(2, 8, num_items) if upper else np.ones(num_items)
+    if lower:
+        out["guessing"] = c
+    if upper:
+        out["feasibility"] = d
+    eta = out["discrimination"] * (out["ability"][:, None] - out["difficulty"])
+    p = c + (d - c) / (1 + np.exp(-eta))
+    out["responses"] = (rng.random(p.shape) < p).astype(np.int8)
+    return out

@@ -272,8 +272,11 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         if not result.converged and settings.ability_factor == "auto":
             # e.g. 2PL on 19 classifiers x 501 OpenML instances: 500 iterations, discriminations
             # in the hundreds and abilities at +-12; the mean-field fit converges in 24 passes
+            diverged = result.extra["quadrature"].get("diverged")
+            why = (f"lost ground from iteration {diverged['best_pass']} on, stopped at "
+                   f"{diverged['at_pass']}" if diverged else f"{result.num_passes} iterations")
             factor = factor | {"method": "gaussian", "quadrature_not_converged": (
-                f"{result.num_passes} iterations; the mean-field fit was run instead")}
+                f"{why}; the mean-field fit was run instead")}
     if factor["method"] != "quadrature":  # fit_source counts its own compilation
         result = fit_source(spec, source, settings, init=init, frozen=frozen,
                             progress_fn=progress_fn, checkpointer=checkpointer, resume=resume)

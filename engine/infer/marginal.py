@@ -56,6 +56,9 @@ class MarginalSettings:
         than ``tol`` (relative, at least 1e-3 nats) and no item moves by more than 1e-3, or
         by less than 5% of its conditional posterior sd in two passes running.
     max_step : largest change of an item's unconstrained value per Newton step.
+    divergence_patience : the fit stops, not converged, at the values of its best pass when
+        it has gone this many passes without a better objective and has fallen more than a
+        nat (or 1e-5 relative) below the best (fit.json ``quadrature.diverged``).
     full_cov_max : the items' joint covariance is computed when the item vector has at most
         this many values (and the score matrix has at most ``score_cells_max`` cells); per
         item otherwise.
@@ -96,6 +99,7 @@ class MarginalSettings:
 
     num_nodes: int = 21
     max_iter: int = 500
+    divergence_patience: int = 30
     tol: float = 1e-8
     max_step: float = 1.0
     full_cov_max: int = 4000
@@ -1048,6 +1052,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     g = np.array([p.init if np.isscalar(p.init) else 0.0 for p in hyper], np.float64)
     quad = _Quadrature(Q, U, settings.cell_chunk)
     trace, converged, previous, newton_steps, settled = [], False, None, 0, False
+    best, diverged = (-np.inf, x, g, 0), None  # (objective, items, hyper-parameters, pass)
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
@@ -1066,6 +1071,17 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
                                     settings.cell_chunk)
             grad = grad + vol_grad
         objective = float(counts_f @ log_marg + _total_prior(spec, x, g, prior_val) + vol.sum())
+        if objective > best[0]:
+            best = (objective, x, g, it)
+        elif (it - best[3] >= settings.divergence_patience
+              and objective < best[0] - max(1.0, 1e-5 * abs(best[0]))):
+            # an ascent that has lost ground for this long is running off (19 classifiers x
+            # 501 OpenML instances: best near pass 20, then 1,000 nats lower by pass 500 as
+            # discriminations ran into the hundreds): back to the best values, not converged
+            diverged = {"at_pass": it + 1, "best_pass": best[3] + 1,
+                        "best_objective": best[0], "objective": objective}
+            x, g = best[1], best[2]
+            break
         full_step = float(np.abs(_newton_direction(grad, hess, settings.max_step)).max())
         moved = False
         if joint and it >= 2:
@@ -1197,7 +1213,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
             "log_marginal_posterior": float(counts_f @ log_marg + total_prior),
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
-            "wall_s": time.perf_counter() - t0}
+            "diverged": diverged, "wall_s": time.perf_counter() - t0}
     return GuideState(loc, log_scale), cross, info
 
 
@@ -1223,6 +1239,7 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
         extra={"source": "quadrature", "layout": "dense", "mc_draws": 0,
                "quadrature": {k: info[k] for k in (
                    "num_patterns", "patterns_padded_to", "num_nodes", "joint_item_covariance",
-                   "newton_steps", "log_marginal_posterior", "item_moments", "set_aside")}
+                   "newton_steps", "log_marginal_posterior", "item_moments", "set_aside",
+                   "diverged")}
                    | {"memory": memory}},
         cross=cross)

@@ -1,6 +1,9 @@
 """The default fit's choice between integrated (quadrature) and mean-field abilities."""
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 from engine.api import fit
 from engine.infer.settings import FitSettings
@@ -70,3 +73,37 @@ def test_auto_falls_back_to_mean_field_when_quadrature_does_not_converge(monkeyp
     assert res.converged and res.extra.get("source") != "quadrature"
     forced = fit(y, "2pl", settings=FitSettings(seed=0, progress=False, ability_factor="quadrature"))
     assert forced.extra["ability_factor"]["method"] == "quadrature" and not forced.converged
+
+
+OPENML = (Path(__file__).resolve().parents[3].parent / "shared" / "data" / "openml_classifiers"
+          / "responses_items_x_subjects.parquet")
+
+
+@pytest.mark.skipif(not OPENML.exists(), reason=f"shared data not found at {OPENML}")
+def test_a_quadrature_fit_that_loses_ground_stops_at_its_best_pass():
+    """The 2PL on 19 classifiers x 501 Bioresponse instances: the quadrature fit's objective
+    peaks near pass 20, then falls by hundreds of nats as discriminations run off (500
+    passes, 88 s before the guard). It stops once it has lost ground for
+    ``divergence_patience`` passes, keeps the best pass's values, is not converged, and
+    ``auto`` falls back to the mean-field fit saying why."""
+    import pandas as pd
+
+    from engine.infer.marginal import MarginalSettings
+
+    df = pd.read_parquet(OPENML)
+    y = df[df["dataset"] == "Bioresponse"].iloc[:, 3:].to_numpy().T.astype(np.int8)
+    forced = fit(y, "2pl", FitSettings(seed=0, progress=False, ability_factor="quadrature"))
+    diverged = forced.extra["quadrature"]["diverged"]
+    patience = MarginalSettings().divergence_patience
+    assert not forced.converged and diverged is not None
+    assert diverged["at_pass"] - diverged["best_pass"] >= patience
+    assert forced.num_passes == diverged["at_pass"] - 1 < 100  # far from max_iter's 500
+    elbos = [row["elbo"] for row in forced.trace]
+    assert diverged["best_objective"] == max(elbos)
+    assert elbos[-1] < diverged["best_objective"] - 1.0
+    # the values reported are the best pass's: their objective is the best one, not the last
+    assert forced.extra["quadrature"]["log_marginal_posterior"] > elbos[-1] + 1.0
+    auto = fit(y, "2pl", FitSettings(seed=0, progress=False)).extra["ability_factor"]
+    assert auto["method"] == "gaussian"
+    assert auto["quadrature_not_converged"].startswith(
+        f"lost ground from iteration {diverged['best_pass']} on")
