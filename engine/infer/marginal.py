@@ -1121,6 +1121,19 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         if hyper and not moved:  # an EM step on the hyper-parameters
             g_new = _update_globals(spec, x, _conditional_variances(-hess), g,
                                     settings.max_step)
+
+            def g_part(gg):  # the objective's terms that move with the hyper-parameters
+                return _total_prior(spec, x, gg, _item_prior(spec, x, gg)[0]) + _volume(
+                    spec, x, *quad.log_base(spec), yy, mask, counts_f, gg,
+                    settings.cell_chunk, False)[0].sum()
+
+            now = g_part(g)
+            for _half in range(4):  # kept only where the objective does not fall
+                if g_part(g_new) >= now - _F32_EPS * abs(objective):
+                    break
+                g_new = 0.5 * (g + g_new)
+            else:
+                g_new = g
             full_step = max(full_step, float(np.abs(g_new - g).max()))
             g = g_new
         trace.append({"pass": it + 1, "elbo": objective, "elbo_smooth": objective,
