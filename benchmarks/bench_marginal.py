@@ -12,6 +12,7 @@ the 308 subjects who answered 11111.
     python benchmarks/bench_marginal.py [--data lsat7,2000x12] [--no-nuts] [--out PATH]
         [--nuts-cache DIR] [--nuts-samples N] [--marginal-nuts results/nuts-marginal.json]
         [--prior vague|hierarchical|population] [--nuts-only] [--nuts-warmup N] [--nuts-chains N]
+        [--model 1pl|2pl]
 
 ``--nuts-samples`` sets NUTS's draws per chain (1,000 by default, as ``fit --method nuts``);
 ``--marginal-nuts`` also compares the items with ``nuts_marginal.py``'s long runs on the
@@ -33,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from simulate import simulate_2pl  # noqa: E402
+from simulate import simulate_1pl, simulate_2pl  # noqa: E402
 
 LSAT7 = Path("/work/shared/data/psych_human_r/lsat7.parquet")
 OPENML = Path("/work/shared/data/openml_classifiers/responses_items_x_subjects.parquet")
@@ -41,7 +42,7 @@ OPENML = Path("/work/shared/data/openml_classifiers/responses_items_x_subjects.p
 MIRT_QUOTED = {"item": [3, 5], "a": [1.70, 0.74], "a_se": [0.32, 0.15]}
 
 
-def _load(name: str, seed: int = 0) -> np.ndarray:
+def _load(name: str, seed: int = 0, model: str = "2pl") -> np.ndarray:
     if name == "lsat7":
         import pandas as pd
 
@@ -56,7 +57,7 @@ def _load(name: str, seed: int = 0) -> np.ndarray:
             raise SystemExit(f"{OPENML}: no dataset {name.split(':', 1)[1]!r}")
         return rows.iloc[:, 3:].to_numpy().T.astype(np.int8)
     s, n = (int(v) for v in name.split("x"))
-    return simulate_2pl(s, n, seed=seed)["responses"]
+    return (simulate_1pl if model == "1pl" else simulate_2pl)(s, n, seed=seed)["responses"]
 
 
 def _scales(res) -> dict[str, np.ndarray]:
@@ -77,7 +78,7 @@ def _reference(res) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
                     samples: int = 1000, prior: str = "population",
-                    warmup: int = 500, chains: int = 4) -> tuple[dict, dict]:
+                    warmup: int = 500, chains: int = 4, model: str = "2pl") -> tuple[dict, dict]:
     """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
     saved it: the sampler is the expensive part, and a changed fit is compared again for
     free."""
@@ -86,6 +87,7 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
 
     tag = ("" if samples == 1000 else f"-{samples}") + ("" if prior == "vague" else f"-{prior}")
     tag += ("" if warmup == 500 else f"-w{warmup}") + ("" if chains == 4 else f"-c{chains}")
+    tag += "" if model == "2pl" else f"-{model}"
     path = cache / f"nuts-{name.replace(':', '_')}{tag}.npz" if cache else None
     if path is not None and path.exists():
         z = np.load(path)
@@ -93,7 +95,7 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
         return ({b: (z[f"{b}/mean"], z[f"{b}/sd"]) for b in blocks},
                 json.loads(str(z["record"])) | {"from_cache": str(path)})
     t = time.perf_counter()
-    res = engine.api.fit_nuts(y, model="2pl", prior=prior,
+    res = engine.api.fit_nuts(y, model=model, prior=prior,
                               settings=NutsSettings(num_samples=samples, num_warmup=warmup,
                                                     num_chains=chains))
     ref = _reference(res)
@@ -131,23 +133,25 @@ def _agreement(res, ref: dict) -> dict:
 
 def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 1000,
             marginal: dict | None = None, prior: str = "population", nuts_only: bool = False,
-            warmup: int = 500, chains: int = 4) -> dict:
+            warmup: int = 500, chains: int = 4, model: str = "2pl") -> dict:
     import engine
 
-    y = _load(name)
-    out = {"data": name, "shape": list(y.shape), "prior": prior, "fits": {}}
+    y = _load(name, model=model)
+    out = {"data": name, "model": model, "shape": list(y.shape), "prior": prior, "fits": {}}
     if nuts_only:
-        out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup, chains)[1]
+        out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup, chains,
+                                              model)[1]
         return out
     fits = {}
     for label, factor in (("auto", "auto"), ("gaussian", "gaussian")):
         t = time.perf_counter()
-        fits[label] = engine.fit(y, model="2pl", prior=prior,
+        fits[label] = engine.fit(y, model=model, prior=prior,
                                  settings=engine.FitSettings(ability_factor=factor))
         out["fits"][label] = {"wall_s": time.perf_counter() - t,
                               "method": fits[label].extra["ability_factor"]["method"]}
     if nuts:
-        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup, chains)
+        ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup,
+                                                   chains, model)
         for label in ("auto", "gaussian"):
             out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref)
     if marginal and name in marginal:
@@ -155,7 +159,7 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
                  if isinstance(v, dict) and "mean" in v}
         for label in ("auto", "gaussian"):
             out["fits"][label]["vs_marginal_nuts"] = _agreement(fits[label], items)
-    if name == "lsat7":
+    if name == "lsat7" and model == "2pl":
         table = {}
         for label, res in fits.items():
             sds = _scales(res)
@@ -187,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nuts-samples", type=int, default=1000)
     ap.add_argument("--nuts-warmup", type=int, default=500)
     ap.add_argument("--nuts-chains", type=int, default=4)
+    ap.add_argument("--model", default="2pl", choices=["1pl", "2pl"])
     ap.add_argument("--marginal-nuts", type=Path, default=None,
                     help="nuts_marginal.py's results, compared with the items as well")
     ap.add_argument("--prior", default="population", choices=["population", "vague", "hierarchical"])
@@ -198,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name in args.data.split(","):
         runs.append(measure(name, not args.no_nuts, args.nuts_cache, args.nuts_samples, marginal,
-                            args.prior, args.nuts_only, args.nuts_warmup, args.nuts_chains))
+                            args.prior, args.nuts_only, args.nuts_warmup, args.nuts_chains,
+                            args.model))
         print(json.dumps(runs[-1], indent=1), flush=True)
     out = Path(args.out)
     out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
