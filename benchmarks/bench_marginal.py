@@ -48,13 +48,14 @@ def _load(name: str, seed: int = 0, model: str = "2pl") -> np.ndarray:
 
         df = pd.read_parquet(LSAT7)
         return df[[c for c in df.columns if c.startswith("Q")]].to_numpy().astype(np.int8)
-    if name.startswith("openml:"):  # one data set's leaderboard: 19 classifiers x its test instances
+    if name.startswith("openml:"):  # one data set's leaderboard: 19 classifiers x its instances
         import pandas as pd
 
+        dataset = name.split(":", 1)[1]
         df = pd.read_parquet(OPENML)
-        rows = df[df["dataset"] == name.split(":", 1)[1]]
+        rows = df[df["dataset"] == dataset]
         if rows.empty:
-            raise SystemExit(f"{OPENML}: no dataset {name.split(':', 1)[1]!r}")
+            raise SystemExit(f"{OPENML}: no dataset {dataset!r}")
         return rows.iloc[:, 3:].to_numpy().T.astype(np.int8)
     s, n = (int(v) for v in name.split("x"))
     return (simulate_1pl if model == "1pl" else simulate_2pl)(s, n, seed=seed)["responses"]
@@ -82,6 +83,8 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
     """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
     saved it: the sampler is the expensive part, and a changed fit is compared again for
     free."""
+    import jax
+
     import engine.api
     from engine.infer.nuts import NutsSettings
 
@@ -104,7 +107,7 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
               "ess_bulk_min": res.extra["diagnostics"].get("ess_bulk_min"),
               "divergences": res.extra["diagnostics"].get("divergences"),
               "chains": chains, "warmup": warmup, "samples_per_chain": samples,
-              "device": str(__import__("jax").devices()[0])}
+              "device": str(jax.devices()[0])}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {f"{b}/{w}": v for b, (m, s) in ref.items() for w, v in (("mean", m), ("sd", s))}
@@ -184,7 +187,7 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="lsat7,2000x12",
-                    help="comma-separated: lsat7, SxN (simulated 2PL) or openml:<dataset>")
+                    help="comma-separated: lsat7, SxN (simulated, of --model) or openml:<dataset>")
     ap.add_argument("--no-nuts", action="store_true")
     ap.add_argument("--nuts-cache", type=Path, default=None,
                     help="directory keeping each data set's NUTS summary (reused when present)")
