@@ -119,9 +119,9 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     draws = None
     ability = res.spec.param("ability")
     if res.spec.score is not None:  # ability alone does not order subjects: rank by score
-        draws = score_draws(res.spec, res.guide, num_draws, rng_key=jax.random.PRNGKey(seed))
+        draws = score_draws(res.spec, res.guide, num_draws, rng_key=seed)
     elif ability.shape == ():
-        draws = draw_posterior(res.spec, res.guide, num_draws, rng_key=jax.random.PRNGKey(seed),
+        draws = draw_posterior(res.spec, res.guide, num_draws, rng_key=seed,
                                names=("ability",))["ability"]
     if res.draws and ability.shape == () and getattr(res.spec, "score", None) is None:  # NUTS
         draws = np.asarray(res.draws["ability"]).reshape((-1, res.num_subjects))

@@ -39,6 +39,7 @@ import numpy as np
 
 from engine.errors import ModelError, SettingsError
 from engine.exported import exported_jit
+from engine.host import to_device
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
 from engine.rows import all_distinct, identical_rows
@@ -367,17 +368,17 @@ def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad:
     through the cells' log-likelihood."""
     n, k = x.shape
     U, Q = theta.shape
-    th = jnp.asarray(theta, dtype)
+    th = to_device(theta, dtype)
     lw = _chunked_node_loglik(spec, x, theta, y, mask, limit, dtype) + log_base
     soft = np.exp(lw - lw.max(axis=1, keepdims=True))
     soft /= soft.sum(axis=1, keepdims=True)
-    w = jnp.asarray(soft * counts[:, None], dtype)
-    gj = jnp.asarray(g, dtype)
+    w = to_device(soft * counts[:, None], dtype)
+    gj = to_device(g, dtype)
     vol, grad, dw = np.zeros(n), np.zeros((n, k)), np.zeros((U, Q))
     chunks = _chunks(U, Q * 4 * k * k, n, limit)
     for sl in chunks:
-        v, gx, gw = _item_volume(spec, jnp.asarray(x[sl], dtype), th, jnp.asarray(y[:, sl]),
-                                 jnp.asarray(mask[:, sl]), w, gj, with_grad=with_grad)
+        v, gx, gw = _item_volume(spec, to_device(x[sl], dtype), th, to_device(y[:, sl]),
+                                 to_device(mask[:, sl]), w, gj, with_grad=with_grad)
         vol[sl] = np.asarray(v, np.float64)
         if with_grad:
             grad[sl], dw = np.asarray(gx, np.float64), dw + np.asarray(gw, np.float64)
@@ -385,10 +386,10 @@ def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad:
         return vol, None
     # w = counts * softmax(lw): the cotangent of lw, then of each item through its cells
     dlw = counts[:, None] * soft * (dw - (soft * dw).sum(axis=1, keepdims=True))
-    c = jnp.asarray(dlw, dtype)
+    c = to_device(dlw, dtype)
     for sl in _chunks(U, Q * 4, n, limit):
-        grad[sl] += np.asarray(_weighted_scores(spec, jnp.asarray(x[sl], dtype), th,
-                                                jnp.asarray(y[:, sl]), jnp.asarray(mask[:, sl]),
+        grad[sl] += np.asarray(_weighted_scores(spec, to_device(x[sl], dtype), th,
+                                                to_device(y[:, sl]), to_device(mask[:, sl]),
                                                 c), np.float64)
     return vol, grad
 
@@ -426,7 +427,7 @@ def _item_prior(spec: ModelSpec, x: np.ndarray, g: np.ndarray):
     """Log prior of each item ``(n,)`` given the globals ``g``, with gradient ``(n, k)`` and
     diagonal Hessian ``(n, k)`` (the priors of an item's blocks are independent given them)."""
     return tuple(np.asarray(a, np.float64) for a in _item_prior_terms(
-        spec, jnp.asarray(x, jnp.float32), jnp.asarray(g, jnp.float32)))
+        spec, to_device(x, jnp.float32), to_device(g, jnp.float32)))
 
 
 def _log_prior(spec, x, g):
@@ -474,10 +475,10 @@ def _update_globals(spec: ModelSpec, x: np.ndarray, v: np.ndarray, g: np.ndarray
     is the Laplace objective's (:func:`_item_volume`) in the globals."""
     if g.size == 0:
         return g
-    args = [jnp.asarray(a, jnp.float32) for a in (x, v)]
+    args = [to_device(a, jnp.float32) for a in (x, v)]
 
     def terms(at):
-        at = jnp.asarray(at, jnp.float32)
+        at = to_device(at, jnp.float32)
         return [np.asarray(t, np.float64) for t in _hyper_terms(spec, *args, at)]
 
     value = terms(g)[0]
@@ -503,8 +504,8 @@ def _hyper_derivatives(spec: ModelSpec, x: np.ndarray, info: np.ndarray, g: np.n
     (:func:`_expected_log_prior` with the items' conditional variances from the per-item
     information ``info`` ``(n, k, k)``), and the log prior's mixed derivatives ``(n, k, h)``."""
     n, k = x.shape
-    xj, gj = jnp.asarray(x, jnp.float32), jnp.asarray(g, jnp.float32)
-    v = jnp.asarray(_conditional_variances(info), jnp.float32)
+    xj, gj = to_device(x, jnp.float32), to_device(g, jnp.float32)
+    v = to_device(_conditional_variances(info), jnp.float32)
     _, grad, hess = _hyper_terms(spec, xj, v, gj)
     cross = _prior_cross(spec, xj, gj)
     return tuple(np.asarray(a, np.float64) for a in (grad, hess, cross))
@@ -547,8 +548,8 @@ def _move_in_sds(spec: ModelSpec, x_before: np.ndarray, x: np.ndarray, g_before:
     moves = [np.abs(x - x_before) / np.maximum(np.sqrt(var), 1e-12)]
     moves[0][flat] = np.inf
     if g.size:
-        _, _, g_hess = _hyper_terms(spec, jnp.asarray(x, jnp.float32), jnp.asarray(var, jnp.float32),
-                                    jnp.asarray(g, jnp.float32))
+        _, _, g_hess = _hyper_terms(spec, to_device(x, jnp.float32), to_device(var, jnp.float32),
+                                    to_device(g, jnp.float32))
         g_var = np.diagonal(np.linalg.pinv(-np.asarray(g_hess, np.float64)))
         moves.append(np.abs(g - g_before) / np.maximum(np.sqrt(np.maximum(g_var, 0.0)), 1e-12))
     return max(float(np.max(m)) for m in moves)
@@ -558,7 +559,7 @@ def _total_prior(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_prior: np.n
     """The log prior of items and globals (``item_prior``: the items' own, given ``g``)."""
     if g.size == 0:
         return float(item_prior.sum())
-    return float(_prior_value(spec, jnp.asarray(x, jnp.float32), jnp.asarray(g, jnp.float32)))
+    return float(_prior_value(spec, to_device(x, jnp.float32), to_device(g, jnp.float32)))
 
 
 def _globals_covariance(info_items: np.ndarray, cross: np.ndarray, g_hess: np.ndarray) -> np.ndarray:
@@ -596,7 +597,7 @@ class _Quadrature:
         else:
             z, log_w = _gauss_hermite(num_nodes)
             theta = self.mean[:, None] + self.sd[:, None] * z[None, :]
-        prior = np.asarray(_ability_log_prior(spec, jnp.asarray(theta)), np.float64)
+        prior = np.asarray(_ability_log_prior(spec, to_device(theta)), np.float64)
         return theta, prior + log_w[None, :] + np.log(self.sd)[:, None]
 
     def posterior(self, spec, x, y, mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -623,27 +624,27 @@ def _chunks(num_patterns: int, num_nodes: int, num_items: int, limit: int) -> li
 def _chunked_node_loglik(spec, x, theta, y, mask, limit: int, dtype=jnp.float32) -> np.ndarray:
     U, Q = theta.shape
     out = np.zeros((U, Q))
-    th = jnp.asarray(theta, dtype)
+    th = to_device(theta, dtype)
     for sl in _chunks(U, Q, x.shape[0], limit):
-        out += np.asarray(_node_loglik(spec, jnp.asarray(x[sl], dtype), th,
-                                       jnp.asarray(y[:, sl]), jnp.asarray(mask[:, sl])), np.float64)
+        out += np.asarray(_node_loglik(spec, to_device(x[sl], dtype), th,
+                                       to_device(y[:, sl]), to_device(mask[:, sl])), np.float64)
     return out
 
 
 def _expected_values(spec, x, theta, y, mask, w, limit) -> np.ndarray:
     U, Q = theta.shape
-    th, ww = jnp.asarray(theta, jnp.float32), jnp.asarray(w, jnp.float32)
+    th, ww = to_device(theta, jnp.float32), to_device(w, jnp.float32)
     return np.concatenate([
-        np.asarray(_item_values(spec, jnp.asarray(x[sl], jnp.float32), th, jnp.asarray(y[:, sl]),
-                                jnp.asarray(mask[:, sl]), ww), np.float64)
+        np.asarray(_item_values(spec, to_device(x[sl], jnp.float32), th, to_device(y[:, sl]),
+                                to_device(mask[:, sl]), ww), np.float64)
         for sl in _chunks(U, Q, x.shape[0], limit)])
 
 
 def _expected_terms(spec, x, theta, y, mask, w, limit):
     U, Q = theta.shape
-    th, ww = jnp.asarray(theta, jnp.float32), jnp.asarray(w, jnp.float32)
-    parts = [_item_terms(spec, jnp.asarray(x[sl], jnp.float32), th, jnp.asarray(y[:, sl]),
-                         jnp.asarray(mask[:, sl]), ww)
+    th, ww = to_device(theta, jnp.float32), to_device(w, jnp.float32)
+    parts = [_item_terms(spec, to_device(x[sl], jnp.float32), th, to_device(y[:, sl]),
+                         to_device(mask[:, sl]), ww)
              for sl in _chunks(U, Q * 4, x.shape[0], limit)]
     return tuple(np.concatenate([np.asarray(p[i], np.float64) for p in parts]) for i in range(3))
 
@@ -682,12 +683,12 @@ def _louis(spec, x, theta, w, counts, y, mask, hess, joint: bool, settings: Marg
     else:
         info = -hess.copy()
     sens = np.zeros((U, n, k)) if with_sensitivity else None
-    th = jnp.asarray(theta, jnp.float32)
-    xj = jnp.asarray(x, jnp.float32)
+    th = np.asarray(theta, np.float32)  # sliced on the host: no program per slice
+    xj = to_device(x, jnp.float32)
     per = max(1, settings.score_chunk // max(Q * n * k, 1))
     for start in range(0, U, per):
         sl = slice(start, min(start + per, U))
-        g = np.asarray(_cell_scores(spec, xj, th[sl], jnp.asarray(y[sl]), jnp.asarray(mask[sl])),
+        g = np.asarray(_cell_scores(spec, xj, to_device(th[sl]), to_device(y[sl]), to_device(mask[sl])),
                        np.float64)
         ws = w[sl]
         centred = g - np.einsum("uq,uqnk->unk", ws, g)[:, None]
@@ -753,6 +754,9 @@ def _marginal_newton(info: np.ndarray, grad: np.ndarray, max_step: float) -> np.
     return step * min(1.0, max_step / max(size, 1e-12))
 
 
+_DRAW_BATCH_CELLS = 1 << 21  # cells of one batch of importance draws (8 MiB of float32)
+
+
 @exported_jit(static_argnames=("spec",))
 def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
     """For item draws ``xs`` ``(D, n, k)`` with their globals ``gs`` ``(D, h)``: the log prior
@@ -769,7 +773,11 @@ def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
         return (_log_prior(spec, x, g), (top + jnp.log(total))[:, 0],
                 (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1))
 
-    return jax.lax.map(one, (xs, gs))  # one draw at a time: memory of one E-step
+    # draws in batches of about one E-step's cells each: memory of a few E-steps, and not
+    # one loop iteration per draw (4,000 tiny iterations cost LSAT7 0.2 s a call)
+    per_draw = max(theta.size * y.shape[-1], 1)
+    batch = max(1, min(xs.shape[0], _DRAW_BATCH_CELLS // per_draw))
+    return jax.lax.map(one, (xs, gs), batch_size=batch)
 
 
 def _flat_draw_moments(spec, xs: np.ndarray, item_shape: tuple[int, int], theta, y, mask,
@@ -778,9 +786,9 @@ def _flat_draw_moments(spec, xs: np.ndarray, item_shape: tuple[int, int], theta,
     flattened, then the globals'."""
     n, k = item_shape
     return tuple(np.asarray(a, np.float64) for a in _draw_moments(
-        spec, jnp.asarray(xs[:, :n * k].reshape(len(xs), n, k), jnp.float32),
-        jnp.asarray(xs[:, n * k:], jnp.float32), jnp.asarray(theta, jnp.float32),
-        jnp.asarray(y), jnp.asarray(mask), jnp.asarray(log_base, jnp.float32)))
+        spec, to_device(xs[:, :n * k].reshape(len(xs), n, k), jnp.float32),
+        to_device(xs[:, n * k:], jnp.float32), to_device(theta, jnp.float32),
+        to_device(y), to_device(mask), to_device(log_base, jnp.float32)))
 
 
 def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -943,13 +951,13 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
     grid = np.stack([a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")], -1)  # (G, k)
     U, G = theta.shape[0], grid.shape[0]
     log_prior = _item_prior(spec, grid, g)[0]
-    th = jnp.asarray(theta, jnp.float32)
+    th = to_device(theta, jnp.float32)
     log_p = {}
     for r in (0, 1):  # log P(y = r | pattern u, item at grid point) (U, G)
         parts = []
         for sl in _chunks(U, theta.shape[1], G, limit):
-            gx = jnp.asarray(grid[sl], jnp.float32)
-            ones = jnp.ones((U, gx.shape[0]), jnp.float32)
+            gx = to_device(grid[sl], jnp.float32)
+            ones = to_device(np.ones((U, gx.shape[0]), np.float32))
             ll = np.asarray(_node_loglik_cells(spec, gx, th, r * ones, ones), np.float64)
             top = ll.max(axis=1, keepdims=True)
             parts.append(top[:, 0] + np.log(np.einsum("uq,uqg->ug", w, np.exp(ll - top))))

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from engine.infer.guide import GuideState
-from engine.models.spec import ModelSpec
+from engine.host import to_device
+from engine.models.spec import TRANSFORMS, ModelSpec
 from engine.rows import identical_rows
 
 __all__ = ["draw_posterior", "summarize", "summarize_draws", "within_owner_scales", "Z90"]
@@ -22,29 +23,36 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
                    names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """Joint draws of constrained parameters, ``(num_draws, *block_shape)`` per name.
 
-    Subjects whose factors are identical (location and scale, to the bit: e.g. the same
-    answer sheet) share their draws, so they tie in every draw and get identical
-    rank statistics; without such duplicates the draws are as before.
+    ``rng_key`` is a JAX PRNG key, or an int seed standing for ``jax.random.PRNGKey(seed)``
+    (the same draws; the key is then made inside the compiled program, which saves a
+    fresh process two small programs). Subjects whose factors are identical (location
+    and scale, to the bit: e.g. the same answer sheet) share their draws, so they tie in
+    every draw and get identical rank statistics; without such duplicates the draws are
+    as before.
     """
     names = names or spec.names
-    keys = jax.random.split(rng_key, len(names))
+    seeded = isinstance(rng_key, (int, np.integer))
+    key = np.int64(rng_key) if seeded else rng_key
     out = {}
-    for key, name in zip(keys, names):
+    for index, name in enumerate(names):
         p = spec.param(name)
-        loc = jnp.asarray(guide.loc[name])
         first, inverse = _identical_owners(guide, name) if p.owner == "subject" else (None, None)
+        loc = np.asarray(guide.loc[name])
         width = loc.shape[:1] if first is None else (first.size,)
         out[name] = np.asarray(_block_draws(
-            p, key, loc, jnp.asarray(guide.log_scale[name]),
-            None if inverse is None else jnp.asarray(inverse), (num_draws,) + width))
+            p, key, np.int32(index), len(names), seeded, to_device(loc),
+            to_device(guide.log_scale[name]), None if inverse is None else to_device(inverse),
+            (num_draws,) + width))
     return out
 
 
-@partial(jax.jit, static_argnames=("param", "shape"))
-def _block_draws(param, key, loc, log_scale, inverse, shape):
+@partial(jax.jit, static_argnames=("param", "count", "seeded", "shape"))
+def _block_draws(param, key, index, count, seeded, loc, log_scale, inverse, shape):
     """One block's constrained draws in one compiled program (the same numbers as the
-    operations one by one, which compiled a small program each): ``shape`` is ``(draws,
+    operations one by one, which compiled a small program each): the ``index``-th of
+    ``count`` keys split from ``key`` (a seed where ``seeded``); ``shape`` is ``(draws,
     owners or distinct factors)``; ``inverse`` maps each owner to its distinct factor."""
+    key = jax.random.split(jax.random.PRNGKey(key) if seeded else key, count)[index]
     eps = jax.random.normal(key, shape + loc.shape[1:], jnp.float32)
     if inverse is not None:  # one draw per distinct factor, shared by its owners
         eps = eps[:, inverse]
@@ -95,6 +103,16 @@ def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,
     return {n: np.sqrt(cov[:, i, i]).astype(np.float32) for n, i in at.items()}
 
 
+@partial(jax.jit, static_argnames=("transform",))
+def _constrained(transform: str, loc, scale):
+    """``(value, slope, q05, q95)`` of a block with location ``loc`` and sd ``scale`` on the
+    unconstrained scale, through its elementwise ``transform`` (one program per transform
+    and shape; the derivative is one forward-mode pass)."""
+    constrain = TRANSFORMS[transform]
+    value, slope = jax.jvp(constrain, (loc,), (jnp.ones_like(loc),))
+    return value, slope, constrain(loc - Z90 * scale), constrain(loc + Z90 * scale)
+
+
 def summarize(spec: ModelSpec, guide: GuideState, owner: str,
               cross: dict | None = None) -> pd.DataFrame:
     """Per-owner table: ``{name}_mean``, ``_sd``, ``_q05``, ``_q95`` for each scalar block,
@@ -114,9 +132,9 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str,
             continue
         loc = np.asarray(guide.loc[p.name], np.float32)
         meanfield = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
-        scale = marginal.get(p.name, meanfield)
-        # elementwise transforms: the derivative is one forward-mode pass
-        slope = np.asarray(jax.jvp(p.constrain, (jnp.asarray(loc),), (jnp.ones_like(loc),))[1])
+        scale = np.asarray(marginal.get(p.name, meanfield), np.float32)
+        value, slope, low, high = (np.asarray(a) for a in _constrained(
+            p.transform, to_device(loc), to_device(scale)))
         keep = masks.get(p.name, 1.0)  # effective value: zero where a declared mask is zero
         # (D,) blocks get one column set per component, named by the model's skills
         labels = [""] if p.shape == () else [
@@ -124,10 +142,10 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str,
         for d, label in enumerate(labels):
             pick = (lambda a: a) if p.shape == () else (lambda a, d=d: a[:, d])
             name = f"{p.name}{label}"
-            cols[f"{name}_mean"] = np.asarray(pick(keep * p.constrain(loc)))
+            cols[f"{name}_mean"] = np.asarray(pick(keep * value))
             cols[f"{name}_sd"] = np.asarray(pick(keep * np.abs(slope) * scale))
-            cols[f"{name}_q05"] = np.asarray(pick(keep * p.constrain(loc - Z90 * scale)))
-            cols[f"{name}_q95"] = np.asarray(pick(keep * p.constrain(loc + Z90 * scale)))
+            cols[f"{name}_q05"] = np.asarray(pick(keep * low))
+            cols[f"{name}_q95"] = np.asarray(pick(keep * high))
             if p.name in marginal:
                 cols[f"{name}_sd_meanfield"] = np.asarray(pick(keep * np.abs(slope) * meanfield))
     return pd.DataFrame(cols)

@@ -26,6 +26,7 @@ from engine.data.formats.base import (LogFormat, RecordBuffer, Records, first_js
                                       json_at_lines, json_lines, pick_metric, plain_lines, text_id,
                                       walk_files)
 from engine.data.formats.item_info import describe_sample
+from engine.data.formats.validate import to_numbers
 from engine.errors import DataFormatError
 
 __all__ = ["EveryEvalEver"]
@@ -149,7 +150,7 @@ def _ids(col: pa.Array) -> tuple[list[str], np.ndarray] | None:
             v.encode("utf-8")
         except UnicodeEncodeError:
             return None
-    return ids, coded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return ids, to_numbers(coded.indices, np.int64)
 
 
 def _arrow_records(path: Path, batch: pa.RecordBatch, metric: tuple[str, ...],
@@ -160,14 +161,14 @@ def _arrow_records(path: Path, batch: pa.RecordBatch, metric: tuple[str, ...],
     values = pc.struct_field(scores, metric[0])
     if values.null_count:
         return None
-    values = pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False)
+    values = to_numbers(pc.cast(values, pa.float64()))
     subject, evaluation, sample = (_ids(batch.column(k)) for k in _KEYS)
     if subject is None or evaluation is None or sample is None:
         return None
     joined = pc.binary_join_element_wise(batch.column("evaluation_name"),
                                          batch.column("sample_id"), "/")
     items = pc.dictionary_encode(joined)
-    item = items.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    item = to_numbers(items.indices, np.int64)
     _, first = np.unique(item, return_index=True)
     groups = [evaluation[0][k] for k in evaluation[1][first].tolist()]
     return Records(path, "evaluation." + metric[0], subject[0], subject[1],

@@ -31,7 +31,8 @@ from engine.data.formats.validate import (LONG_COLS, BadCell, as_stored, bad_val
                                           check_id_column_type, check_id_text, check_support,
                                           container_of, csv_rows, delimiter_of, expand_inputs,
                                           fmt_value, long_column, no_response_error, open_text,
-                                          read_header, to_float, where_row)
+                                          read_header, to_float, to_numbers,
+                                          where_row)
 from engine.data.store import KINDS, Store, check_writable, resolve_layout
 from engine.data.writer import DenseWriter, SparseWriter
 from engine.errors import DataFormatError
@@ -111,12 +112,12 @@ class _Ids:
         if not pa.types.is_dictionary(col.type):
             col = pc.dictionary_encode(pc.cast(col, pa.large_string()))
         if col.null_count:
-            row = int(np.argmax(col.is_null().to_numpy(zero_copy_only=False)))
+            row = int(np.argmax(to_numbers(col.is_null(), bool)))
             raise DataFormatError(f"{where(row)}: empty {self.what} id; give every row a "
                                   f"{self.what} id or drop the row")
         raw = [v if isinstance(v, str) else str(v) for v in col.dictionary.to_pylist()]
         values = [v.strip() for v in raw]
-        idx = col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        idx = to_numbers(col.indices, np.int64)
         if learn:
             used, first = np.unique(idx, return_index=True)
             order = np.argsort(first, kind="stable")  # new ids in order of first appearance

@@ -1,0 +1,99 @@
+"""Fixed costs of everyday commands: what a process imports and compiles besides its work."""
+
+import logging
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import engine
+from engine.data.formats.validate import to_numbers
+from engine.readout.posterior import draw_posterior
+from engine.run import save_run
+
+_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint64(),
+          pa.float16(), pa.float32(), pa.float64(), pa.bool_(), pa.null()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.lists(st.one_of(st.none(), st.integers(0, 120)), max_size=25),
+                       max_size=4),
+       kind=st.sampled_from(_TYPES), head=st.integers(0, 9), tail=st.integers(0, 9))
+def test_to_numbers_reads_arrow_buffers_as_arrow_casts_them(chunks, kind, head, tail):
+    """Chunked columns, sliced at any bit offset, with nulls: the values Arrow's own cast
+    gives, NaN where missing."""
+    if pa.types.is_boolean(kind):
+        chunks = [[None if v is None else v % 3 == 0 for v in c] for c in chunks]
+    if pa.types.is_null(kind):
+        chunks = [[None] * len(c) for c in chunks]
+    col = pa.chunked_array([pa.array(c, type=kind) for c in chunks], type=kind)
+    if len(col) > head + tail:
+        col = col.slice(head, len(col) - head - tail)
+    want = pc.cast(col, pa.float64()).to_numpy() if len(col) else np.empty(0)
+    np.testing.assert_array_equal(to_numbers(col), want)
+    if not col.null_count:
+        got = to_numbers(col, np.int64)
+        assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+def test_to_numbers_refuses_missing_values_as_integers_and_other_types():
+    with pytest.raises(ValueError, match="missing values cannot be int64"):
+        to_numbers(pa.array([1, None, 3], pa.int32()), np.int64)
+    with pytest.raises(TypeError, match="type string"):
+        to_numbers(pa.array(["1"]))
+
+
+def test_ingesting_a_parquet_table_imports_neither_pandas_nor_jax(tmp_path):
+    """The wide Parquet reader takes the values from Arrow's buffers: no pandas (Arrow's
+    ``to_numpy`` imports it), and no JAX, in an ingest process."""
+    y = (np.random.default_rng(0).random((40, 5)) < 0.6).astype(np.int8)
+    table = pa.table({"subject": [f"s{i}" for i in range(40)]} |
+                     {f"q{j}": pa.array(y[:, j]) for j in range(5)})
+    pq.write_table(table, tmp_path / "wide.parquet")
+    code = ("import sys\n"
+            "from engine.cli import main\n"
+            f"assert main(['ingest', {str(tmp_path / 'wide.parquet')!r}, '--out', "
+            f"{str(tmp_path / 'store')!r}]) == 0\n"
+            "print([m for m in ('pandas', 'jax', 'pyarrow.dataset') if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    from engine.data.store import open_store
+
+    np.testing.assert_array_equal(open_store(tmp_path / "store").load(), y)
+
+
+def test_an_int_seed_draws_what_its_key_draws():
+    y = (np.random.default_rng(1).random((30, 4)) < 0.5).astype(np.int8)
+    res = engine.fit(y, model="1pl")
+    by_key = draw_posterior(res.spec, res.guide, 50, rng_key=jax.random.PRNGKey(7))
+    by_seed = draw_posterior(res.spec, res.guide, 50, rng_key=7)
+    assert by_key.keys() == by_seed.keys()
+    for name in by_key:
+        np.testing.assert_array_equal(by_key[name], by_seed[name])
+
+
+# JAX's eager operations on host arrays: each compiles a program of its own per shape (about
+# 20 ms each in a fresh process), which a fit and its read-outs no longer run
+_EAGER = {"stage", "convert_element_type", "broadcast_in_dim", "exp", "multiply", "unstack",
+          "_threefry_seed", "_threefry_split", "concatenate", "dynamic_slice", "gather"}
+
+
+def test_a_quadrature_fit_and_its_run_compile_no_eager_operations(tmp_path, caplog):
+    """A 2PL fit of a short test (the quadrature fit, importance-sampled item means) and its
+    run directory, at a shape no other test uses: every program compiled is one of the
+    engine's own, none a per-shape eager operation."""
+    y = (np.random.default_rng(3).random((233, 7)) < 0.6).astype(np.int8)
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        res = engine.fit(y, model="2pl")
+        save_run(res, tmp_path / "run")
+    assert res.extra["ability_factor"]["method"] == "quadrature"
+    names = {r.getMessage().split("jit(")[1].split(")")[0] for r in caplog.records
+             if r.getMessage().startswith("Compiling jit(")}
+    assert names, "no compilation was logged: the check would pass vacuously"
+    assert not names & _EAGER, sorted(names)
