@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.compile_cache import count_compiles, use_compilation_cache
+from engine.host import prng_key
 from engine.exported import exported_jit
 from engine.data.blocks import Block, BlockSource, InMemorySource
 from engine.data.tally import count_observed
@@ -273,11 +274,11 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
     K = num_local_devices(settings.num_devices)
     guide = init if init is not None else init_guide(spec, S, N)
     device = jax.local_devices()[0]
-    guide = jax.device_put(jax.tree.map(jnp.asarray, guide), device)
+    guide = jax.device_put(jax.tree.map(np.asarray, guide), device)  # host arrays: no program
     with_hessian = settings.optimizer == "newton"
     shapes = terms_shapes(spec, S, N, with_hessian, frozenset(frozen))
     state = jax.device_put(FitState(guide, init_opt_state(settings, guide, shapes),
-                                    np.zeros((), np.int32), jax.random.PRNGKey(settings.seed)),
+                                    np.zeros((), np.int32), prng_key(settings.seed)),
                            device)
     terms_fn, update = _programs(spec, source.layout == "sparse", S, N, with_hessian,
                                  frozenset(frozen), K, settings)
@@ -286,7 +287,7 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
     group_keys = _group_keys(source, K)
     load = _group_loader(source, K)
     cached = [load(keys) for keys in group_keys] if source.resident else None
-    order_key = jax.random.PRNGKey(settings.seed + 1)
+    order_key = prng_key(settings.seed + 1)
     draws = settings.draws_for(source.num_observed)
 
     trace, recent, elapsed, compile_time = [], [], 0.0, 0.0
