@@ -135,7 +135,7 @@ def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool,
                                  device)
             z = state.guide.loc
             stacked = [_stack_draws(*[x] * draws) for x in (z, z, lik)]
-            jax.block_until_ready(update(state, *stacked, jnp.float32(1.0), valid))
+            jax.block_until_ready(update(state, *stacked, np.float32(1.0), valid))
             if sum_groups:
                 jax.block_until_ready(_add_terms(lik, lik))
         except Exception:  # the real call compiles again and reports any error itself
@@ -277,7 +277,9 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
     guide = jax.device_put(jax.tree.map(np.asarray, guide), device)  # host arrays: no program
     with_hessian = settings.optimizer == "newton"
     shapes = terms_shapes(spec, S, N, with_hessian, frozenset(frozen))
-    state = jax.device_put(FitState(guide, init_opt_state(settings, guide, shapes),
+    # one program for the optimizer's initial state (eagerly, each zeros was one per shape)
+    opt_state = jax.jit(lambda g: init_opt_state(settings, g, shapes))(guide)
+    state = jax.device_put(FitState(guide, opt_state,
                                     np.zeros((), np.int32), prng_key(settings.seed)),
                            device)
     terms_fn, update = _programs(spec, source.layout == "sparse", S, N, with_hessian,
@@ -333,7 +335,7 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
                 observed += count
             scale = source.num_observed / max(observed, 1)
             state, info = update(state, _stack_draws(*zs), _stack_draws(*epss),
-                                 _stack_draws(*liks), jnp.float32(scale), valid)
+                                 _stack_draws(*liks), np.float32(scale), valid)
             infos.append(info)
         infos = jax.device_get(infos)
         record = {
