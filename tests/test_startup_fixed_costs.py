@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import engine
 from engine.data.formats.validate import to_numbers
+from engine.infer.settings import FitSettings
 from engine.readout.posterior import draw_posterior
 from engine.run import save_run
 
@@ -84,15 +85,16 @@ _EAGER = {"stage", "convert_element_type", "broadcast_in_dim", "exp", "multiply"
           "_threefry_seed", "_threefry_split", "concatenate", "dynamic_slice", "gather"}
 
 
-def test_a_quadrature_fit_and_its_run_compile_no_eager_operations(tmp_path, caplog):
-    """A 2PL fit of a short test (the quadrature fit, importance-sampled item means) and its
-    run directory, at a shape no other test uses: every program compiled is one of the
-    engine's own, none a per-shape eager operation."""
+@pytest.mark.parametrize("factor", ["quadrature", "gaussian"])
+def test_a_fit_and_its_run_compile_no_eager_operations(tmp_path, caplog, factor):
+    """A 2PL fit of a short test, by the quadrature fit (importance-sampled item means) or
+    the mean-field fit, and its run directory, at a shape no other test uses: every program
+    compiled is one of the engine's own, none a per-shape eager operation."""
     y = (np.random.default_rng(3).random((233, 7)) < 0.6).astype(np.int8)
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
-        res = engine.fit(y, model="2pl")
+        res = engine.fit(y, model="2pl", settings=FitSettings(ability_factor=factor))
         save_run(res, tmp_path / "run")
-    assert res.extra["ability_factor"]["method"] == "quadrature"
+    assert res.extra["ability_factor"]["method"] == factor
     names = {r.getMessage().split("jit(")[1].split(")")[0] for r in caplog.records
              if r.getMessage().startswith("Compiling jit(")}
     assert names, "no compilation was logged: the check would pass vacuously"
