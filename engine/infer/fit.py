@@ -146,6 +146,23 @@ def _compile_ahead(update, state, lik_shapes: Terms, sum_groups: bool,
     return thread
 
 
+_OPT_STATE_PROGRAMS: dict = {}
+
+
+def _initial_opt_state(settings: FitSettings, guide: GuideState, shapes):
+    """``init_opt_state`` as one program, kept per settings and terms' shapes for the
+    process's later fits (eagerly, each of its zeros compiled a program per shape)."""
+    key = (settings, tuple((k, s.shape, np.dtype(s.dtype).str)
+                           for k, s in sorted(shapes.cross.items())))
+    program = _OPT_STATE_PROGRAMS.get(key)
+    if program is None:
+        if len(_OPT_STATE_PROGRAMS) >= 32:
+            _OPT_STATE_PROGRAMS.clear()
+        program = _OPT_STATE_PROGRAMS[key] = jax.jit(
+            lambda g: init_opt_state(settings, g, shapes))
+    return program(guide)
+
+
 def bucket_size(n: int) -> int:
     """The size ``n`` subjects or items are padded to: at least 8, then eight buckets per
     doubling (at most 12.5% padding): 161 -> 176, 1,000 -> 1,024, 11,873 -> 12,288."""
@@ -277,9 +294,7 @@ def _fit_source(spec: ModelSpec, source: BlockSource, settings: FitSettings, *, 
     guide = jax.device_put(jax.tree.map(np.asarray, guide), device)  # host arrays: no program
     with_hessian = settings.optimizer == "newton"
     shapes = terms_shapes(spec, S, N, with_hessian, frozenset(frozen))
-    # one program for the optimizer's initial state (eagerly, each zeros was one per shape)
-    opt_state = jax.jit(lambda g: init_opt_state(settings, g, shapes))(guide)
-    state = jax.device_put(FitState(guide, opt_state,
+    state = jax.device_put(FitState(guide, _initial_opt_state(settings, guide, shapes),
                                     np.zeros((), np.int32), prng_key(settings.seed)),
                            device)
     terms_fn, update = _programs(spec, source.layout == "sparse", S, N, with_hessian,

@@ -957,8 +957,9 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
         parts = []
         for sl in _chunks(U, theta.shape[1], G, limit):
             gx = to_device(grid[sl], jnp.float32)
-            ones = to_device(np.ones((U, gx.shape[0]), np.float32))
-            ll = np.asarray(_node_loglik_cells(spec, gx, th, r * ones, ones), np.float64)
+            ones = np.ones((U, gx.shape[0]), np.float32)  # on the host: no program per chunk
+            ll = np.asarray(_node_loglik_cells(spec, gx, th, to_device(r * ones),
+                                               to_device(ones)), np.float64)
             top = ll.max(axis=1, keepdims=True)
             parts.append(top[:, 0] + np.log(np.einsum("uq,uqg->ug", w, np.exp(ll - top))))
         log_p[r] = np.concatenate(parts, axis=1)

@@ -23,9 +23,9 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
                    names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """Joint draws of constrained parameters, ``(num_draws, *block_shape)`` per name.
 
-    ``rng_key`` is a JAX PRNG key, or an int seed standing for ``jax.random.PRNGKey(seed)``
-    (the same draws; the key is then made inside the compiled program, which saves a
-    fresh process two small programs). Subjects whose factors are identical (location
+    ``rng_key`` is a JAX PRNG key, or a Python int seed standing for
+    ``jax.random.PRNGKey(seed)`` (the same draws; the key is then made inside the compiled
+    program, which saves a fresh process two small programs). Subjects whose factors are identical (location
     and scale, to the bit: e.g. the same answer sheet) share their draws, so they tie in
     every draw and get identical rank statistics; without such duplicates the draws are
     as before.
@@ -104,13 +104,14 @@ def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,
 
 
 @partial(jax.jit, static_argnames=("transform",))
-def _constrained(transform: str, loc, scale):
-    """``(value, slope, q05, q95)`` of a block with location ``loc`` and sd ``scale`` on the
-    unconstrained scale, through its elementwise ``transform`` (one program per transform
-    and shape; the derivative is one forward-mode pass)."""
+def _constrained(transform: str, loc, low, high):
+    """``(value, slope, q05, q95)`` of a block with location ``loc`` and 90% bounds ``low``,
+    ``high`` on the unconstrained scale, through its elementwise ``transform`` (one program
+    per transform and shape; the derivative is one forward-mode pass). The bounds come from
+    the host, as before: inside the program XLA fuses ``loc - z sd`` into one rounding."""
     constrain = TRANSFORMS[transform]
     value, slope = jax.jvp(constrain, (loc,), (jnp.ones_like(loc),))
-    return value, slope, constrain(loc - Z90 * scale), constrain(loc + Z90 * scale)
+    return value, slope, constrain(low), constrain(high)
 
 
 def summarize(spec: ModelSpec, guide: GuideState, owner: str,
@@ -134,7 +135,8 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str,
         meanfield = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
         scale = np.asarray(marginal.get(p.name, meanfield), np.float32)
         value, slope, low, high = (np.asarray(a) for a in _constrained(
-            p.transform, to_device(loc), to_device(scale)))
+            p.transform, to_device(loc), to_device(loc - Z90 * scale),
+            to_device(loc + Z90 * scale)))
         keep = masks.get(p.name, 1.0)  # effective value: zero where a declared mask is zero
         # (D,) blocks get one column set per component, named by the model's skills
         labels = [""] if p.shape == () else [
