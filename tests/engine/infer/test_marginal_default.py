@@ -80,16 +80,28 @@ OPENML = (Path(__file__).resolve().parents[3].parent / "shared" / "data" / "open
 
 
 @pytest.mark.skipif(not OPENML.exists(), reason=f"shared data not found at {OPENML}")
-def test_a_quadrature_fit_that_loses_ground_stops_at_its_best_pass():
+def test_a_quadrature_fit_that_loses_ground_stops_at_its_best_pass(monkeypatch):
     """The 2PL on 19 classifiers x 501 Bioresponse instances: the quadrature fit's objective
     peaks near pass 20, then falls by hundreds of nats as discriminations run off (500
     passes, 88 s before the guard). It stops once it has lost ground for
     ``divergence_patience`` passes, keeps the best pass's values, is not converged, and
-    ``auto`` falls back to the mean-field fit saying why."""
+    ``auto`` falls back to the mean-field fit saying why. ``auto`` runs the same (seeded,
+    deterministic) quadrature fit as the forced one: it is run once and handed to both."""
     import pandas as pd
 
+    import engine.infer.marginal as marginal
     from engine.infer.marginal import MarginalSettings
 
+    runs, real = {}, marginal.fit_marginal
+
+    def fit_marginal_once(spec, y, settings=MarginalSettings(), aside=None):
+        assert aside is None
+        key = (spec.name, np.asarray(y).tobytes(), np.asarray(y).shape, settings)
+        if key not in runs:
+            runs[key] = real(spec, y, settings, aside)
+        return runs[key]
+
+    monkeypatch.setattr(marginal, "fit_marginal", fit_marginal_once)
     df = pd.read_parquet(OPENML)
     y = df[df["dataset"] == "Bioresponse"].iloc[:, 3:].to_numpy().T.astype(np.int8)
     forced = fit(y, "2pl", FitSettings(seed=0, progress=False, ability_factor="quadrature"))
@@ -108,6 +120,7 @@ def test_a_quadrature_fit_that_loses_ground_stops_at_its_best_pass():
     # the values reported are the best pass's: their objective is the best one, not the last
     assert forced.extra["quadrature"]["log_marginal_posterior"] > elbos[-1] + 1.0
     auto = fit(y, "2pl", FitSettings(seed=0, progress=False)).extra["ability_factor"]
+    assert len(runs) == 1  # the same quadrature fit: same model, data and settings
     assert auto["method"] == "gaussian"
     assert auto["quadrature_not_converged"].startswith(
         f"lost ground from iteration {diverged['best_pass']} on")
