@@ -34,7 +34,9 @@ def test_greedy_spreads_information_over_the_range():
 
 @pytest.fixture(scope="module")
 def run_and_y(tmp_path_factory):
-    y, _, _ = simulate_2pl(60, 300, seed=4, log_a_sd=0.6, b_sd=1.5)
+    # seed 2: the fit converges in 15 passes (seed 4 took 112); seeds 0-6 all pass with
+    # informative - random mean >= 0.2 at both sizes
+    y, _, _ = simulate_2pl(60, 300, seed=2, log_a_sd=0.6, b_sd=1.5)
     return fit_run(tmp_path_factory.mktemp("subset"), y), y
 
 
@@ -47,7 +49,7 @@ def test_informative_subset_beats_random_subsets(run_and_y):
         ev = evaluate_subsets(run, y, {"informative": select_informative(bank, k, grid)}, num_random=20, seed=k)
         out[k] = (ev.tau["informative"], ev.tau_random.mean(), np.quantile(ev.tau_random, 0.9))
         assert ev.tau_random.shape == (20,)
-    print("tau informative, random mean, random q90:", out)  # measured k=5: .69 .50 .60; k=10: .81 .61 .68
+    print("tau informative, random mean, random q90:", out)  # measured k=5: .84 .50 .62; k=10: .89 .64 .72
     for k, (informative, random_mean, random_q90) in out.items():
         assert informative > random_mean + 0.1
         assert informative > random_q90
