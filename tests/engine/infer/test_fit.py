@@ -282,17 +282,19 @@ def test_signed_discrimination_recovers_negative_items():
     """The signed model's data-driven start (the sign of each item's correlation with the
     rest score) puts negatively discriminating items on their side of zero: from a = +1
     about half of them stuck near a = +0.03 with |b| running off to 20-40 along the a*b
-    ridge, since a (theta - b) cannot carry a across zero with b finite."""
+    ridge, since a (theta - b) cannot carry a across zero with b finite. At 200 x 200 (seeds
+    1-3) every item ends on its side and r(b) is .975-.977; started from a = +1 the same fits
+    put 77-80% of the negative items below zero and r(b) falls to .59-.78."""
     from engine.api import fit
 
-    y, truth = _simulate("2pl", 200, 400, seed=1, negative=0.1)
+    y, truth = _simulate("2pl", 200, 200, seed=1, negative=0.1)
     res = fit(y, "2pl", model_options={"signed_discrimination": True}, settings=FitSettings(seed=0))
     m, neg = res.means(), truth["discrimination"] < 0
     print("negative items with fitted a < 0:", np.mean(m["discrimination"][neg] < 0))  # 1.0
     assert np.mean(m["discrimination"][neg] < 0) > 0.8
-    assert np.mean(m["discrimination"][~neg] > 0) > 0.95  # .997
-    assert _r(m["difficulty"], truth["difficulty"]) > 0.9  # .958 (seed 2: .973)
-    assert _r(m["discrimination"], truth["discrimination"]) > 0.85  # .947 (seed 2: .963)
+    assert np.mean(m["discrimination"][~neg] > 0) > 0.95  # 1.0
+    assert _r(m["difficulty"], truth["difficulty"]) > 0.9  # .976 (from a = +1: .759)
+    assert _r(m["discrimination"], truth["discrimination"]) > 0.85  # .948
 
 
 def test_constant_items_are_fitted_as_unobserved_and_flagged(tmp_path):
