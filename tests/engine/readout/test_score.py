@@ -6,16 +6,33 @@ import pytest
 from engine.api import fit
 from engine.errors import DataFormatError, SettingsError
 from engine.infer.settings import FitSettings
-from engine.run import save_run
+from engine.run import load_run, save_run
 from engine.score import score
 
 from _item_runs import fit_run, simulate_2pl
 
 
+@pytest.fixture(scope="module")
+def run_and_refit(tmp_path_factory):
+    """Per model: the 140 subjects' matrix, a run fitted to the first 120 (its directory)
+    and a refit's abilities on all 140; fitted once for both 2PL scoring methods."""
+    fitted = {}
+
+    def get(model):
+        if model not in fitted:
+            y, _, _ = simulate_2pl(140, 60, seed=21, log_a_sd=0.0 if model == "1pl" else 0.3)
+            run = fit_run(tmp_path_factory.mktemp(model), y[:120], model)
+            refit = fit(y, model=model, settings=FitSettings(seed=0)).means()["ability"]
+            fitted[model] = (y, run.path, refit)
+        return fitted[model]
+
+    return get
+
+
 @pytest.mark.parametrize("model,method", [("1pl", "auto"), ("2pl", "auto"), ("2pl", "fit")])
-def test_score_agrees_with_a_full_refit(tmp_path, model, method):
-    y, truth, _ = simulate_2pl(140, 60, seed=21, log_a_sd=0.0 if model == "1pl" else 0.3)
-    run = fit_run(tmp_path, y[:120], model)
+def test_score_agrees_with_a_full_refit(run_and_refit, model, method):
+    y, path, refit = run_and_refit(model)
+    run = load_run(path)  # each test reads the run directory afresh
     board, res = score(run, y[120:], method=method)
     assert res.extra["method"] == ("grid" if method == "auto" else "fit")
     new = board[board["new"]]
@@ -23,7 +40,6 @@ def test_score_agrees_with_a_full_refit(tmp_path, model, method):
     for p in run.spec.params:
         if p.owner != "subject":
             np.testing.assert_array_equal(res.guide.loc[p.name], run.guide.loc[p.name])
-    refit = fit(y, model=model, settings=FitSettings(seed=0)).means()["ability"]
     # A refit sets its own origin and unit (the prior pools 140 subjects, not 120): link
     # its scale to the run's on the 120 shared subjects (mean/sigma linking), then compare.
     old = run.subjects["ability_mean"].to_numpy()
