@@ -8,15 +8,23 @@ _MULTIPLIERS = np.random.default_rng(0x1E7).integers(1, 2**63, size=1 << 16, dty
 
 
 def _band_hashes(band: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each row's bytes: the wrapping sum of its 8-byte words times fixed odd
-    multipliers (rows padded with zero bytes to whole words)."""
+    """A 64-bit hash of each row's bytes: the wrapping sum over its 8-byte words of each word
+    times a fixed odd multiplier of its position, mixed by SplitMix64's finaliser (rows
+    padded with zero bytes to whole words). Without the mix the hash was linear, and rows
+    differing in two sign bits (float32 -1 against 1, the top bit of two words) collided."""
     raw = np.ascontiguousarray(band).view(np.uint8).reshape(band.shape[0], -1)
     if raw.shape[1] % 8:
         raw = np.pad(raw, ((0, 0), (0, 8 - raw.shape[1] % 8)))
     words = raw.view(np.uint64)
     mult = np.resize(_MULTIPLIERS, words.shape[1])
     with np.errstate(over="ignore"):
-        return (words * mult).sum(axis=1, dtype=np.uint64)
+        z = words * mult
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        return z.sum(axis=1, dtype=np.uint64)
 
 
 def all_distinct(a: np.ndarray) -> bool:

@@ -46,6 +46,17 @@ def test_all_distinct_agrees_with_the_grouping(a):
     assert all_distinct(a) == expected
 
 
+def test_rows_differing_in_sign_bits_do_not_collide():
+    """Rows whose bytes differ only in the top bit of two words (float32 -1 against 1 at the
+    end of a word): a linear hash of the words gave them one hash (hypothesis found it)."""
+    a = np.full((4, 7), -1.0, np.float32)
+    a[0, 0], a[1, 1], a[3, 3] = 0.0, 1.0, 1.0
+    assert all_distinct(a)
+    rng = np.random.default_rng(5)
+    signs = np.where(rng.random((400, 16)) < 0.5, -1.0, 1.0).astype(np.float32)
+    assert all_distinct(signs) == (len(identical_rows(signs)[0]) == 400)
+
+
 def test_all_distinct_on_threaded_bands(monkeypatch):
     """A matrix over the serial size goes through the thread pool, band by band."""
     import engine.data.tally as tally
