@@ -270,7 +270,7 @@ def test_kill_9_mid_fit_to_a_url_then_resume_equals_an_uninterrupted_fit(s3, tmp
     df.to_csv(tmp_path / "r.csv", index=False)
     assert main(["ingest", str(tmp_path / "r.csv"), "--out", str(tmp_path / "s.zarr")]) == 0
     args = ["fit", tmp_path / "s.zarr", "--model", "2pl", "--quiet", "--seed", "4",
-            "--max-passes", "400", "--tol", "1e-12", "--checkpoint-every", "2", "--draws", "100",
+            "--max-passes", "150", "--tol", "1e-12", "--checkpoint-every", "1", "--draws", "100",
             "--ability-factor", "gaussian"]  # the mean-field fit checkpoints
     _ok(_cli(*args, "--out", tmp_path / "whole", env=s3.env(), cwd=tmp_path))
     url, key = "s3://bkt/killed", "bkt/killed/checkpoint.json"
