@@ -279,8 +279,14 @@ def test_kill_9_mid_fit_to_a_url_then_resume_equals_an_uninterrupted_fit(s3, tmp
                             env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while key not in s3.objects("bkt/killed") and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    fs = s3.filesystem()  # one client for the polls: a new one per poll took 0.1-0.25 s
+
+    def uploaded() -> bool:
+        fs.invalidate_cache()
+        return key in fs.find("bkt/killed")
+
+    while not uploaded() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
     if proc.poll() is not None:  # a crash fails; only a clean finish is too quick to catch
         assert proc.returncode == 0, proc.stderr.read()[-2000:]
         pytest.skip("the fit finished before it could be killed on this machine")
