@@ -688,7 +688,8 @@ def _louis(spec, x, theta, w, counts, y, mask, hess, joint: bool, settings: Marg
     per = max(1, settings.score_chunk // max(Q * n * k, 1))
     for start in range(0, U, per):
         sl = slice(start, min(start + per, U))
-        g = np.asarray(_cell_scores(spec, xj, to_device(th[sl]), to_device(y[sl]), to_device(mask[sl])),
+        g = np.asarray(_cell_scores(spec, xj, to_device(th[sl]), to_device(y[sl]),
+                                    to_device(mask[sl])),
                        np.float64)
         ws = w[sl]
         centred = g - np.einsum("uq,uqnk->unk", ws, g)[:, None]
@@ -773,8 +774,8 @@ def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
         return (_log_prior(spec, x, g), (top + jnp.log(total))[:, 0],
                 (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1))
 
-    # draws in batches of about one E-step's cells each: memory of a few E-steps, and not
-    # one loop iteration per draw (4,000 tiny iterations cost LSAT7 0.2 s a call)
+    # draws in batches of about _DRAW_BATCH_CELLS cells: bounded memory, and not one loop
+    # iteration per draw (4,000 tiny iterations cost LSAT7 0.2 s a call)
     per_draw = max(theta.size * y.shape[-1], 1)
     batch = max(1, min(xs.shape[0], _DRAW_BATCH_CELLS // per_draw))
     return jax.lax.map(one, (xs, gs), batch_size=batch)

@@ -25,10 +25,11 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
 
     ``rng_key`` is a JAX PRNG key, or a Python int seed standing for
     ``jax.random.PRNGKey(seed)`` (the same draws; the key is then made inside the compiled
-    program, which saves a fresh process two small programs). Subjects whose factors are identical (location
-    and scale, to the bit: e.g. the same answer sheet) share their draws, so they tie in
-    every draw and get identical rank statistics; without such duplicates the draws are
-    as before.
+    program, which saves a fresh process two small programs).
+
+    Subjects whose factors are identical (location and scale, to the bit: e.g. the same
+    answer sheet) share their draws, so they tie in every draw and get identical rank
+    statistics; without such duplicates the draws are as before.
     """
     names = names or spec.names
     seeded = isinstance(rng_key, (int, np.integer))

@@ -233,7 +233,8 @@ def to_numbers(col: pa.Array | pa.ChunkedArray, dtype=np.float64) -> np.ndarray:
             if pa.types.is_boolean(ch.type):
                 values = _bits(buffers[1], ch.offset, n)
             elif ch.type in _NUMERIC:
-                values = np.frombuffer(buffers[1], _NUMERIC[ch.type], count=ch.offset + n)[ch.offset:]
+                values = np.frombuffer(buffers[1], _NUMERIC[ch.type],
+                                       count=ch.offset + n)[ch.offset:]
             else:
                 raise TypeError(f"to_numbers: an Arrow column of type {ch.type}")
             valid = _bits(buffers[0], ch.offset, n) if ch.null_count else None
