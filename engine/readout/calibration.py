@@ -28,6 +28,7 @@ from jax.scipy.special import gammaln
 from scipy.optimize import minimize
 
 from engine.errors import DataFormatError
+from engine.host import to_device
 
 __all__ = ["load_confidences", "overconfidence", "expected_calibration_error", "fit_confidence_model",
            "calibrated_confidence", "calibration_report"]
@@ -125,10 +126,10 @@ def fit_confidence_model(y: np.ndarray, confidence: np.ndarray, *, max_iter: int
     (S,), ``phi`` (scalar) and ``converged``.
     """
     S, N = y.shape
-    ym = jnp.asarray(y >= 0, jnp.float32)
-    cm = jnp.asarray(np.isfinite(confidence), jnp.float32)
-    yy = jnp.asarray(np.where(y >= 0, y, 0), jnp.float32)
-    cc = jnp.asarray(np.clip(np.nan_to_num(confidence, nan=0.5), _CLIP, 1 - _CLIP), jnp.float32)
+    ym = to_device(y >= 0, np.float32)
+    cm = to_device(np.isfinite(confidence), np.float32)
+    yy = to_device(np.where(y >= 0, y, 0), np.float32)
+    cc = to_device(np.clip(np.nan_to_num(confidence, nan=0.5), _CLIP, 1 - _CLIP), np.float32)
     sizes = {"theta": S, "b": N, "log_gamma": S, "log_phi": 1}
     cuts = np.cumsum([0] + list(sizes.values()))
 
@@ -141,14 +142,14 @@ def fit_confidence_model(y: np.ndarray, confidence: np.ndarray, *, max_iter: int
         lambda v: _neg_log_joint(unflatten(v), yy, cc, ym, cm) / max(S * N, 1)))
 
     def fun(v):
-        value, grad = objective(jnp.asarray(v, jnp.float32))
+        value, grad = objective(to_device(v, np.float32))
         return float(value), np.asarray(grad, np.float64)
 
     start = np.zeros(cuts[-1])
     start[-1] = np.log(10.0)
     res = minimize(fun, start, jac=True, method="L-BFGS-B",
                    options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-7})
-    x = unflatten(jnp.asarray(res.x))
+    x = unflatten(to_device(res.x, np.float32))
     converged = bool(res.success)
     return {"theta": np.asarray(x["theta"]), "difficulty": np.asarray(x["b"]),
             "gamma": np.exp(np.asarray(x["log_gamma"])), "phi": float(np.exp(x["log_phi"])),

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from engine.host import to_device
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
 from engine.readout.posterior import draw_posterior
@@ -52,9 +53,9 @@ def score_draws(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key) 
     lik = spec.likelihood_params
     drawn = tuple(p.name for p in lik if p.owner != "item")
     draws = draw_posterior(spec, guide, num_draws, rng_key=rng_key, names=drawn)
-    point = {p.name: jnp.asarray(p.constrain(jnp.asarray(guide.loc[p.name])))
+    point = {p.name: p.constrain(to_device(guide.loc[p.name]))
              for p in lik if p.owner == "item"}
-    consts = {k: jnp.asarray(v, jnp.float32)
+    consts = {k: to_device(v, np.float32)
               for k, v in spec.constant_values(num_subjects, num_items).items()}
     owner = {p.name: p.owner for p in lik} | {c.name: c.owner for c in spec.constants}
     expand = {"subject": lambda v: v[:, None], "item": lambda v: v[None, :], "global": lambda v: v}
@@ -73,7 +74,7 @@ def score_draws(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key) 
     for start in range(0, num_draws, step):
         stop = min(num_draws, start + step)
         pad = step - (stop - start)  # fixed shapes: one compile
-        chunk = {k: jnp.asarray(np.concatenate([v[start:stop]] + [v[:1]] * pad) if pad else
+        chunk = {k: to_device(np.concatenate([v[start:stop]] + [v[:1]] * pad) if pad else
                                 v[start:stop]) for k, v in draws.items()}
         out[start:stop] = np.asarray(mean_over_items(chunk))[: stop - start]
     return out

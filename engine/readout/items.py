@@ -20,6 +20,7 @@ from scipy.stats import norm
 
 from engine.data.store import open_store
 from engine.errors import DataFormatError, ModelError, SettingsError, StoreNotFoundError
+from engine.host import to_device
 from engine.infer.guide import GuideState, constrained_means
 from engine.models.spec import ModelSpec
 
@@ -58,14 +59,14 @@ class ItemBank:
             if p.owner == "subject":
                 out[p.name] = ability[:, None]
             elif p.owner == "item":
-                out[p.name] = jnp.asarray(self.params[p.name])[None, :]
+                out[p.name] = to_device(self.params[p.name])[None, :]
             else:
-                out[p.name] = jnp.asarray(self.params[p.name])
+                out[p.name] = to_device(self.params[p.name])
         return out
 
     def prob(self, ability) -> np.ndarray:
         """``P(y = 1 | ability)`` for each ability and item, ``(g, n)``."""
-        return np.asarray(self._prob(jnp.asarray(ability, jnp.float32)))
+        return np.asarray(self._prob(to_device(ability, np.float32)))
 
     def _prob(self, ability):
         shape = (ability.shape[0], self.num_items)
@@ -78,7 +79,7 @@ class ItemBank:
         ``P'`` is the exact derivative of the model's probability (forward mode), so the
         formula holds for any binary model: ``a^2 P (1 - P)`` for the 2PL (seed 002 eq. 2).
         """
-        theta = jnp.asarray(ability, jnp.float32)
+        theta = to_device(ability, np.float32)
         p, dp = jax.jvp(self._prob, (theta,), (jnp.ones_like(theta),))
         p = jnp.clip(p, 1e-7, 1 - 1e-7)
         return np.asarray(dp ** 2 / (p * (1 - p)))
