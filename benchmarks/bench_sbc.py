@@ -153,6 +153,8 @@ def main() -> None:
                     help="fit: the default fit (--ability-factor); nuts: NUTS draws")
     ap.add_argument("--nuts-warmup", type=int, default=300)
     ap.add_argument("--nuts-samples", type=int, default=500, help="per chain (2 chains)")
+    ap.add_argument("--nuts-noncentred-below", type=int, default=None,
+                    help="NutsSettings.noncentred_below (default: NutsSettings' own)")
     ap.add_argument("--time-limit", type=float, default=float("inf"),
                     help="seconds per model and shape; later replicates are skipped")
     args = ap.parse_args()
@@ -170,7 +172,9 @@ def main() -> None:
                 from engine.models.registry import get_model
 
                 settings = NutsSettings(num_chains=2, num_warmup=args.nuts_warmup,
-                                        num_samples=args.nuts_samples)
+                                        num_samples=args.nuts_samples,
+                                        **({} if args.nuts_noncentred_below is None else
+                                           {"noncentred_below": args.nuts_noncentred_below}))
                 sampler = make_sampler(get_model(model, prior=args.prior), s, n, settings)
                 reps = []
                 for r in range(args.reps):
@@ -195,6 +199,7 @@ def main() -> None:
                       f"p={p:.3f} {counts}", flush=True)
     meta = {"method": args.method, "prior": args.prior, "ability_factor": args.ability_factor,
             **({"nuts": {"chains": 2, "warmup": args.nuts_warmup, "samples": args.nuts_samples,
+                         "noncentred_below": args.nuts_noncentred_below,
                          "thinning": "stride ceil(draws / bulk ESS) per block"}}
                if args.method == "nuts" else {}), "machine": platform.processor() or platform.machine(), "cores": 2, "reps": args.reps,
             "draws": args.draws, "bins": args.bins, "wall_s": time.time() - t0, "rows": rows}

@@ -35,6 +35,10 @@ __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "m
 # predictor, log-likelihood and their cotangents in float32), plus the matrix itself.
 NUTS_CELL_FACTOR = 48
 
+# The default rule for sampling a pooled block standardised (NutsSettings.noncentred_below)
+NONCENTRED_ENTRIES = 50
+VAGUE_LOCATION_VARIANCE = 100.0
+
 
 _OPTION = {"num_chains": " (--chains)", "num_samples": " (--samples)", "num_warmup": " (--warmup)"}
 _HINT = {"num_chains": "; 4 is usual, R-hat needs at least 2",
@@ -58,11 +62,16 @@ class NutsSettings:
     memory_budget : bytes NUTS may use (None = a share of the machine's available memory).
     noncentred_below : sample a pooled block (prior ``N(mu, 1/u)`` with ``mu`` and ``u``
         global) with fewer entries than this as ``z = (x - mu) sqrt(u)``: the same posterior
-        in coordinates without the funnel between the block and its precision, which few
-        entries leave loose (:func:`pooled_blocks`). Blocks with more entries pin their
-        precision down and sample better as they are. 0 samples every block as it is.
-        LSAT7's five pooled items: R-hat 1.56 and 279 divergences as they are, 1.007 and
-        none standardised; 50 x 1,000's thousand: R-hat 1.10 as they are, 1.54 standardised.
+        in other coordinates (:func:`pooled_blocks`); 0 samples every block as it is. None
+        (the default) standardises a block with fewer than 50 entries only when its
+        location's own prior is vague (variance >= 100, :data:`VAGUE_LOCATION_VARIANCE`: seed
+        003's hierarchical family). Under the population family's proper hyper-priors the
+        blocks as they are sample faster everywhere measured (2PL, 4 x 1,000 draws): LSAT7
+        31 leapfrog steps per draw against 80 standardised and min bulk ESS 1,299 against
+        746; 2,000 x 12 23 steps against 127; 30 x 6 no divergences against 6; in
+        simulation-based calibration at 100 x 8, 69% of replicates without a divergence
+        against 43%. Under vague locations few entries leave a block free to drift (LSAT7's
+        five items: R-hat 1.56 and 279 divergences as they are, 1.007 standardised).
     """
 
     num_chains: int = 4
@@ -74,12 +83,14 @@ class NutsSettings:
     init_jitter: float = 1.0
     seed: int = 0
     memory_budget: int | None = None
-    noncentred_below: int = 50
+    noncentred_below: int | None = None
 
     def __post_init__(self):
         for name, low in (("num_chains", 1), ("num_samples", 1), ("max_tree_depth", 1),
                           ("num_warmup", 0), ("noncentred_below", 0)):
             value = getattr(self, name)
+            if name == "noncentred_below" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise SettingsError(f"NUTS setting {name}={value!r}{_OPTION.get(name, '')}: must "
                                     f"be an integer >= {low}{_HINT.get(name, '')}")
@@ -125,17 +136,32 @@ def _check_model(spec: ModelSpec) -> None:
                          f"to sample; use a model with continuous parameter blocks")
 
 
+def _vague_location(spec: ModelSpec, loc) -> bool:
+    """Whether a pooled block's location is a global with a vague normal prior."""
+    if not isinstance(loc, str):
+        return False
+    prior = spec.param(loc).prior
+    return (prior.family == "normal" and prior.variance is not None
+            and not isinstance(prior.variance, str) and prior.variance >= VAGUE_LOCATION_VARIANCE)
+
+
 def pooled_blocks(spec: ModelSpec, num_subjects: int, num_items: int,
-                  below: int) -> dict[str, tuple]:
+                  below: int | None) -> dict[str, tuple]:
     """The blocks whose prior is normal with a global precision (the hierarchical and
     population families) and that have fewer than ``below`` entries: name -> (loc,
-    precision), each a number or a global's name."""
+    precision), each a number or a global's name. ``below=None``: fewer than
+    :data:`NONCENTRED_ENTRIES` entries and a vague location (:class:`NutsSettings`)."""
     out = {}
     for p in spec.params:
         prior = p.prior
         count = {"subject": num_subjects, "item": num_items}.get(p.owner, 0) * int(np.prod(p.shape))
-        if (p.owner != "global" and prior.family == "normal"
-                and isinstance(prior.precision, str) and count < below):
+        if p.owner == "global" or prior.family != "normal" or not isinstance(prior.precision, str):
+            continue
+        if below is None:
+            chosen = count < NONCENTRED_ENTRIES and _vague_location(spec, prior.loc)
+        else:
+            chosen = count < below
+        if chosen:
             out[p.name] = (prior.loc, prior.precision)
     return out
 
@@ -183,10 +209,10 @@ def make_log_density(spec: ModelSpec, num_subjects: int, num_items: int) -> Call
     argument, so one compiled program serves every matrix of this shape."""
     _check_model(spec)
     loglik = make_log_likelihood(spec, num_subjects, num_items)
-    rows, cols = jnp.arange(num_subjects), jnp.arange(num_items)
+    whole = slice(None)  # every row and column: no gather, so no scatter in the gradient
 
     def log_density(z, y):
-        return log_prior(spec, z) + loglik(z, rows, cols, y)
+        return log_prior(spec, z) + loglik(z, whole, whole, y)
 
     return log_density
 

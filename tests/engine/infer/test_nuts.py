@@ -315,6 +315,7 @@ def test_pooled_blocks_match_quadrature(noncentred):
     spec = _pooled_normal_model()
     assert pooled_blocks(spec, 2, 8, 50) == {"difficulty": ("mu", "u")}
     assert pooled_blocks(spec, 2, 8, 8) == {}  # eight entries: not fewer than 8
+    assert pooled_blocks(spec, 2, 8, None) == {"difficulty": ("mu", "u")}  # mu ~ N(0, 10^2): vague
     rng = np.random.default_rng(5)
     b = rng.normal(0.3, 0.4, size=8)
     y = (5.0 + b + rng.normal(size=(2, 8))).astype(np.float32)
@@ -329,6 +330,25 @@ def test_pooled_blocks_match_quadrature(noncentred):
     assert abs(res.draws["mu"].mean() - e_mu) < 0.1
     assert abs(lu.mean() - e_lu) < 0.15 * sd_lu and abs(lu.std() / sd_lu - 1) < 0.15
     np.testing.assert_allclose(res.draws["difficulty"].reshape(-1, 8).mean(axis=0), e_b, atol=0.06)
+
+
+def test_default_standardises_only_few_entries_under_a_vague_location():
+    """The default rule (``noncentred_below=None``): a pooled block is sampled standardised
+    when it has fewer than 50 entries and its location's prior is vague (seed 003's
+    hierarchical family), never under the population family's proper hyper-priors, where
+    the blocks as they are sample faster (NutsSettings)."""
+    from engine.infer.nuts import pooled_blocks
+
+    both = {"difficulty": ("mu_difficulty", "u_difficulty"),
+            "discrimination": ("mu_discrimination", "u_discrimination")}
+    assert pooled_blocks(get_model("2pl", prior="hierarchical"), 1000, 5, None) == both
+    assert pooled_blocks(get_model("2pl", prior="hierarchical"), 1000, 50, None) == {}
+    assert pooled_blocks(get_model("2pl", prior="population"), 1000, 5, None) == {}
+    assert pooled_blocks(get_model("2pl", prior="population"), 1000, 5, 50) == both
+    assert pooled_blocks(get_model("2pl", prior="vague"), 1000, 5, None) == {}
+    assert NutsSettings().noncentred_below is None
+    with pytest.raises(SettingsError, match="noncentred_below"):
+        NutsSettings(noncentred_below=-1)
 
 
 def test_mcse_of_the_sd_is_arviz_own():
