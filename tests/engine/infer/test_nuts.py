@@ -247,6 +247,28 @@ def test_new_data_of_one_shape_reuses_the_compiled_sampler(monkeypatch):
     np.testing.assert_allclose(d2.position["ability"], d3.position["ability"], rtol=1e-5, atol=1e-5)
 
 
+def test_chains_split_over_threads_draw_what_one_program_draws():
+    """Chains run in host threads, a share each, give each chain the draws it gets when every
+    chain runs in one program; a split that does not divide the chains is refused."""
+    from engine.infer import nuts
+
+    spec = get_model("2pl")
+    rng = np.random.default_rng(3)
+    y = (rng.random((15, 6)) < 0.6).astype(np.int8)
+    base = NutsSettings(num_chains=4, num_warmup=30, num_samples=20, seed=2)
+    one, _ = nuts.sample_nuts(spec, y, base.replace(chain_threads=1))
+    two, _ = nuts.sample_nuts(spec, y, base.replace(chain_threads=2))
+    assert nuts.chain_threads(base.replace(chain_threads=2)) == 2
+    for name in one.position:
+        np.testing.assert_allclose(two.position[name], one.position[name], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(two.num_steps, one.num_steps)
+    assert two.step_size.shape == (4,)
+    with pytest.raises(SettingsError, match="chain_threads=3: must divide num_chains=4"):
+        base.replace(chain_threads=3)
+    # the default: a divisor of the chains, never more threads than chains
+    assert 4 % nuts.chain_threads(base) == 0 and nuts.chain_threads(base.replace(num_chains=1)) == 1
+
+
 def test_identical_sheets_get_identical_read_outs(tmp_path):
     """Subjects with the same responses (missing cells included) share NUTS draws, so their
     ability, interval, rank statistics and P(beats) are equal; a different sheet is not."""
