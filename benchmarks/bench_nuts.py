@@ -9,6 +9,10 @@ Parts:
 - ``lsat7``: the real LSAT7 (1,000 x 5, /work/shared/data/psych_human_r/lsat7.parquet), 2PL,
   NUTS with the default settings (4 chains, 500 warm-up, 1,000 draws) timed end to end, and the
   same items' posterior means / sds next to the default variational fit's.
+- ``coordinates``: pooled item blocks sampled as they are against standardised
+  (``NutsSettings.noncentred_below`` 0 and 50), 2PL under the population priors, on LSAT7
+  and simulated 30 x 6, 100 x 12 and 2,000 x 12 (seed 1): leapfrog steps per draw, R-hat,
+  bulk ESS, divergences.
 - ``sim``: a simulated 2PL, 200 x 400 (benchmarks/simulate.py, seed 0), default settings;
   abilities' correlation with the simulated truth.
 - ``squad``: a simulated 2PL of the SQuAD leaderboard's size, 161 x 11,873 (1.9M cells,
@@ -212,6 +216,26 @@ def squad(settings: NutsSettings) -> dict:
                 res.draws["ability"].reshape(-1, 161).mean(axis=0), s["ability"])[0, 1])}
 
 
+def coordinates(settings: NutsSettings) -> list[dict]:
+    """Pooled blocks sampled as they are (``noncentred_below=0``) against standardised
+    (``noncentred_below=50``), 2PL under the population priors: LSAT7 and simulated shapes
+    (seed 1)."""
+    wide = pd.read_parquet(DATA / "psych_human_r" / "lsat7.parquet")
+    data = {"lsat7": wide.drop(columns=["subject_id"]).to_numpy().astype(np.int8)}
+    for shape in ((30, 6), (100, 12), (2000, 12)):
+        data["x".join(map(str, shape))] = simulate_2pl(*shape, seed=1)["responses"]
+    rows = []
+    for name, y in data.items():
+        for below in (0, 50):
+            res = _timed_nuts(y, "2pl", settings.replace(noncentred_below=below))
+            d = res.extra["diagnostics"]
+            rows.append({"data": name, "noncentred_below": below, "wall_s": round(res.wall_time_s, 1),
+                         "cpu_s": round(res.extra["cpu_s"], 1), **{k: d[k] for k in (
+                             "mean_steps_per_draw", "rhat_max", "ess_bulk_min", "divergences")}})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--parts", default="lsat7,sim,squad")
@@ -231,6 +255,8 @@ def main(argv=None) -> int:
             results[part] = profile()
         elif part == "lsat7":
             results[part] = lsat7(default)
+        elif part == "coordinates":
+            results[part] = coordinates(default)
         elif part == "sim":
             results[part] = sim(default)
         elif part == "squad":
@@ -238,7 +264,7 @@ def main(argv=None) -> int:
                                                num_warmup=args.squad_warmup,
                                                num_samples=args.squad_samples, seed=args.seed))
         else:
-            raise SystemExit(f"unknown part {part!r}; use profile, lsat7, sim or squad")
+            raise SystemExit(f"unknown part {part!r}; use profile, lsat7, coordinates, sim or squad")
         print(json.dumps(results[part], indent=1, default=float)[:3000], flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else {}
