@@ -73,6 +73,10 @@ class NutsSettings:
         simulation-based calibration at 100 x 8, 69% of replicates without a divergence
         against 43%. Under vague locations few entries leave a block free to drift (LSAT7's
         five items: R-hat 1.56 and 279 divergences as they are, 1.007 standardised).
+    low_rank : adapt the mass matrix as a diagonal plus at most this many directions
+        (blackjax's ``window_adaptation_low_rank``, the Fisher-divergence metric of nutpie)
+        instead of a diagonal alone (0, the default): for posteriors whose parameters move
+        together along a few directions, as all abilities and difficulties shift together.
     chain_threads : host threads the chains are split over, each running the same compiled
         sampler on its share (must divide ``num_chains``). None (the default): on a CPU,
         the largest divisor of ``num_chains`` up to the cores this process may use, because
@@ -92,10 +96,12 @@ class NutsSettings:
     memory_budget: int | None = None
     noncentred_below: int | None = None
     chain_threads: int | None = None
+    low_rank: int = 0
 
     def __post_init__(self):
         for name, low in (("num_chains", 1), ("num_samples", 1), ("max_tree_depth", 1),
-                          ("num_warmup", 0), ("noncentred_below", 0), ("chain_threads", 1)):
+                          ("num_warmup", 0), ("noncentred_below", 0), ("chain_threads", 1),
+                          ("low_rank", 0)):
             value = getattr(self, name)
             if name in ("noncentred_below", "chain_threads") and value is None:
                 continue
@@ -307,10 +313,18 @@ def make_sampler(spec: ModelSpec, num_subjects: int, num_items: int,
 
     def sample(y, keys, positions):
         target = lambda z: target_at(z, y)
-        warmup = blackjax.window_adaptation(
-            blackjax.nuts, target, target_acceptance_rate=settings.target_accept,
-            adaptation_info_fn=get_filter_adapt_info_fn(),  # keep no per-step warm-up history
-            max_num_doublings=settings.max_tree_depth)
+        if settings.low_rank:
+            from blackjax.adaptation.low_rank_adaptation import window_adaptation_low_rank
+
+            warmup = window_adaptation_low_rank(
+                blackjax.nuts, target, max_rank=settings.low_rank,
+                target_acceptance_rate=settings.target_accept,
+                max_num_doublings=settings.max_tree_depth)
+        else:
+            warmup = blackjax.window_adaptation(
+                blackjax.nuts, target, target_acceptance_rate=settings.target_accept,
+                adaptation_info_fn=get_filter_adapt_info_fn(),  # no per-step warm-up history
+                max_num_doublings=settings.max_tree_depth)
 
         def one_chain(key, position):
             warm_key, draw_key = jax.random.split(key)
@@ -348,13 +362,20 @@ def chain_threads(settings: NutsSettings) -> int:
     return max(g for g in range(1, top + 1) if settings.num_chains % g == 0)
 
 
+def _shares(keys, positions: dict, threads: int) -> list[tuple]:
+    """``(keys, positions)`` of each thread's consecutive share of the chains."""
+    per = keys.shape[0] // threads
+    return [(keys[i * per:(i + 1) * per], jax.tree.map(lambda v: v[i * per:(i + 1) * per],
+                                                        positions)) for i in range(threads)]
+
+
 def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
                 sampler: Callable | None = None) -> tuple[NutsDraws, dict]:
     """Draw from the exact posterior of ``spec`` given the whole matrix ``y``.
 
     The chains are split over :func:`chain_threads` host threads, each calling one compiled
     sampler on its share; a chain's draws do not depend on the split (its key and start
-    are its own).
+    are its own). A program that calls LAPACK runs in one thread.
 
     ``sampler`` (from :func:`make_sampler` for ``y``'s shape and these settings) is reused
     when given, so many matrices of one shape compile once; its first call then compiles
@@ -371,11 +392,17 @@ def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     keys = jax.random.split(chain_key, settings.num_chains)
     yd = jnp.asarray(y)
     threads = chain_threads(settings)
-    per = settings.num_chains // threads
-    shares = [(keys[i * per:(i + 1) * per], jax.tree.map(lambda v: v[i * per:(i + 1) * per],
-                                                          positions)) for i in range(threads)]
+    jitted = sampler if sampler is not None else make_sampler(spec, *np.shape(y), settings)
+    lowered = None
+    if threads > 1:
+        lowered = jitted.lower(yd, *_shares(keys, positions, threads)[0])
+        if "lapack_" in lowered.as_text():
+            # LAPACK called from two threads at once hung (blackjax's low-rank adaptation
+            # under the CPU's LAPACK): such a program runs every chain in one thread
+            threads, lowered = 1, None
+    shares = _shares(keys, positions, threads)
     if sampler is None:  # compile apart, to report the time it takes
-        sampler = make_sampler(spec, *np.shape(y), settings).lower(yd, *shares[0]).compile()
+        sampler = (lowered or jitted.lower(yd, *shares[0])).compile()
     compile_s = time.perf_counter() - start
     run = lambda share: jax.device_get(sampler(yd, *share))
     if threads == 1:

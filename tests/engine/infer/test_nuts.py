@@ -75,11 +75,14 @@ def _one_item_posterior(k: int, n: int):
     return eb, sdb, right, wrong
 
 
-def test_one_item_1pl_matches_quadrature():
+@pytest.mark.parametrize("low_rank", [0, 4])
+def test_one_item_1pl_matches_quadrature(low_rank):
+    """NUTS against scipy quadrature, with the diagonal mass matrix and with the low-rank
+    one (whose LAPACK calls keep its chains in one thread: it must finish)."""
     y = np.zeros((30, 1), np.int8)
     y[:21, 0] = 1
     eb, sdb, right, wrong = _one_item_posterior(21, 30)
-    res = nuts_fit_result(get_model("1pl", prior="vague"), y, FAST)
+    res = nuts_fit_result(get_model("1pl", prior="vague"), y, FAST.replace(low_rank=low_rank))
     b = res.draws["difficulty"].reshape(-1)
     theta = res.draws["ability"].reshape(-1, 30)
     assert abs(b.mean() - eb) < 0.1 * sdb and abs(b.std() / sdb - 1) < 0.1
