@@ -246,8 +246,9 @@ def _nuts_and_save(args) -> None:
 
 
 def _scalar_subjects(run_dir):
-    """A run's subjects table when its ability is one number, read without JAX or the model
-    (``None`` for vector abilities, which need the model's posterior draws)."""
+    """A run's subjects table (column name -> array) when its ability is one number, read
+    without JAX, pandas or the model (``None`` for vector abilities, which need the model's
+    posterior draws)."""
     from engine import runfiles
 
     if "://" in str(run_dir):  # a URL: load_run fetches it
@@ -259,7 +260,9 @@ def _scalar_subjects(run_dir):
     if ability is None or list(ability.get("shape", [None])) != []:
         return None
     runfiles.check_present(path, info)
-    return runfiles.read_table(path, info, "subjects.parquet")
+    from engine.readout.leaderboard import table_columns
+
+    return table_columns(runfiles.read_table(path, info, "subjects.parquet", arrow=True))
 
 
 def cmd_leaderboard(args) -> int:

@@ -1,55 +1,127 @@
-"""A readable leaderboard with tie groups where 90% intervals overlap."""
+"""A readable leaderboard with tie groups where 90% intervals overlap.
+
+The board is computed on columns (NumPy arrays), so it takes a pandas DataFrame, a pyarrow
+Table or a mapping of column name to array, and returns the same kind: the everyday
+``irt-engine leaderboard`` reads the run's table with pyarrow into columns
+(:func:`table_columns`) and never imports pandas (building a pyarrow Table does).
+"""
 
 from __future__ import annotations
 
-import pandas as pd
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from engine.readout.ranking import tie_groups
 from engine.terminal import escape_controls
 
-__all__ = ["leaderboard", "format_leaderboard", "rank_key"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["leaderboard", "format_leaderboard", "rank_key", "table_columns"]
+
+
+def _is_arrow(table: Any) -> bool:
+    return hasattr(table, "schema") and hasattr(table, "column_names")
+
+
+def table_columns(table: Any) -> dict[str, np.ndarray]:
+    """Name -> NumPy array of a DataFrame, a pyarrow Table (strings as object arrays, read
+    without pandas) or a mapping of arrays."""
+    if isinstance(table, Mapping):
+        return {k: np.asarray(v) for k, v in table.items()}
+    if _is_arrow(table) and hasattr(table, "column_names"):  # pyarrow.Table
+        import pyarrow as pa
+
+        from engine.data.formats.validate import to_numbers
+
+        out = {}
+        for name in table.column_names:
+            col = table.column(name)
+            kind = col.type
+            if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+                exact = np.bool_ if pa.types.is_boolean(kind) else np.int64
+                out[name] = to_numbers(col, np.float64 if col.null_count else exact)
+            elif pa.types.is_floating(kind):
+                out[name] = to_numbers(col, np.float64)
+            else:  # strings and anything else: Python values
+                out[name] = np.array(col.to_pylist(), dtype=object)
+        return out
+    return {name: table[name].to_numpy() for name in table.columns}
+
+
+def _like(table: Any, cols: dict[str, np.ndarray]):
+    """``cols`` as the kind of table ``table`` is."""
+    if isinstance(table, Mapping):
+        return cols
+    if _is_arrow(table):
+        import pyarrow as pa
+
+        # from_arrays: pa.table(dict) imports pandas to check for a DataFrame
+        return pa.Table.from_arrays([pa.array(v.tolist() if v.dtype == object else v)
+                                     for v in cols.values()], names=list(cols))
+    import pandas as pd
+
+    return pd.DataFrame(cols)
+
+
+def _rank_key(cols: dict[str, np.ndarray]) -> str:
+    has = "score_mean" in cols and not np.isnan(np.asarray(cols["score_mean"], np.float64)).any()
+    return "score" if has else "ability"
 
 
 def rank_key(subjects: pd.DataFrame) -> str:
     """``score`` when the table has expected scores (a model declaring ``ModelSpec.score``,
     :mod:`engine.readout.expected`), else ``ability``: the column set a board ranks by."""
-    has = "score_mean" in subjects.columns and subjects["score_mean"].notna().all()
-    return "score" if has else "ability"
+    names = subjects.column_names if hasattr(subjects, "column_names") else subjects.columns
+    if "score_mean" not in names:
+        return "ability"
+    return _rank_key({"score_mean": table_columns(subjects)["score_mean"]})
 
 
 def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFrame:
     """Subjects sorted by posterior mean expected score where the table has one, else by
-    posterior mean ability, with a ``tie_group`` column."""
-    df = subjects.copy()
-    key = rank_key(df)
-    df["tie_group"] = tie_groups(df[f"{key}_mean"].to_numpy(), df[f"{key}_q05"].to_numpy(),
-                                 df[f"{key}_q95"].to_numpy())
-    df = df.sort_values(f"{key}_mean", ascending=False, kind="stable").reset_index(drop=True)
-    df.insert(0, "rank", range(1, len(df) + 1))
-    return df.head(top_k) if top_k else df
+    posterior mean ability, with a ``rank`` column first and a ``tie_group`` column last.
+    Takes and returns a pandas DataFrame, a pyarrow Table or a mapping of arrays."""
+    cols = table_columns(subjects)
+    key = _rank_key(cols)
+    mean = np.asarray(cols[f"{key}_mean"], np.float64)
+    ties = tie_groups(mean, np.asarray(cols[f"{key}_q05"], np.float64),
+                      np.asarray(cols[f"{key}_q95"], np.float64))
+    order = np.argsort(-mean, kind="stable")  # descending, ties in table order, NaN last
+    if top_k:
+        order = order[:top_k]
+    board = {"rank": np.arange(1, order.size + 1)}
+    board |= {k: v[order] for k, v in cols.items() if k != "rank"}
+    board["tie_group"] = ties[order]
+    return _like(subjects, board)
 
 
 def format_leaderboard(board: pd.DataFrame) -> str:
     """Plain-text table: rank, tie group, subject, ability (or expected score) [90% interval],
-    rank interval, P(top-1)."""
-    key = rank_key(board)
-    names = board["subject"].astype(str).map(escape_controls)
-    name_w = max(7, min(40, names.str.len().max()))
-    ptop = [c for c in board.columns if c.startswith("p_top") and c != "p_top1"]
+    rank interval, P(top-1). Takes any kind of board :func:`leaderboard` returns."""
+    cols = table_columns(board)
+    key = _rank_key(cols)
+    names = [escape_controls(str(v)) for v in cols["subject"]]
+    name_w = max(7, min(40, max((len(n) for n in names), default=0)))
+    ptop = [c for c in cols if c.startswith("p_top") and c != "p_top1"]
     head = (f"{'rank':>4} {'tie':>3}  {'subject':<{name_w}} {key:>8} {'90% interval':>17} "
             f"{'rank 90%':>9} {'P(top1)':>7}" + (f" {ptop[0].replace('p_', 'P('):>7})" if ptop else "")
             + f" {'accuracy':>8} {'n':>7}")
     lines = [head, "-" * len(head)]
-    for i, r in enumerate(board.itertuples(index=False)):
-        row = r._asdict()
-        interval = f"[{row[f'{key}_q05']:+.2f}, {row[f'{key}_q95']:+.2f}]"
-        ranks = f"{int(row['rank_q05'])}-{int(row['rank_q95'])}" if "rank_q05" in row else "-"
-        line = (f"{row['rank']:>4} {row['tie_group']:>3}  {names.iloc[i][:name_w]:<{name_w}} "
-                f"{row[f'{key}_mean']:>+8.3f} {interval:>17} {ranks:>9} "
-                f"{row.get('p_top1', float('nan')):>7.3f}")
+    nan = np.full(len(names), np.nan)
+    p_top1 = cols.get("p_top1", nan)
+    for i, name in enumerate(names):
+        interval = f"[{cols[f'{key}_q05'][i]:+.2f}, {cols[f'{key}_q95'][i]:+.2f}]"
+        ranks = (f"{int(cols['rank_q05'][i])}-{int(cols['rank_q95'][i])}" if "rank_q05" in cols
+                 else "-")
+        line = (f"{int(cols['rank'][i]):>4} {int(cols['tie_group'][i]):>3}  "
+                f"{name[:name_w]:<{name_w}} {cols[f'{key}_mean'][i]:>+8.3f} {interval:>17} "
+                f"{ranks:>9} {p_top1[i]:>7.3f}")
         if ptop:
-            line += f" {row[ptop[0]]:>8.3f}"
-        line += f" {row['accuracy']:>8.3f} {int(row['n_responses']):>7}"
+            line += f" {cols[ptop[0]][i]:>8.3f}"
+        line += f" {cols['accuracy'][i]:>8.3f} {int(cols['n_responses'][i]):>7}"
         lines.append(line)
     lines.append(f"tie: subjects share a group while their 90% {key} intervals overlap the group leader's")
     if key == "score":
