@@ -41,7 +41,8 @@ NONCENTRED_ENTRIES = 50
 VAGUE_LOCATION_VARIANCE = 100.0
 
 
-_OPTION = {"num_chains": " (--chains)", "num_samples": " (--samples)", "num_warmup": " (--warmup)"}
+_OPTION = {"num_chains": " (--chains)", "num_samples": " (--samples)", "num_warmup": " (--warmup)",
+           "low_rank": " (--low-rank)"}
 _HINT = {"num_chains": "; 4 is usual, R-hat needs at least 2",
          "num_warmup": "; a few hundred adapt the step size and mass matrix"}
 

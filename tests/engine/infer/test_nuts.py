@@ -161,6 +161,7 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path):
     bad = ["fit", str(store), "--out", str(out), "--method", "nuts", "--model", "1pl"]
     assert main(bad + ["--chains", "0"]) == 2 and not out.exists()
     assert main(bad + ["--samples", "0"]) == 2 and not out.exists()
+    assert main(bad + ["--low-rank", "-1"]) == 2 and not out.exists()
     assert main(bad + ["--chains", "2", "--warmup", "200", "--samples", "300", "--quiet"]) == 0
     info = json.loads((out / "fit.json").read_text())
     assert info["method"] == "nuts" and info["num_chains"] == 2 and info["num_samples"] == 300
