@@ -121,24 +121,29 @@ def test_a_fit_and_its_run_compile_no_eager_operations(tmp_path, factor):
 
 
 @settings(max_examples=60, deadline=None)
-@given(means=st.lists(st.sampled_from([-1.0, 0.0, 0.5, 0.5, 2.0, 3.25]), min_size=1, max_size=12),
+@given(means=st.lists(st.sampled_from([-1.0, 0.0, 0.5, 0.5, 2.0, 3.25, float("nan")]), min_size=1,
+                     max_size=12),
        top_k=st.one_of(st.none(), st.integers(1, 5)), score=st.booleans())
 def test_the_board_is_pandas_sort_on_either_table_kind(means, top_k, score):
     """``leaderboard`` on a DataFrame, a pyarrow Table or a mapping of arrays gives the board
     pandas's own stable descending sort gives (ties in table order), with the same tie
-    groups, and all three print the same text."""
+    groups, and all three print the same text. A DataFrame keeps its dtypes (categorical,
+    nullable integer) and attrs."""
     import pandas as pd
 
-    from engine.readout.leaderboard import format_leaderboard, leaderboard
+    from engine.readout.leaderboard import format_leaderboard, leaderboard, rank_key
     from engine.readout.ranking import tie_groups
 
     n = len(means)
     m = np.asarray(means)
-    key = "score" if score else "ability"
+    key = "score" if score and not np.isnan(m).any() else "ability"  # a missing score: by ability
     df = pd.DataFrame({"subject": [f"s{i}" for i in range(n)], "ability_mean": m,
                        "ability_q05": m - 1.0, "ability_q95": m + 1.0,
                        "p_top1": np.linspace(0, 1, n), "accuracy": np.linspace(1, 0, n),
                        "n_responses": np.arange(n, dtype=np.int64) + 5})
+    df["group"] = pd.Categorical([f"g{i % 3}" for i in range(n)])
+    df["flag"] = pd.array([None if i % 4 == 1 else i for i in range(n)], dtype="Int64")
+    df.attrs["note"] = "kept"
     if score:
         df["score_mean"], df["score_q05"], df["score_q95"] = -m, -m - 0.1, -m + 0.1
     want = df.assign(tie_group=tie_groups(df[f"{key}_mean"].to_numpy(), df[f"{key}_q05"].to_numpy(),
@@ -147,13 +152,20 @@ def test_the_board_is_pandas_sort_on_either_table_kind(means, top_k, score):
     want.insert(0, "rank", range(1, n + 1))
     want = want.head(top_k) if top_k else want
     got = leaderboard(df, top_k)
-    pd.testing.assert_frame_equal(got, want, check_dtype=False)
-    arrow = leaderboard(pa.Table.from_pandas(df, preserve_index=False), top_k)
+    pd.testing.assert_frame_equal(got, want)  # dtypes too
+    assert got.attrs == {"note": "kept"}
+    plain = [c for c in df.columns if c not in ("group", "flag")]  # Table and mapping: NumPy
+    arrow_in = pa.Table.from_pandas(df[plain], preserve_index=False)
+    columns_in = {c: df[c].to_numpy() for c in plain}
+    assert rank_key(columns_in) == rank_key(arrow_in) == rank_key(df) == key
+    arrow = leaderboard(arrow_in, top_k)
     assert isinstance(arrow, pa.Table)
-    pd.testing.assert_frame_equal(arrow.to_pandas(), want, check_dtype=False)
+    pd.testing.assert_frame_equal(arrow.to_pandas(), want.drop(columns=["group", "flag"]),
+                                  check_dtype=False)
     assert format_leaderboard(arrow) == format_leaderboard(got)
-    columns = leaderboard({c: df[c].to_numpy() for c in df.columns}, top_k)
-    pd.testing.assert_frame_equal(pd.DataFrame(columns), want, check_dtype=False)
+    columns = leaderboard(columns_in, top_k)
+    pd.testing.assert_frame_equal(pd.DataFrame(columns), want.drop(columns=["group", "flag"]),
+                                  check_dtype=False)
     assert format_leaderboard(columns) == format_leaderboard(got)
 
 

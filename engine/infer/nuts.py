@@ -159,8 +159,13 @@ def _vague_location(spec: ModelSpec, loc) -> bool:
     if not isinstance(loc, str):
         return False
     prior = spec.param(loc).prior
-    return (prior.family == "normal" and prior.variance is not None
-            and not isinstance(prior.variance, str) and prior.variance >= VAGUE_LOCATION_VARIANCE)
+    if prior.family != "normal":
+        return False
+    if prior.precision is not None:  # N(m, 1/precision)
+        return (not isinstance(prior.precision, str)
+                and 1.0 / prior.precision >= VAGUE_LOCATION_VARIANCE)
+    return (prior.variance is not None and not isinstance(prior.variance, str)
+            and prior.variance >= VAGUE_LOCATION_VARIANCE)
 
 
 def pooled_blocks(spec: ModelSpec, num_subjects: int, num_items: int,
@@ -320,7 +325,7 @@ def make_sampler(spec: ModelSpec, num_subjects: int, num_items: int,
             warmup = window_adaptation_low_rank(
                 blackjax.nuts, target, max_rank=settings.low_rank,
                 target_acceptance_rate=settings.target_accept,
-                max_num_doublings=settings.max_tree_depth)
+                max_num_doublings=settings.max_tree_depth)  # its own info function: no buffers
         else:
             warmup = blackjax.window_adaptation(
                 blackjax.nuts, target, target_acceptance_rate=settings.target_accept,
@@ -363,6 +368,20 @@ def chain_threads(settings: NutsSettings) -> int:
     return max(g for g in range(1, top + 1) if settings.num_chains % g == 0)
 
 
+_LAPACK: dict[int, tuple[object, bool]] = {}  # id(sampler) -> (sampler, calls LAPACK)
+
+
+def _calls_lapack(jitted, lowered) -> bool:
+    """Whether ``lowered`` calls LAPACK; decided once per sampler (rendering the program's
+    text costs, and an SBC loop calls one sampler hundreds of times)."""
+    hit = _LAPACK.get(id(jitted))
+    if hit is None or hit[0] is not jitted:
+        if len(_LAPACK) >= 16:
+            _LAPACK.pop(next(iter(_LAPACK)))
+        hit = _LAPACK[id(jitted)] = (jitted, "lapack_" in lowered.as_text())
+    return hit[1]
+
+
 def _shares(keys, positions: dict, threads: int) -> list[tuple]:
     """``(keys, positions)`` of each thread's consecutive share of the chains."""
     per = keys.shape[0] // threads
@@ -376,7 +395,9 @@ def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
 
     The chains are split over :func:`chain_threads` host threads, each calling one compiled
     sampler on its share; a chain's draws do not depend on the split (its key and start
-    are its own). A program that calls LAPACK runs in one thread.
+    are its own; the same up to float rounding, since XLA may vectorise a share of another
+    size differently). A low-rank sampler, or a program that calls LAPACK, runs in one
+    thread. ``timings["chain_threads"]`` says how many ran.
 
     ``sampler`` (from :func:`make_sampler` for ``y``'s shape and these settings) is reused
     when given, so many matrices of one shape compile once; its first call then compiles
@@ -392,14 +413,17 @@ def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     positions = _initial_positions(spec, y, settings, init_key)
     keys = jax.random.split(chain_key, settings.num_chains)
     yd = jnp.asarray(y)
-    threads = chain_threads(settings)
+    # LAPACK called from two threads at once hung (blackjax's low-rank adaptation on the
+    # CPU), so a low-rank sampler, or any program found to call LAPACK, runs in one thread;
+    # so does a passed sampler already compiled for one chain count (no ``lower``)
+    threads = 1 if settings.low_rank else chain_threads(settings)
     jitted = sampler if sampler is not None else make_sampler(spec, *np.shape(y), settings)
     lowered = None
-    if threads > 1:
+    if threads > 1 and not hasattr(jitted, "lower"):
+        threads = 1
+    elif threads > 1:
         lowered = jitted.lower(yd, *_shares(keys, positions, threads)[0])
-        if "lapack_" in lowered.as_text():
-            # LAPACK called from two threads at once hung (blackjax's low-rank adaptation
-            # under the CPU's LAPACK): such a program runs every chain in one thread
+        if _calls_lapack(jitted, lowered):
             threads, lowered = 1, None
     shares = _shares(keys, positions, threads)
     if sampler is None:  # compile apart, to report the time it takes
@@ -414,7 +438,8 @@ def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
         with ThreadPoolExecutor(threads) as pool:  # XLA releases the GIL while it runs
             parts = list(pool.map(run, shares))
         draws = jax.tree.map(lambda *v: np.concatenate(v, axis=0), *parts)
-    return draws, {"wall_s": time.perf_counter() - start, "compile_s": compile_s}
+    return draws, {"wall_s": time.perf_counter() - start, "compile_s": compile_s,
+                   "chain_threads": threads}
 
 
 def constrain_draws(spec: ModelSpec, position: dict) -> dict[str, np.ndarray]:
@@ -570,7 +595,7 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     ess_per_s = diag["ess_bulk_min"] / max(timings["wall_s"], 1e-9)
     diag = {"method": "nuts", "num_chains": settings.num_chains,
             "num_warmup": settings.num_warmup, "num_samples": settings.num_samples, **diag,
-            "ess_bulk_min_per_s": ess_per_s}
+            "ess_bulk_min_per_s": ess_per_s, "chain_threads": timings["chain_threads"]}
     return FitResult(spec=spec, guide=guide, settings=settings, trace=[],
                      converged=diag["converged"], wall_time_s=timings["wall_s"],
                      compile_time_s=timings["compile_s"], num_subjects=y.shape[0],

@@ -71,29 +71,49 @@ def _rank_key(cols: dict[str, np.ndarray]) -> str:
     return "score" if has else "ability"
 
 
+def _floats(table: Any, name: str) -> np.ndarray:
+    """One column as float64, NaN where missing."""
+    if isinstance(table, Mapping) or _is_arrow(table):
+        return np.asarray(table_columns(table.select([name]) if _is_arrow(table)
+                                        else {name: table[name]})[name], np.float64)
+    return table[name].to_numpy(np.float64, na_value=np.nan)  # pandas, nullable dtypes too
+
+
 def rank_key(subjects: pd.DataFrame) -> str:
     """``score`` when the table has expected scores (a model declaring ``ModelSpec.score``,
     :mod:`engine.readout.expected`), else ``ability``: the column set a board ranks by."""
-    names = subjects.column_names if hasattr(subjects, "column_names") else subjects.columns
+    names = (list(subjects) if isinstance(subjects, Mapping) else
+             subjects.column_names if _is_arrow(subjects) else subjects.columns)
     if "score_mean" not in names:
         return "ability"
-    return _rank_key({"score_mean": table_columns(subjects)["score_mean"]})
+    return _rank_key({"score_mean": _floats(subjects, "score_mean")})
 
 
 def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFrame:
     """Subjects sorted by posterior mean expected score where the table has one, else by
-    posterior mean ability, with a ``rank`` column first and a ``tie_group`` column last.
-    Takes and returns a pandas DataFrame, a pyarrow Table or a mapping of arrays."""
-    cols = table_columns(subjects)
-    key = _rank_key(cols)
-    mean = np.asarray(cols[f"{key}_mean"], np.float64)
-    ties = tie_groups(mean, np.asarray(cols[f"{key}_q05"], np.float64),
-                      np.asarray(cols[f"{key}_q95"], np.float64))
+    posterior mean ability, with a ``rank`` column first and a ``tie_group`` column.
+
+    Takes and returns a pandas DataFrame, a pyarrow Table or a mapping of arrays. A
+    DataFrame keeps its columns' dtypes and ``attrs`` (``tie_group`` set, then ``rank``
+    inserted first: a table that already has ``rank`` is refused, as pandas refuses it). A
+    Table or mapping is rebuilt from NumPy columns: ``rank`` first, ``tie_group`` last
+    (replacing any already there), nullable integers as floats, other types as Python
+    values."""
+    key = rank_key(subjects)
+    mean = _floats(subjects, f"{key}_mean")
+    ties = tie_groups(mean, _floats(subjects, f"{key}_q05"), _floats(subjects, f"{key}_q95"))
     order = np.argsort(-mean, kind="stable")  # descending, ties in table order, NaN last
+    if not isinstance(subjects, Mapping) and not _is_arrow(subjects):  # a DataFrame
+        df = subjects.copy()
+        df["tie_group"] = ties
+        df = df.iloc[order].reset_index(drop=True)
+        df.insert(0, "rank", range(1, len(df) + 1))
+        return df.head(top_k) if top_k else df
     if top_k:
         order = order[:top_k]
+    cols = table_columns(subjects)
     board = {"rank": np.arange(1, order.size + 1)}
-    board |= {k: v[order] for k, v in cols.items() if k != "rank"}
+    board |= {k: v[order] for k, v in cols.items() if k not in ("rank", "tie_group")}
     board["tie_group"] = ties[order]
     return _like(subjects, board)
 

@@ -78,11 +78,14 @@ def _one_item_posterior(k: int, n: int):
 @pytest.mark.parametrize("low_rank", [0, 4])
 def test_one_item_1pl_matches_quadrature(low_rank):
     """NUTS against scipy quadrature, with the diagonal mass matrix and with the low-rank
-    one (whose LAPACK calls keep its chains in one thread: it must finish)."""
+    one (whose LAPACK calls keep its chains in one thread even where two are asked for:
+    two at once hung)."""
     y = np.zeros((30, 1), np.int8)
     y[:21, 0] = 1
     eb, sdb, right, wrong = _one_item_posterior(21, 30)
-    res = nuts_fit_result(get_model("1pl", prior="vague"), y, FAST.replace(low_rank=low_rank))
+    res = nuts_fit_result(get_model("1pl", prior="vague"), y,
+                          FAST.replace(low_rank=low_rank, chain_threads=2))
+    assert res.extra["diagnostics"]["chain_threads"] == (1 if low_rank else 2)
     b = res.draws["difficulty"].reshape(-1)
     theta = res.draws["ability"].reshape(-1, 30)
     assert abs(b.mean() - eb) < 0.1 * sdb and abs(b.std() / sdb - 1) < 0.1
@@ -253,15 +256,17 @@ def test_new_data_of_one_shape_reuses_the_compiled_sampler(monkeypatch):
 
 def test_chains_split_over_threads_draw_what_one_program_draws():
     """Chains run in host threads, a share each, give each chain the draws it gets when every
-    chain runs in one program; a split that does not divide the chains is refused."""
+    chain runs in one program (up to float rounding); a split that does not divide the
+    chains is refused."""
     from engine.infer import nuts
 
     spec = get_model("2pl")
     rng = np.random.default_rng(3)
     y = (rng.random((15, 6)) < 0.6).astype(np.int8)
     base = NutsSettings(num_chains=4, num_warmup=30, num_samples=20, seed=2)
-    one, _ = nuts.sample_nuts(spec, y, base.replace(chain_threads=1))
-    two, _ = nuts.sample_nuts(spec, y, base.replace(chain_threads=2))
+    one, t1 = nuts.sample_nuts(spec, y, base.replace(chain_threads=1))
+    two, t2 = nuts.sample_nuts(spec, y, base.replace(chain_threads=2))
+    assert (t1["chain_threads"], t2["chain_threads"]) == (1, 2)
     assert nuts.chain_threads(base.replace(chain_threads=2)) == 2
     for name in one.position:
         np.testing.assert_allclose(two.position[name], one.position[name], rtol=1e-4, atol=1e-5)
@@ -373,6 +378,17 @@ def test_default_standardises_only_few_entries_under_a_vague_location():
     assert pooled_blocks(get_model("2pl", prior="population"), 1000, 5, 50) == both
     assert pooled_blocks(get_model("2pl", prior="vague"), 1000, 5, None) == {}
     assert NutsSettings().noncentred_below is None
+    from engine.infer.nuts import _vague_location
+    from engine.models.priors import log_gamma
+
+    for location, vague in ((normal(0.0, precision=0.001), True), (normal(0.0, precision=1.0), False),
+                            (normal(0.0, 100.0), True), (normal(0.0, 9.0), False)):
+        spec = ModelSpec(name="pooled", kind="unit", params=(
+            ParamSpec("mu", "global", location, in_likelihood=False),
+            ParamSpec("u", "global", log_gamma(1.0, 1.0), transform="exp", in_likelihood=False),
+            ParamSpec("difficulty", "item", normal("mu", precision="u"))),
+            loglik=lambda p, y, m: stats_norm_logpdf(y, p["difficulty"]))
+        assert _vague_location(spec, "mu") is vague
     with pytest.raises(SettingsError, match="noncentred_below"):
         NutsSettings(noncentred_below=-1)
 
