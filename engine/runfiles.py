@@ -22,7 +22,6 @@ import hashlib
 import io
 import json
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np

@@ -31,7 +31,7 @@ def table_columns(table: Any) -> dict[str, np.ndarray]:
     without pandas) or a mapping of arrays."""
     if isinstance(table, Mapping):
         return {k: np.asarray(v) for k, v in table.items()}
-    if _is_arrow(table) and hasattr(table, "column_names"):  # pyarrow.Table
+    if _is_arrow(table):
         import pyarrow as pa
 
         from engine.data.formats.validate import to_numbers
@@ -73,9 +73,10 @@ def _rank_key(cols: dict[str, np.ndarray]) -> str:
 
 def _floats(table: Any, name: str) -> np.ndarray:
     """One column as float64, NaN where missing."""
-    if isinstance(table, Mapping) or _is_arrow(table):
-        return np.asarray(table_columns(table.select([name]) if _is_arrow(table)
-                                        else {name: table[name]})[name], np.float64)
+    if isinstance(table, Mapping):
+        return np.asarray(table[name], np.float64)
+    if _is_arrow(table):
+        return np.asarray(table_columns(table.select([name]))[name], np.float64)
     return table[name].to_numpy(np.float64, na_value=np.nan)  # pandas, nullable dtypes too
 
 
@@ -99,11 +100,13 @@ def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFram
     Table or mapping is rebuilt from NumPy columns: ``rank`` first, ``tie_group`` last
     (replacing any already there), nullable integers as floats, other types as Python
     values."""
-    key = rank_key(subjects)
-    mean = _floats(subjects, f"{key}_mean")
-    ties = tie_groups(mean, _floats(subjects, f"{key}_q05"), _floats(subjects, f"{key}_q95"))
+    frame = not isinstance(subjects, Mapping) and not _is_arrow(subjects)  # a DataFrame
+    table = subjects if frame else table_columns(subjects)  # each column converted once
+    key = rank_key(table)
+    mean = _floats(table, f"{key}_mean")
+    ties = tie_groups(mean, _floats(table, f"{key}_q05"), _floats(table, f"{key}_q95"))
     order = np.argsort(-mean, kind="stable")  # descending, ties in table order, NaN last
-    if not isinstance(subjects, Mapping) and not _is_arrow(subjects):  # a DataFrame
+    if frame:
         df = subjects.copy()
         df["tie_group"] = ties
         df = df.iloc[order].reset_index(drop=True)
@@ -111,9 +114,8 @@ def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFram
         return df.head(top_k) if top_k else df
     if top_k:
         order = order[:top_k]
-    cols = table_columns(subjects)
     board = {"rank": np.arange(1, order.size + 1)}
-    board |= {k: v[order] for k, v in cols.items() if k not in ("rank", "tie_group")}
+    board |= {k: v[order] for k, v in table.items() if k not in ("rank", "tie_group")}
     board["tie_group"] = ties[order]
     return _like(subjects, board)
 
