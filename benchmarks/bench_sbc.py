@@ -138,6 +138,9 @@ def chi_square(ranks: np.ndarray, num_draws: int, bins: int) -> tuple[float, flo
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--first-rep", type=int, default=0,
+                    help="replicates first-rep .. +reps-1 (each replicate's truth and data are "
+                         "seeded by its number: a later range gives fresh replicates)")
     ap.add_argument("--draws", type=int, default=99, help="L, posterior draws per replicate")
     ap.add_argument("--bins", type=int, default=10)
     ap.add_argument("--shapes", default="100x8,30x20")
@@ -177,13 +180,13 @@ def main() -> None:
                                            {"noncentred_below": args.nuts_noncentred_below}))
                 sampler = make_sampler(get_model(model, prior=args.prior), s, n, settings)
                 reps = []
-                for r in range(args.reps):
+                for r in range(args.first_rep, args.first_rep + args.reps):
                     if time.time() - row_start > args.time_limit:
                         break
                     reps.append(_nuts_ranks(model, args.prior, s, n, r, args.draws, sampler, settings))
             else:
                 reps = [_ranks(model, args.prior, s, n, r, args.draws, args.ability_factor)
-                        for r in range(args.reps)]
+                        for r in range(args.first_rep, args.first_rep + args.reps)]
             blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share", "mean_steps"})
             for block in blocks:
                 ranks = np.array([r[block] for r in reps if block in r])
@@ -202,6 +205,7 @@ def main() -> None:
                          "noncentred_below": args.nuts_noncentred_below,
                          "thinning": "stride ceil(draws / bulk ESS) per block"}}
                if args.method == "nuts" else {}), "machine": platform.processor() or platform.machine(), "cores": 2, "reps": args.reps,
+            "first_rep": args.first_rep,
             "draws": args.draws, "bins": args.bins, "wall_s": time.time() - t0, "rows": rows}
     Path(args.out).write_text(json.dumps(meta, indent=2))
     _plot(rows, args.plot)
