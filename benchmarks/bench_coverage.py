@@ -18,7 +18,10 @@ Markdown table.
     python benchmarks/bench_coverage.py [--seeds 5] [--ability-factor auto|gaussian|quadrature]
         [--models 1pl,2pl] [--shapes 2000x12,1000x50,200x400,50x1000] [--out PATH]
         [--prior vague|hierarchical|population|default]
-        [--mirt /work/bench-venv/bin/python]
+        [--mirt /work/bench-venv/bin/python] [--nuts]
+
+``--nuts`` also samples each data set with NUTS (``engine.fit_nuts`` at its defaults) and
+scores the raw truth with its draws' central 90% intervals: the exact posterior's coverage.
 
 ``raw_within_item`` scores the raw truth with the sds ``items.parquet`` reports (the
 quadrature fit's marginal sds; the mean-field fit's within-item marginal sds).
@@ -85,8 +88,29 @@ def mirt_wald(model: str, sim: dict, python: str) -> dict:
     return out
 
 
+def nuts_coverage(model: str, sim: dict, prior: str | None) -> dict:
+    """Coverage of NUTS's central 90% intervals (the draws' 5% and 95% quantiles, at
+    ``fit --method nuts``'s defaults) of the raw truth, per block, with the run's largest
+    R-hat and wall time: the exact posterior's own calibration, beside the fit's."""
+    import engine
+
+    start = time.perf_counter()
+    res = engine.fit_nuts(sim["responses"], model=model, prior=prior)
+    out = {"wall_s": time.perf_counter() - start,
+           "rhat_max": float(res.extra["diagnostics"]["rhat_max"])}
+    for block, draws in res.draws.items():
+        truth = sim.get(block)
+        if truth is None or np.shape(truth) != np.shape(draws)[2:]:
+            continue
+        flat = np.asarray(draws).reshape((-1,) + np.shape(truth))
+        lo, hi = np.quantile(flat, [0.05, 0.95], axis=0)
+        out[block] = float(np.mean((truth >= lo) & (truth <= hi)))
+    return out
+
+
 def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto",
-            mirt_python: str | None = None, prior: str | None = "population") -> dict:
+            mirt_python: str | None = None, prior: str | None = "population",
+            nuts: bool = False) -> dict:
     import engine
     from engine.readout.posterior import within_owner_scales
 
@@ -107,6 +131,8 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
     out["linking"] = {"k": k, "c": c}
     if mirt_python:
         out["mirt"] = mirt_wald(model, sim, mirt_python)
+    if nuts:
+        out["nuts"] = nuts_coverage(model, sim, prior)
     marginal = within_owner_scales(res.spec, res.guide, "item", res.cross)
     for how, (kk, cc) in (("raw", (1.0, 0.0)), ("raw_within_item", (1.0, 0.0)),
                           ("linked", (k, c)), ("linked_within_item", (k, c))):
@@ -134,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="default: each model's own (population for 1PL/2PL, vague otherwise)")
     ap.add_argument("--mirt", default=None, metavar="PYTHON",
                     help="the bench venv's python: add mirt's Wald-interval coverage")
+    ap.add_argument("--nuts", action="store_true",
+                    help="add NUTS's coverage (fit --method nuts defaults) on the same data")
     ap.add_argument("--shapes", default=",".join(f"{a}x{b}" for a, b in SHAPES),
                     help="comma-separated SUBJECTSxITEMS")
     args = ap.parse_args(argv)
@@ -144,15 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     for m in models:
         for s in shapes:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior))
+                runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior, args.nuts))
                 r = runs[-1]
                 print(m, s, seed, r["ability_factor"], f"{r['wall_s']:.1f} s", {
                     b: round(v["raw_within_item"]["coverage90"], 3) for b, v in r["blocks"].items()},
-                    flush=True)
+                    "nuts:" if "nuts" in r else "", {
+                        b: round(v, 3) if b != "wall_s" else round(v, 1)
+                        for b, v in r.get("nuts", {}).items()} if "nuts" in r else "", flush=True)
     lines = ["| model | subjects x items | fit | block | 90% coverage, raw truth, items.parquet sd "
              "(mean; range) | RMSE / sd | raw truth, guide sd | linked truth, items.parquet sd "
-             "| RMSE / sd | linking k | wall s (mean) | mirt Wald, raw truth (mean; range) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| RMSE / sd | linking k | wall s (mean) | mirt Wald, raw truth (mean; range) "
+             "| NUTS 90% quantiles, raw truth (mean; range) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in models:
         for s in shapes:
             group = [r for r in runs if r["model"] == m and r["shape"] == list(s)]
@@ -167,9 +198,13 @@ def main(argv: list[str] | None = None) -> int:
                 fits = "/".join(sorted({r["ability_factor"] for r in group}))
                 wald = [r["mirt"][block] for r in group if block in r.get("mirt", {})]
                 wald_cell = f"{np.mean(wald):.3f} ({min(wald):.3f}-{max(wald):.3f})" if wald else "-"
+                exact = [r["nuts"][block] for r in group if block in r.get("nuts", {})]
+                nuts_cell = (f"{np.mean(exact):.3f} ({min(exact):.3f}-{max(exact):.3f})"
+                             if exact else "-")
                 lines.append(f"| {m} | {s[0]} x {s[1]} | {fits} | {block} | {' | '.join(cells)} | "
                              f"{min(ks):.2f}-{max(ks):.2f} | "
-                             f"{np.mean([r['wall_s'] for r in group]):.1f} | {wald_cell} |")
+                             f"{np.mean([r['wall_s'] for r in group]):.1f} | {wald_cell} | "
+                             f"{nuts_cell} |")
     table = "\n".join(lines)
     result = {"machine": {"platform": platform.platform(), "processor": platform.processor()},
               "seeds": args.seeds, "ability_factor": args.ability_factor, "prior": args.prior,
