@@ -174,11 +174,10 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior, args.nuts))
                 r = runs[-1]
+                exact = {b: round(v, 3) for b, v in r["nuts"].items()} if "nuts" in r else None
                 print(m, s, seed, r["ability_factor"], f"{r['wall_s']:.1f} s", {
                     b: round(v["raw_within_item"]["coverage90"], 3) for b, v in r["blocks"].items()},
-                    "nuts:" if "nuts" in r else "", {
-                        b: round(v, 3) if b != "wall_s" else round(v, 1)
-                        for b, v in r.get("nuts", {}).items()} if "nuts" in r else "", flush=True)
+                    f"nuts: {exact}" if exact else "", flush=True)
     lines = ["| model | subjects x items | fit | block | 90% coverage, raw truth, items.parquet sd "
              "(mean; range) | RMSE / sd | raw truth, guide sd | linked truth, items.parquet sd "
              "| RMSE / sd | linking k | wall s (mean) | mirt Wald, raw truth (mean; range) "
