@@ -75,7 +75,7 @@ def test_stability_refuses_to_resume_other_settings_or_data(tmp_path, settings, 
 
 
 def test_bootstrap_refuses_another_replicate_count(tmp_path):
-    y = simulate_2pl(12, 30, seed=5)
+    y = simulate_2pl(24, 40, seed=3)  # the stability tests' matrix: its full fit is compiled
     settings = BootstrapSettings(replicates=2, passes=4)
     run_bootstrap(y, tmp_path, settings, INPROCESS)
     with pytest.raises(SettingsError, match=r"settings.replicates: 2 -> 3"):

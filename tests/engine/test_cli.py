@@ -111,11 +111,10 @@ def test_mc_draws_flag_reaches_the_fit(tmp_path):
 
 
 def test_run_dir_not_overwritten_without_flag(tmp_path, capsys):
-    y = tmp_path / "y.csv"
-    y.write_text("subject,a,b,c\ns1,1,0,1\ns2,0,1,1\ns3,0,0,1\n")
-    main(["ingest", str(y), "--out", str(tmp_path / "s")])
-    args = ["fit", str(tmp_path / "s"), "--model", "1pl", "--out", str(tmp_path / "r"), "--quiet",
-            "--max-passes", "20"]
+    store = _tiny_store(tmp_path)
+    # the fit of test_mc_draws_flag_reaches_the_fit: its programs are already compiled
+    args = ["fit", str(store), "--model", "1pl", "--out", str(tmp_path / "r"), "--quiet",
+            "--max-passes", "12", "--ability-factor", "gaussian"]
     assert main(args) == 0
     assert main(args) == 2
     assert "--overwrite" in capsys.readouterr().err

@@ -63,7 +63,7 @@ def test_padding_does_not_change_the_fit(model, settings):
 
 
 def test_padding_keeps_a_frozen_refit():
-    y = _simulate(90, 20, seed=5)
+    y = _simulate(150, 37, seed=5)  # pads to 160 x 40, the shapes of the 2PL fits above
     first = engine.fit(y, settings=engine.FitSettings(seed=0, **GAUSSIAN))
     frozen = frozenset({"difficulty", "discrimination"})
     refits = [engine.fit(y, init=first.guide, frozen=frozen, settings=engine.FitSettings(
@@ -176,8 +176,9 @@ def test_second_fit_in_a_process_traces_nothing_and_gives_the_same_numbers():
     from engine.infer.fit import _programs
 
     settings = engine.FitSettings(seed=0, ability_factor="gaussian", max_passes=30)
-    engine.fit(_simulate(120, 30, seed=5), model="2pl", settings=settings)
-    y = _simulate(120, 30, seed=6)
+    # 150 x 37 (padded to 160 x 40): the shape of the 2PL fits above
+    engine.fit(_simulate(150, 37, seed=5), model="2pl", settings=settings)
+    y = _simulate(150, 37, seed=6)
     again = engine.fit(y, model="2pl", settings=settings)
     assert again.extra["compile"]["programs"] == 0 and again.extra["compile"]["trace_s"] == 0
     _programs.cache_clear()

@@ -153,7 +153,7 @@ def test_save_run_returns_what_load_run_reads(tmp_path, ability_factor):
     from engine.run import save_run
 
     rng = np.random.default_rng(4)
-    y = (rng.random((60, 9)) < 0.6).astype(np.int8)
+    y = (rng.random((40, 12)) < 0.6).astype(np.int8)  # clean_run's shape: compiled programs
     y[3, 2] = -1
     res = fit(y, model="2pl", settings=FitSettings(ability_factor=ability_factor, max_passes=30))
     written = save_run(res, tmp_path / "run", num_draws=100)

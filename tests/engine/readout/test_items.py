@@ -23,11 +23,27 @@ def planted(tmp_path_factory):
     return y, tmp_path_factory.mktemp("planted")
 
 
+@pytest.fixture(scope="module")
+def planted_run(planted):
+    """The run of ``model`` (with ``options``) fitted to the planted data, fitted once per
+    module: the tests below read the same fits (each fit takes seconds)."""
+    y, tmp = planted
+    runs = {}
+
+    def get(model, **options):
+        key = (model, tuple(sorted(options.items())))
+        if key not in runs:
+            runs[key] = fit_run(tmp, y, model, name=f"{model}{len(options)}", **options)
+        return runs[key]
+
+    return get
+
+
 @pytest.mark.parametrize("model, options", [("1pl", {}), ("2pl", {}),
                                             ("2pl", {"signed_discrimination": True})])
-def test_planted_label_errors_rank_at_the_top(planted, model, options):
+def test_planted_label_errors_rank_at_the_top(planted, planted_run, model, options):
     y, tmp = planted
-    run = fit_run(tmp, y, model, name=f"{model}{len(options)}", **options)
+    run = planted_run(model, **options)
     flags = item_flags(run.spec, run.guide, load_run_responses(run))
     top = np.argsort(-flags["review_score"].to_numpy())[: len(PLANTED)]
     assert set(top) == set(PLANTED), flags.iloc[top]
@@ -92,11 +108,16 @@ def test_quartile_table_counts_accuracy_per_bin():
             assert t[f"difficulty:{label}"][row] == pytest.approx(v[v >= 0].mean())
 
 
-def test_run_responses_refuse_a_different_store(planted, tmp_path):
+def test_run_responses_refuse_a_different_store(planted, planted_run, tmp_path):
+    from engine.data import write_store
+
     y, tmp = planted
-    run = fit_run(tmp_path, y[:40, :30], "1pl", name="small")
+    run = planted_run("1pl")  # fitted to all 120 x 80 responses
+    # another store (its first 30 x 30 cells): only the store is read, so no fit is needed
+    other = write_store(y[:30, :30], [f"s{i}" for i in range(30)], [f"i{j}" for j in range(30)],
+                        tmp_path / "other.zarr")
     with pytest.raises(DataFormatError, match="differ from run"):
-        load_run_responses(run, fit_run(tmp_path, y[:30, :30], "1pl", name="other").info["data"]["store"])
+        load_run_responses(run, other.path)
     with pytest.raises(StoreNotFoundError, match="--store"):
         load_run_responses(run, tmp_path / "nowhere")
 
@@ -164,10 +185,10 @@ def test_clean_items_are_rarely_flagged_and_set_aside_items_never_ranked(tmp_pat
     assert quartile_table(run.items, run.subjects, y, np.arange(3)).attrs["num_items"] == 78
 
 
-def test_planted_errors_are_the_flagged_items(planted):
+def test_planted_errors_are_the_flagged_items(planted, planted_run):
     """The five flipped items are flagged, and no more than 5% of the others."""
     y, tmp = planted
-    run = fit_run(tmp, y, "2pl", name="signed", signed_discrimination=True)
+    run = planted_run("2pl", signed_discrimination=True)  # the signed fit ranked above
     flags = item_flags(run.spec, run.guide, y)
     assert flags["flagged"][PLANTED].all()
     assert np.delete(flags["flagged"].to_numpy(), PLANTED).mean() <= 0.05

@@ -65,11 +65,10 @@ def test_score_agrees_with_a_full_refit(run_and_refit, model, method):
     assert board.loc[best_new, "rank_mean"] < board.loc[new["ability_mean"].idxmin(), "rank_mean"]
 
 
-def test_score_rejects_a_matrix_of_the_wrong_width(tmp_path):
-    y, _, _ = simulate_2pl(40, 20, seed=2)
-    run = fit_run(tmp_path, y, "1pl")
-    with pytest.raises(DataFormatError, match="expected \\(subjects, 20\\)"):
-        score(run, y[:, :10])
+def test_score_rejects_a_matrix_of_the_wrong_width(run_and_refit):
+    y, path, _ = run_and_refit("1pl")  # the 1PL run above (60 items), not another fit
+    with pytest.raises(DataFormatError, match="expected \\(subjects, 60\\)"):
+        score(load_run(path), y[120:, :10])
 
 
 def test_grid_method_needs_a_scalar_binary_model(tmp_path):
