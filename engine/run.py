@@ -7,12 +7,11 @@ import platform
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
-import pandas as pd
 
 from engine import runfiles
 from engine.errors import RunExistsError
@@ -21,8 +20,11 @@ from engine.infer.guide import GuideState
 from engine.models.registry import get_model
 from engine.models.spec import ModelSpec
 from engine.readout.expected import score_draws, score_summary
-from engine.readout.posterior import draw_posterior, summarize, summarize_draws
+from engine.readout.posterior import draw_posterior, draw_summary_columns, summary_columns
 from engine.readout.ranking import pairwise_beats, rank_stats
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS", "store_candidates"]
 
@@ -30,16 +32,37 @@ PAIRWISE_MAX_SUBJECTS = 2000
 FORMAT_VERSION = runfiles.FORMAT_VERSION  # 2: fit.json records every file's checksum
 
 
-@dataclass
 class Run:
-    """A saved fit: its model, guide, tables and fit.json."""
+    """A saved fit: its model, guide, tables and fit.json.
 
-    path: Path
-    spec: ModelSpec
-    guide: GuideState
-    info: dict
-    subjects: pd.DataFrame
-    items: pd.DataFrame
+    ``subjects`` and ``items`` are pandas DataFrames. A run just written by :func:`save_run`
+    holds its tables as NumPy columns and makes the DataFrames on first use, so a fit process
+    that only writes the run never imports pandas."""
+
+    def __init__(self, path: Path, spec: ModelSpec, guide: GuideState, info: dict,
+                 subjects: pd.DataFrame | dict[str, np.ndarray],
+                 items: pd.DataFrame | dict[str, np.ndarray]):
+        self.path, self.spec, self.guide, self.info = path, spec, guide, info
+        self._tables = {"subjects": subjects, "items": items}
+
+    def _table(self, name: str) -> pd.DataFrame:
+        table = self._tables[name]
+        if isinstance(table, dict):
+            import pandas as pd
+
+            table = self._tables[name] = pd.DataFrame(table)
+        return table
+
+    @property
+    def subjects(self) -> pd.DataFrame:
+        return self._table("subjects")
+
+    @property
+    def items(self) -> pd.DataFrame:
+        return self._table("items")
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, model={self.info.get('model')!r})"
 
     def pairwise(self) -> np.ndarray | None:
         if "pairwise.npz" not in self.info.get("files", {}) and not (self.path / "pairwise.npz").exists():
@@ -81,33 +104,31 @@ def store_candidates(run: "Run") -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> pd.DataFrame:
+def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> dict[str, np.ndarray]:
     ex = res.extra
-    df = (summarize_draws(res.spec, res.draws, "subject") if res.draws  # a sampler's draws
-          else summarize(res.spec, res.guide, "subject"))
-    df.insert(0, "subject", ex["subjects"])
-    df["accuracy"] = ex["stats"]["subject_mean"]
-    df["n_responses"] = ex["stats"]["subject_n"]
+    summary = (draw_summary_columns(res.spec, res.draws, "subject") if res.draws  # a sampler's
+               else summary_columns(res.spec, res.guide, "subject"))
+    cols = {"subject": np.asarray(ex["subjects"])} | summary
+    cols["accuracy"] = np.asarray(ex["stats"]["subject_mean"])
+    cols["n_responses"] = np.asarray(ex["stats"]["subject_n"])
     if draws is not None and res.spec.score is not None:  # draws of the expected score
-        for k, v in score_summary(draws).items():
-            df[k] = v
+        cols |= {k: np.asarray(v) for k, v in score_summary(draws).items()}
     if draws is not None:
-        for k, v in rank_stats(draws, top_k).items():
-            df[k] = v
-    return df
+        cols |= {k: np.asarray(v) for k, v in rank_stats(draws, top_k).items()}
+    return cols
 
 
-def _item_table(res: FitResult) -> pd.DataFrame:
+def _item_table(res: FitResult) -> dict[str, np.ndarray]:
     ex = res.extra
-    df = (summarize_draws(res.spec, res.draws, "item") if res.draws
-          else summarize(res.spec, res.guide, "item", cross=res.cross))
-    df.insert(0, "item", ex["items"])
-    df["mean_response"] = ex["stats"]["item_mean"]
+    summary = (draw_summary_columns(res.spec, res.draws, "item") if res.draws
+               else summary_columns(res.spec, res.guide, "item", cross=res.cross))
+    cols = {"item": np.asarray(ex["items"])} | summary
+    cols["mean_response"] = np.asarray(ex["stats"]["item_mean"])
     # every observed response the same: fitted as unobserved (engine.api._constant_items)
-    df["constant_response"] = np.isin(df["mean_response"], (0.0, 1.0)) & \
+    cols["constant_response"] = np.isin(cols["mean_response"], (0.0, 1.0)) & \
         bool(ex.get("data", {}).get("constant_items"))
-    df["n_responses"] = ex["stats"]["item_n"]
-    return df
+    cols["n_responses"] = np.asarray(ex["stats"]["item_n"])
+    return cols
 
 
 def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: int = 3,
@@ -177,8 +198,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     # what was just written, without reading it back (load_run(out) returns the same Run)
-    return Run(out, res.spec, guide, info, subjects.reset_index(drop=True),
-               items.reset_index(drop=True))
+    return Run(out, res.spec, guide, info, subjects, items)
 
 
 def _quadrature_intervals(record: dict) -> str:

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 
 from engine.infer.guide import GuideState
 from engine.host import to_device
 from engine.models.spec import TRANSFORMS, ModelSpec
 from engine.rows import identical_rows
 
-__all__ = ["draw_posterior", "summarize", "summarize_draws", "within_owner_scales", "Z90"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["draw_posterior", "summarize", "summarize_draws", "summary_columns",
+           "draw_summary_columns", "within_owner_scales", "Z90"]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a central 90% interval
 
@@ -117,6 +121,14 @@ def _constrained(transform: str, loc, low, high):
 
 def summarize(spec: ModelSpec, guide: GuideState, owner: str,
               cross: dict | None = None) -> pd.DataFrame:
+    """:func:`summary_columns` as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(summary_columns(spec, guide, owner, cross))
+
+
+def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
+                    cross: dict | None = None) -> dict[str, np.ndarray]:
     """Per-owner table: ``{name}_mean``, ``_sd``, ``_q05``, ``_q95`` for each scalar block,
     and ``{name}_{skill}_mean`` ... for each component of a ``(D,)`` block.
 
@@ -151,11 +163,18 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str,
             cols[f"{name}_q95"] = np.asarray(pick(keep * high))
             if p.name in marginal:
                 cols[f"{name}_sd_meanfield"] = np.asarray(pick(keep * np.abs(slope) * meanfield))
-    return pd.DataFrame(cols)
+    return cols
 
 
 def summarize_draws(spec: ModelSpec, draws: dict, owner: str) -> pd.DataFrame:
-    """:func:`summarize`'s table from a sampler's constrained draws ``(chains, draws,
+    """:func:`draw_summary_columns` as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(draw_summary_columns(spec, draws, owner))
+
+
+def draw_summary_columns(spec: ModelSpec, draws: dict, owner: str) -> dict[str, np.ndarray]:
+    """:func:`summary_columns`'s table from a sampler's constrained draws ``(chains, draws,
     *full_shape)`` per block (NUTS): posterior mean, sd and 5% / 95% quantiles of the draws.
     """
     cols = {}
@@ -173,7 +192,7 @@ def summarize_draws(spec: ModelSpec, draws: dict, owner: str) -> pd.DataFrame:
         for k, label in enumerate(labels):
             for stat, v in stats.items():
                 cols[f"{p.name}{label}_{stat}"] = (v if p.shape == () else v[:, k]).astype(np.float32)
-    return pd.DataFrame(cols)
+    return cols
 
 
 def _read_out_masks(spec: ModelSpec, guide: GuideState, owner: str) -> dict[str, np.ndarray]:
