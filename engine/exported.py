@@ -26,6 +26,7 @@ import enum
 import functools
 import hashlib
 import inspect
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -133,6 +134,60 @@ def _read(path: Path):
         return None
 
 
+# LAPACK on a CPU: calling any exported program makes JAX initialise its LAPACK kernels, which
+# come from SciPy (``scipy.linalg``: 0.12-0.23 s of a fit process), whether or not the program
+# calls LAPACK. A program that calls none is run with that step skipped; one that does (its
+# serialized module names a ``lapack_`` target) runs as JAX runs it. If JAX's private hook
+# moves, nothing is skipped.
+_LAPACK = b"lapack"
+_skipping = threading.local()
+
+
+def uses_lapack(exp) -> bool:
+    """Whether the exported program ``exp`` may call a LAPACK kernel: its serialized module
+    mentions ``lapack`` anywhere. Every LAPACK target of jaxlib is named ``lapack_...`` and
+    MLIR bytecode keeps strings as they are, so none is missed; a mention elsewhere (a
+    function's name in a location) only keeps the initialisation. Skipping it for a program
+    that calls LAPACK would crash the process, so the test errs on that side."""
+    return _LAPACK in bytes(exp.mlir_module_serialized)
+
+
+@functools.lru_cache(maxsize=1)
+def _hook_lapack_initialisation() -> bool:
+    """Route JAX's ``_ensure_backends_initialized`` (run when a call to an exported program
+    is lowered) through a check of this thread's flag; False where the hook is not there."""
+    try:
+        from jax._src.export import _export
+    except ImportError:
+        return False
+    original = getattr(_export, "_ensure_backends_initialized", None)
+    if not callable(original):
+        return False
+
+    def ensure(platforms):
+        if not getattr(_skipping, "lapack", False):
+            original(platforms)
+
+    _export._ensure_backends_initialized = ensure
+    return True
+
+
+def _without_lapack(jitted: Callable) -> Callable:
+    """``jitted`` (a call of an exported program without LAPACK) lowered without
+    initialising LAPACK."""
+    if not _hook_lapack_initialisation():
+        return jitted
+
+    def call(*args):
+        _skipping.lapack = True
+        try:
+            return jitted(*args)
+        finally:
+            _skipping.lapack = False
+
+    return call
+
+
 def _write(path: Path, exp) -> None:
     """Write atomically (:func:`engine.atomic.atomic_write`); a cache that cannot be written
     is skipped, not an error of the fit."""
@@ -202,7 +257,8 @@ class _ExportedJit:
                 _write(path, exp)
             except Exception:  # not exportable (a structure without serialization, or an
                 return jax.jit(bound)  # error the plain call reports itself)
-        return jax.jit(exp.call)
+        jitted = jax.jit(exp.call)
+        return jitted if uses_lapack(exp) else _without_lapack(jitted)
 
 
 def exported_jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] = ()):

@@ -133,3 +133,67 @@ def test_a_new_process_loads_the_programs_instead_of_tracing_them(tmp_path):
     env_off = {**env, "IRT_ENGINE_COMPILATION_CACHE": "0"}
     off = _child(data, env_off)
     assert off["loc"] == first["loc"] and off["log_scale"] == first["log_scale"]
+
+
+_LAPACK_CHILD = """
+import json, sys
+import jax.numpy as jnp
+import numpy as np
+from engine.exported import exported_jit
+
+def _scaled(x):
+    return 2.0 * x + 1.0
+
+def _factor(x):
+    return jnp.linalg.cholesky(x)
+
+# keyed as functions of the package are (only the engine's own are; these two have no
+# closure, and the test's cache folder is its own)
+for f in (_scaled, _factor):
+    f.__module__ = "engine.child_of_test_exported"
+_scaled, _factor = exported_jit(_scaled), exported_jit(_factor)
+
+a = np.array([[4.0, 2.0, 0.4], [2.0, 3.0, 0.5], [0.4, 0.5, 2.0]], np.float32)
+out = {"scaled": np.asarray(_scaled(a)).tolist()}
+out["scipy_after_plain"] = "scipy.linalg" in sys.modules
+if sys.argv[1] == "lapack":  # a LAPACK program after one without: LAPACK initialised then
+    out["factor"] = np.asarray(_factor(a)).tolist()
+    out["scipy_after_lapack"] = "scipy.linalg" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def _plain(x):
+    return 2.0 * x + 1.0
+
+
+# named without the library: JAX's locations carry the caller's frames, and a mention of
+# the library's name anywhere in a module keeps its initialisation (uses_lapack)
+def test_programs_without_linear_algebra_kernels_leave_scipy_unimported(tmp_path):
+    """Calling an exported program made JAX initialise LAPACK (importing scipy.linalg, 0.12-0.23
+    s) whatever the program. In fresh processes, first exporting and then loading from the
+    cache: a program without LAPACK leaves scipy.linalg unimported, and a Cholesky factor
+    called after it in the same process (so LAPACK was skipped once) still gives NumPy's
+    factor, because its module names a LAPACK target and runs as JAX runs it."""
+    import jax
+
+    from engine.exported import uses_lapack
+
+    a = np.array([[4.0, 2.0, 0.4], [2.0, 3.0, 0.5], [0.4, 0.5, 2.0]], np.float32)
+    spec = jax.ShapeDtypeStruct(a.shape, a.dtype)
+    assert uses_lapack(jax.export.export(jax.jit(jnp.linalg.cholesky))(spec))
+    assert not uses_lapack(jax.export.export(jax.jit(_plain))(spec))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "IRT_ENGINE_"))}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "cache")
+    for round_ in ("exported now", "loaded"):
+        for mode in ("plain", "lapack"):
+            out = subprocess.run([sys.executable, "-c", _LAPACK_CHILD, mode], cwd=REPO, env=env,
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0, out.stderr[-2000:]
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            np.testing.assert_allclose(got["scaled"], 2.0 * a + 1.0, rtol=1e-6)
+            assert got["scipy_after_plain"] is False, round_
+            if mode == "lapack":
+                np.testing.assert_allclose(got["factor"], np.linalg.cholesky(a), rtol=1e-5)
+                assert got["scipy_after_lapack"] is True, round_
+    assert len(list((tmp_path / "cache" / "traces").iterdir())) == 2
