@@ -59,10 +59,10 @@ def check_fit_memory(store: Store, budget: int) -> None:
     """Refuse a store whose subjects and items need more than ``budget`` bytes for the fit's
     parameters (``FIT_ID_BYTES`` each), before anything is read: responses stream from the
     store, parameters do not."""
-    from engine.data.formats.validate import size_text as size
-
     need = (store.num_subjects + store.num_items) * FIT_ID_BYTES
     if need > budget:
+        from engine.data.formats.validate import size_text as size  # Arrow: only to refuse
+
         raise SettingsError(
             f"{store.path}: a fit of {store.num_subjects:,} subjects x {store.num_items:,} items "
             f"needs about {size(need)} for its parameters, optimizer state and read-outs "
