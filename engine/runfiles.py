@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["FORMAT_VERSION", "FIT_JSON", "file_record", "seal", "write_table", "arrow_table",
-           "read_info", "read_table", "read_npz", "check_present", "verified_bytes"]
+__all__ = ["FORMAT_VERSION", "FIT_JSON", "file_record", "seal", "write_table", "read_info",
+           "read_table", "read_npz", "check_present", "verified_bytes"]
 
 FORMAT_VERSION = 2  # 1: no checksums; 2: fit.json records size and SHA-256 of every run file
 FIT_JSON = "fit.json"
@@ -83,51 +83,16 @@ def seal(directory: str | Path, info: dict) -> dict:
 def write_table(table: pd.DataFrame | Mapping[str, np.ndarray], path: str | Path) -> None:
     """Write ``table`` (a DataFrame, or a mapping of column name to a 1-D NumPy array) as
     Parquet with pyarrow's per-page CRC checksums. A mapping is written without importing
-    pandas (:func:`arrow_table`); it reads back as the DataFrame of those columns."""
+    pandas (:func:`engine.data.arrow.arrow_table`); it reads back as the DataFrame of those
+    columns."""
     if not isinstance(table, Mapping):
         table.to_parquet(path, index=False, write_page_checksum=True)
         return
     import pyarrow.parquet as pq
 
+    from engine.data.arrow import arrow_table
+
     pq.write_table(arrow_table(table), path, write_page_checksum=True)
-
-
-def arrow_table(columns: Mapping[str, np.ndarray]) -> pa.Table:
-    """A pyarrow Table of 1-D NumPy columns, built from their buffers: ``pa.array`` on a
-    NumPy array (or on Python values) imports pandas, 0.15-0.3 s of a fit process, to ask
-    whether it is a pandas object. Numbers and booleans keep their dtype; anything else
-    (strings, object arrays of str) becomes UTF-8 strings. No nulls: NaN stays a float."""
-    import pyarrow as pa
-
-    arrays, length = [], None
-    for name, values in columns.items():
-        v = np.asarray(values)
-        if v.ndim != 1 or (length is not None and len(v) != length):
-            raise ValueError(f"column {name!r}: shape {v.shape}, expected ({length},)")
-        length = len(v)
-        arrays.append(_arrow_array(v))
-    return pa.Table.from_arrays(arrays, names=list(columns))
-
-
-def _arrow_array(v: np.ndarray):
-    import pyarrow as pa
-
-    n = len(v)
-    if v.dtype == np.bool_:
-        bits = np.packbits(v, bitorder="little")
-        return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(bits)])
-    if v.dtype.kind in "iuf":
-        v = np.ascontiguousarray(v)
-        return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), n, [None, pa.py_buffer(v)])
-    encoded = [str(x).encode("utf-8") for x in v]
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    data = np.frombuffer(b"".join(encoded), np.uint8)
-    if offsets[-1] < 2**31:
-        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.astype(np.int32)),
-                                                      pa.py_buffer(data)])
-    return pa.Array.from_buffers(pa.large_string(), n, [None, pa.py_buffer(offsets),
-                                                        pa.py_buffer(data)])
 
 
 def write_npz(path: str | Path, **arrays: np.ndarray) -> None:

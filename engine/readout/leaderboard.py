@@ -34,7 +34,7 @@ def table_columns(table: Any) -> dict[str, np.ndarray]:
     if _is_arrow(table):
         import pyarrow as pa
 
-        from engine.data.formats.validate import to_numbers
+        from engine.data.arrow import to_numbers
 
         out = {}
         for name in table.column_names:

@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from engine.data.arrow import to_numbers
 from engine.data.formats.base import (LogFormat, RecordBuffer, Records, first_json, is_jsonl,
                                       json_at_lines, json_lines, pick_metric, plain_lines, text_id,
                                       walk_files)
 from engine.data.formats.item_info import describe_sample
-from engine.data.formats.validate import to_numbers
 from engine.errors import DataFormatError
 
 __all__ = ["EveryEvalEver"]

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from engine.data.arrow import to_numbers
 from engine.errors import DataFormatError
 
 __all__ = ["BadCell", "CELL_BYTES", "ID_BYTES", "LONG_COLS", "as_stored", "bad_value",
@@ -199,52 +199,6 @@ def parse_cells(cells: list) -> np.ndarray:
             except (ValueError, TypeError, OverflowError):
                 raise BadCell(k, value) from None
         return np.array([parse_cell(value) for value in cells], np.float64)  # NaN keys
-
-
-_NUMERIC = {pa.int8(): np.int8, pa.int16(): np.int16, pa.int32(): np.int32, pa.int64(): np.int64,
-            pa.uint8(): np.uint8, pa.uint16(): np.uint16, pa.uint32(): np.uint32,
-            pa.uint64(): np.uint64, pa.float16(): np.float16, pa.float32(): np.float32,
-            pa.float64(): np.float64}
-
-
-def _bits(buf, offset: int, n: int) -> np.ndarray:
-    """``n`` bits of an Arrow bitmap from bit ``offset``, as bool."""
-    raw = np.frombuffer(buf, np.uint8, count=(offset + n + 7) // 8)
-    return np.unpackbits(raw, bitorder="little", count=offset + n)[offset:].astype(bool)
-
-
-def to_numbers(col: pa.Array | pa.ChunkedArray, dtype=np.float64) -> np.ndarray:
-    """The values of an integer, floating or boolean Arrow column as ``dtype``, NaN where
-    missing (a column with missing values needs a floating ``dtype``: ValueError otherwise).
-
-    Read from the Arrow buffers: Arrow's own ``to_numpy`` imports pandas, 0.3 s of a small
-    ingest that never uses it.
-    """
-    out = np.empty(len(col), dtype)
-    at = 0
-    for ch in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]):
-        n = len(ch)
-        if n == 0:
-            continue
-        buffers = ch.buffers()
-        if pa.types.is_null(ch.type):
-            values, valid = np.zeros(n, dtype), np.zeros(n, bool)
-        else:
-            if pa.types.is_boolean(ch.type):
-                values = _bits(buffers[1], ch.offset, n)
-            elif ch.type in _NUMERIC:
-                values = np.frombuffer(buffers[1], _NUMERIC[ch.type],
-                                       count=ch.offset + n)[ch.offset:]
-            else:
-                raise TypeError(f"to_numbers: an Arrow column of type {ch.type}")
-            valid = _bits(buffers[0], ch.offset, n) if ch.null_count else None
-        out[at:at + n] = values
-        if valid is not None and not valid.all():
-            if not np.issubdtype(out.dtype, np.floating):
-                raise ValueError(f"to_numbers: missing values cannot be {np.dtype(dtype)}")
-            out[at:at + n][~valid] = np.nan
-        at += n
-    return out
 
 
 def to_float(col: pa.ChunkedArray) -> np.ndarray:
