@@ -173,18 +173,20 @@ def test_the_board_is_pandas_sort_on_either_table_kind(means, top_k, score):
     assert format_leaderboard(columns) == format_leaderboard(got)
 
 
-_COLUMN = st.one_of(
-    st.lists(st.floats(width=32, allow_nan=True, allow_infinity=True), max_size=20).map(
-        lambda v: np.array(v, np.float32)),
-    st.lists(st.floats(allow_nan=True), max_size=20).map(lambda v: np.array(v, np.float64)),
-    st.lists(st.integers(-2**62, 2**62), max_size=20).map(lambda v: np.array(v, np.int64)),
-    st.lists(st.integers(-2**31, 2**31 - 1), max_size=20).map(lambda v: np.array(v, np.int32)),
-    st.lists(st.booleans(), max_size=20).map(lambda v: np.array(v, bool)),
-    st.lists(st.text(max_size=6), max_size=20).map(lambda v: np.array(v, object)),
-    st.lists(st.text(max_size=6), max_size=20).map(lambda v: np.array(v, str)))
+def _column(n: int):
+    """A NumPy column of length ``n`` of one of the dtypes a run table holds."""
+    size = {"min_size": n, "max_size": n}
+    return st.one_of(
+        st.lists(st.floats(width=32), **size).map(lambda v: np.array(v, np.float32)),
+        st.lists(st.floats(), **size).map(lambda v: np.array(v, np.float64)),
+        st.lists(st.integers(-2**62, 2**62), **size).map(lambda v: np.array(v, np.int64)),
+        st.lists(st.integers(-2**31, 2**31 - 1), **size).map(lambda v: np.array(v, np.int32)),
+        st.lists(st.booleans(), **size).map(lambda v: np.array(v, bool)),
+        st.lists(st.text(max_size=6), **size).map(lambda v: np.array(v, object)),
+        st.lists(st.text(max_size=6), **size).map(lambda v: np.array(v, str)))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(data=st.data(), names=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=5,
                                       unique=True))
 def test_a_table_of_columns_reads_back_as_the_dataframe_pandas_writes(tmp_path_factory, data,
@@ -197,10 +199,7 @@ def test_a_table_of_columns_reads_back_as_the_dataframe_pandas_writes(tmp_path_f
     from engine import runfiles
 
     length = data.draw(st.integers(0, 20))
-    cols = {}
-    for name in names:
-        column = data.draw(_COLUMN.filter(lambda v: len(v) >= length))
-        cols[name] = column[:length]
+    cols = {name: data.draw(_column(length)) for name in names}
     tmp = tmp_path_factory.mktemp("table")
     runfiles.write_table(cols, tmp / "columns.parquet")
     runfiles.write_table(pd.DataFrame(cols), tmp / "pandas.parquet")
