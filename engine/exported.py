@@ -21,6 +21,8 @@ deserialize, is exported again, never run.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -36,7 +38,8 @@ import numpy as np
 from engine.atomic import atomic_write
 from engine.compile_cache import compilation_cache_dir, compilation_cache_enabled
 
-__all__ = ["exported_jit", "fingerprint", "Unkeyable", "source_digest", "register_structures"]
+__all__ = ["exported_jit", "fingerprint", "Unkeyable", "source_digest", "register_structures",
+           "compiler_options"]
 
 _MAGIC = b"irt-engine exported program 1\n"
 _PACKAGE = Path(__file__).resolve().parent
@@ -200,6 +203,23 @@ def _write(path: Path, exp) -> None:
         pass
 
 
+# XLA options for the programs compiled inside ``compiler_options(...)`` (None: XLA's own)
+_OPTIONS: contextvars.ContextVar = contextvars.ContextVar("irt_engine_xla_options", default=None)
+
+
+@contextlib.contextmanager
+def compiler_options(options: dict | None):
+    """XLA compiler options (``jax.jit``'s ``compiler_options``) for every program of an
+    :func:`exported_jit` function compiled inside the block. They are part of each
+    program's key (its own exported entry and compiled code), so a call with other
+    options, or none, never runs a program compiled with these."""
+    token = _OPTIONS.set(tuple(sorted(options.items())) if options else None)
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
 class _ExportedJit:
     """``jax.jit(fn, static_argnames=...)`` whose traced programs are kept on disk."""
 
@@ -215,11 +235,19 @@ class _ExportedJit:
         self.dynamic_names = [n for n in self.names if n not in static_argnames]
         self.defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
         self.programs: dict = {}  # in-process: (static values, argument types) -> callable
+        self.plain: dict = {None: self.jitted}  # compiler options -> plain jax.jit
         functools.update_wrapper(self, fn)
 
+    def _plain(self, options: tuple | None) -> Callable:
+        if options not in self.plain:
+            self.plain[options] = jax.jit(self.fn, static_argnames=self.static_argnames,
+                                          compiler_options=dict(options))
+        return self.plain[options]
+
     def __call__(self, *args, **kwargs):
+        options = _OPTIONS.get()
         if not compilation_cache_enabled():
-            return self.jitted(*args, **kwargs)
+            return self._plain(options)(*args, **kwargs)
         values = {**self.defaults, **dict(zip(self.names, args)), **kwargs}
         static = tuple(values[k] for k in self.static_argnames)
         dynamic = [values[k] for k in self.dynamic_names]
@@ -227,13 +255,14 @@ class _ExportedJit:
         if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return self.jitted(*args, **kwargs)  # inside another trace: nothing to keep
         types = tuple(jax.typeof(leaf) for leaf in leaves)
-        memo = (static, tree, types)
+        memo = (static, tree, types, options)
         program = self.programs.get(memo)
         if program is None:
-            program = self.programs[memo] = self._program(static, dynamic, tree, types)
+            program = self.programs[memo] = self._program(static, dynamic, tree, types, options)
         return program(*dynamic)
 
-    def _program(self, static: tuple, dynamic: list, tree, types) -> Callable:
+    def _program(self, static: tuple, dynamic: list, tree, types,
+                 options: tuple | None = None) -> Callable:
         """The callable for these static values and argument types: the exported program,
         read from disk or exported there now; plain ``jax.jit`` where no key can be made."""
         named = dict(zip(self.static_argnames, static))
@@ -241,13 +270,15 @@ class _ExportedJit:
         def bound(*dyn):
             return self.fn(**named, **dict(zip(self.dynamic_names, dyn)))
 
+        xla = dict(options) if options else None
         try:
             key = hashlib.sha256("\n".join([
                 fingerprint(self.fn), source_digest(), jax.default_backend(),
                 f"x64={jax.config.jax_enable_x64}", str(tree), repr(types),
-                fingerprint(sorted(named.items()))]).encode()).hexdigest()
+                fingerprint(sorted(named.items()))]
+                + ([f"xla={fingerprint(options)}"] if options else [])).encode()).hexdigest()
         except Unkeyable:
-            return jax.jit(bound)
+            return jax.jit(bound, compiler_options=xla)
         path = _folder() / f"{self.fn.__name__.lstrip('_')}-{key[:40]}.exported"
         exp = _read(path)
         if exp is None:
@@ -256,8 +287,8 @@ class _ExportedJit:
                 exp = jax.export.export(jax.jit(bound))(*jax.tree.unflatten(tree, specs))
                 _write(path, exp)
             except Exception:  # not exportable (a structure without serialization, or an
-                return jax.jit(bound)  # error the plain call reports itself)
-        jitted = jax.jit(exp.call)
+                return jax.jit(bound, compiler_options=xla)  # error the plain call reports)
+        jitted = jax.jit(exp.call, compiler_options=xla)
         return jitted if uses_lapack(exp) else _without_lapack(jitted)
 
 

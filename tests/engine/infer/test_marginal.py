@@ -527,3 +527,21 @@ def test_set_aside_posteriors_stay_finite_where_the_grid_overflows():
     means, covs, ok = _set_aside_posteriors(spec, np.zeros((1, 2)), g, theta, w, inverse,
                                             responses, 8_000_000)
     assert ok.all() and np.isfinite(means).all() and np.isfinite(covs).all()
+
+
+def test_a_short_test_compiles_quickly_and_fits_the_same():
+    """A fit whose quadrature grid is small (400 x 5: 32 patterns at most x 21 nodes x 5
+    items) compiles its programs at XLA's optimisation level 0, records it, and gives the
+    fully optimised programs' answer to float precision; a grid over the bound does not."""
+    y = _simulate(400, 5, 4)[0]
+    spec = get_model("2pl")
+    quick = fit_marginal(spec, y)
+    full = fit_marginal(spec, y, MarginalSettings(quick_compile_cells=0))
+    assert quick[2]["quick_compile"] is True and full[2]["quick_compile"] is False
+    assert fit_marginal(spec, y, MarginalSettings(quick_compile_cells=32 * 21 * 5 - 1)
+                        )[2]["quick_compile"] is False
+    for name in full[0].loc:
+        np.testing.assert_allclose(quick[0].loc[name], full[0].loc[name], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(quick[0].log_scale[name], full[0].log_scale[name], atol=1e-4)
+    assert quick[2]["log_marginal_posterior"] == pytest.approx(full[2]["log_marginal_posterior"],
+                                                               abs=1e-3)
