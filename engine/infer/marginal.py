@@ -30,6 +30,7 @@ construction.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, replace
 
@@ -99,8 +100,10 @@ class MarginalSettings:
     quick_compile_cells : a fit whose quadrature grid (patterns, at most ``2^items``, x
         nodes x items) has at most this many cells compiles its programs at XLA's
         optimisation level 0. Such a fit is compile-bound: LSAT7 (32 x 21 x 5) spent 3 of
-        its 3.3 s cold fit compiling, and level 0 compiles in about half the time; its passes
-        are too small for the optimised code to gain. 0 turns it off.
+        its 3.3 s cold fit compiling, and level 0 compiles in about half the time; its
+        iterations are too small for the optimised code to gain. A call of the importance
+        draws over more than ``_QUICK_DRAW_CELLS`` cells is compiled optimised all the same
+        (`ability`, 1,280 x 21 x 16: 427M cells a call). 0 turns it off.
     """
 
     num_nodes: int = 21
@@ -124,7 +127,7 @@ class MarginalSettings:
     importance_cells_retry: int = 2_000_000_000
     laplace_draws: int = 400
     bucket_patterns: bool = True
-    quick_compile_cells: int = 1 << 16
+    quick_compile_cells: int = 1 << 20
 
 
 # Peak bytes per chunk cell. Measured on a 2,000 x 200 2PL: score chunks of 4M cells instead
@@ -792,10 +795,14 @@ def _flat_draw_moments(spec, xs: np.ndarray, item_shape: tuple[int, int], theta,
     """:func:`_draw_moments` (float64) of draws ``xs`` ``(D, n k + h)``: the items' values
     flattened, then the globals'."""
     n, k = item_shape
-    return tuple(np.asarray(a, np.float64) for a in _draw_moments(
-        spec, to_device(xs[:, :n * k].reshape(len(xs), n, k), jnp.float32),
-        to_device(xs[:, n * k:], jnp.float32), to_device(theta, jnp.float32),
-        to_device(y), to_device(mask), to_device(log_base, jnp.float32)))
+    # a call over many cells runs optimised code even in a quickly compiled fit
+    # (`ability`: 1,895 draws x 1,280 patterns x 11 nodes x 16 items)
+    heavy = len(xs) * np.size(theta) * np.shape(y)[-1] > _QUICK_DRAW_CELLS
+    with compiler_options(None) if heavy else contextlib.nullcontext():
+        return tuple(np.asarray(a, np.float64) for a in _draw_moments(
+            spec, to_device(xs[:, :n * k].reshape(len(xs), n, k), jnp.float32),
+            to_device(xs[:, n * k:], jnp.float32), to_device(theta, jnp.float32),
+            to_device(y), to_device(mask), to_device(log_base, jnp.float32)))
 
 
 def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -997,6 +1004,7 @@ def _node_loglik_cells(spec, x, theta, y, mask):
 
 
 _QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+_QUICK_DRAW_CELLS = 1 << 25  # LSAT7's 4,000 draws x 32 patterns x 11 nodes x 5 items: 7M
 
 
 def fit_marginal(spec: ModelSpec, y: np.ndarray,
