@@ -69,7 +69,8 @@ def arrow_table(columns: Mapping[str, np.ndarray]) -> pa.Table:
     for name, values in columns.items():
         v = np.asarray(values)
         if v.ndim != 1 or (length is not None and len(v) != length):
-            raise ValueError(f"column {name!r}: shape {v.shape}, expected ({length},)")
+            want = "one dimension" if length is None else f"({length},)"
+            raise ValueError(f"column {name!r}: shape {v.shape}, expected {want}")
         length = len(v)
         arrays.append(_arrow_array(v))
     return pa.Table.from_arrays(arrays, names=list(columns))
