@@ -7,7 +7,7 @@ with its own warm compilation cache, and compare the medians: both see the same 
     python benchmarks/bench_ab_processes.py --base /tmp/base [--head .] [--data lsat7,nlu]
         [--rounds 5] [--work /tmp/ab]
 
-``--data`` names lsat7, nlu or a simulated shape of ``bench_core.py`` (squad, big, square, wide).
+``--data`` names lsat7, ability (psych, its 16 unanswered subjects dropped), nlu or a simulated shape of ``bench_core.py`` (squad, big, square, wide).
 
 ``--base`` is a checkout of the earlier commit (``git worktree add /tmp/base REV``); both
 versions run with the repository's ``.venv`` and ``PYTHONPATH`` set to their tree.
@@ -31,7 +31,8 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 PY = str(HERE.parent / ".venv" / "bin" / "python")
-LSAT7 = HERE.parent.parent / "shared" / "data" / "psych_human_r" / "lsat7.parquet"
+PSYCH = HERE.parent.parent / "shared" / "data" / "psych_human_r"
+LSAT7 = PSYCH / "lsat7.parquet"
 
 
 def _stores(work: Path, names: list[str]) -> None:
@@ -41,6 +42,10 @@ def _stores(work: Path, names: list[str]) -> None:
             continue
         if name == "lsat7":
             source = LSAT7
+        elif name == "ability":  # ingest refuses subjects with no response: dropped
+            df = pd.read_parquet(PSYCH / "ability.parquet")
+            source = work / "ability.parquet"
+            df[~df.drop(columns=["subject_id"]).isna().all(axis=1)].to_parquet(source, index=False)
         else:  # nlu, or one of bench_core's simulated shapes (squad: 161 x 11,873 ...)
             from bench_core import NLU_PARQUET, load_dataset
 

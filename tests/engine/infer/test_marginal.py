@@ -545,3 +545,42 @@ def test_a_short_test_compiles_quickly_and_fits_the_same():
         np.testing.assert_allclose(quick[0].log_scale[name], full[0].log_scale[name], atol=1e-4)
     assert quick[2]["log_marginal_posterior"] == pytest.approx(full[2]["log_marginal_posterior"],
                                                                abs=1e-3)
+
+
+@pytest.mark.parametrize("num_items", [8, 400])
+def test_item_draws_weighted_on_a_shared_grid_match_scipy(num_items, monkeypatch):
+    """Item draws are weighted with each pattern's log marginal likelihood and ability
+    moments. On a short test they are integrated on one evenly spaced grid shared by every
+    pattern (a matrix product per draw); on a long test, whose posteriors are narrow, on each
+    pattern's adaptive nodes. Either way they match scipy.integrate.quad at each draw, and
+    the shared grid matches the adaptive nodes it replaces."""
+    from engine.infer.marginal import _DrawNodes
+
+    spec = get_model("2pl", prior="vague")
+    y, _, b, a = _simulate(12, num_items, seed=3)
+    y[0, :3] = -1  # missing cells are left out
+    x = np.stack([b, np.log(a)], -1)
+    patterns, _, counts = distinct_rows(y)
+    mask, yy = (patterns >= 0).astype(np.float32), np.maximum(patterns, 0).astype(np.float32)
+    quad = _Quadrature(21, len(patterns))
+    for _ in range(4):
+        theta, w, _ = quad.posterior(spec, x, yy, mask)
+        quad.adapt(theta, w)
+    rng = np.random.default_rng(0)
+    draws = x.reshape(-1) + 0.05 * rng.standard_normal((3, x.size))  # items near the mode
+    nodes = _DrawNodes(spec, quad, counts, 11)
+    assert nodes.shared == (num_items == 8)
+    _, lm, m1, m2 = nodes.moments(spec, draws, x.shape, yy, mask)
+    for d, vec in enumerate(draws):
+        for u in (0, 5, 11):
+            ref_z, ref_m, ref_sd = _scipy_posterior(patterns[u], vec[0::2], np.exp(vec[1::2]))
+            assert lm[d, u] == pytest.approx(ref_z, abs=2e-3 + 1e-5 * abs(ref_z))
+            assert m1[d, u] == pytest.approx(ref_m, abs=3e-3 * ref_sd + 1e-5)
+            assert np.sqrt(m2[d, u] - m1[d, u] ** 2) == pytest.approx(ref_sd, rel=5e-3)
+    if nodes.shared:  # the same moments as the adaptive nodes it replaces
+        monkeypatch.setattr(_DrawNodes, "GRID_PER_NODE", 0)
+        adaptive = _DrawNodes(spec, quad, counts, 11)
+        assert not adaptive.shared
+        for got, want in zip(nodes.moments(spec, draws, x.shape, yy, mask),
+                             adaptive.moments(spec, draws, x.shape, yy, mask)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
