@@ -265,7 +265,7 @@ def test_kill_9_mid_fit_to_a_url_then_resume_equals_an_uninterrupted_fit(s3, tmp
     from engine.cli import main
     from engine.run import load_run
 
-    y = simulate_2pl(400, 60, seed=5)
+    y = simulate_2pl(2000, 300, seed=5)  # 30 passes, each uploading its checkpoint: a window
     df = pd.DataFrame(y, columns=[f"q{i}" for i in range(y.shape[1])])
     df.insert(0, "system", [f"s{i}" for i in range(y.shape[0])])
     df.to_csv(tmp_path / "r.csv", index=False)
