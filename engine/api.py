@@ -61,7 +61,7 @@ def check_fit_memory(store: Store, budget: int) -> None:
     store, parameters do not."""
     need = (store.num_subjects + store.num_items) * FIT_ID_BYTES
     if need > budget:
-        from engine.data.formats.validate import size_text as size  # Arrow: only to refuse
+        from engine.memory import size_text as size
 
         raise SettingsError(
             f"{store.path}: a fit of {store.num_subjects:,} subjects x {store.num_items:,} items "

@@ -18,3 +18,12 @@ def default_memory_budget() -> int:
     except (ValueError, OSError, AttributeError):
         available = 4 << 30
     return max(256 << 20, available // 2)
+
+
+def size_text(n: float) -> str:
+    """A byte count as text: ``"1,024 bytes"``, ``"1.5 GiB"``."""
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:.3g}"

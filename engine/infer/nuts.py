@@ -23,6 +23,7 @@ import numpy as np
 from engine.errors import ModelError, SettingsError
 from engine.infer.elbo import log_prior, make_log_likelihood
 from engine.infer.fit import FitResult
+from engine.memory import size_text
 from engine.infer.guide import GuideState, init_guide
 from engine.models.spec import ModelSpec
 
@@ -257,13 +258,6 @@ def nuts_memory_bytes(spec: ModelSpec, num_subjects: int, num_items: int,
     return cells * 4 + cells * NUTS_CELL_FACTOR * settings.num_chains + draws
 
 
-def _fmt(n: int) -> str:
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def check_nuts_memory(spec: ModelSpec, num_subjects: int, num_items: int,
                       settings: NutsSettings, budget: int) -> int:
     """Refuse a matrix NUTS cannot hold in ``budget`` bytes; returns the estimate."""
@@ -271,9 +265,10 @@ def check_nuts_memory(spec: ModelSpec, num_subjects: int, num_items: int,
     if need > budget:
         raise SettingsError(
             f"NUTS on {num_subjects} x {num_items} responses ({num_subjects * num_items:,} cells, "
-            f"{settings.num_chains} chains x {settings.num_samples} draws) needs about {_fmt(need)} "
-            f"in memory, over the budget of {_fmt(budget)}; fit it with the default variational "
-            f"method (--method vi, which streams any size), or lower --chains/--samples, or "
+            f"{settings.num_chains} chains x {settings.num_samples} draws) needs about "
+            f"{size_text(need)} in memory, over the budget of {size_text(budget)}; fit it with the "
+            f"default variational method (--method vi, which streams any size), or lower "
+            f"--chains/--samples, or "
             f"raise --memory-budget")
     return need
 

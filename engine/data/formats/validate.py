@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from engine.data.arrow import to_numbers
 from engine.errors import DataFormatError
+from engine.memory import size_text
 
 __all__ = ["BadCell", "CELL_BYTES", "ID_BYTES", "LONG_COLS", "as_stored", "bad_value",
            "cannot_read", "check_id_column_type", "check_id_text", "check_support",
@@ -68,14 +69,6 @@ def over_budget(path: Path, what: str, need: float, budget: int) -> DataFormatEr
         f"{path}: {what} needs about {size_text(need)} in memory to ingest, over the memory budget "
         f"of {size_text(budget)}; write it in long format (subject,item,response rows, which ingest "
         f"streams in bounded memory) or raise --memory-budget")
-
-
-def size_text(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:.3g}"
 
 
 def table_need(rows: int, cols: int) -> float:
