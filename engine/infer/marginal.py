@@ -409,6 +409,99 @@ def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad:
     return vol, grad
 
 
+@exported_jit(static_argnames=("spec", "with_grad"))
+def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True):
+    """:func:`_item_volume` with the abilities' posterior weights on one grid ``grid``
+    ``(G,)`` shared by every pattern, given as the weighted counts of ones ``a1`` and zeros
+    ``a0`` ``(G, n)`` at each grid point (``w' y1``, ``w' y0``): a binary cell's
+    log-likelihood is ``y log P(1) + (1 - y) log P(0)``, so an item's expected complete-data
+    log-likelihood is ``sum_g a1_g log P(1 | grid_g) + a0_g log P(0 | grid_g)``, and its
+    curvature takes ``G`` cells, not ``U Q``. With ``with_grad`` also the gradients of the
+    volumes' sum in ``x`` ``(n, k)``, ``a1`` and ``a0``."""
+    env = _env(spec, g)
+    blocks = _item_blocks(spec)
+    pooled = np.array([j for j, p in enumerate(blocks) if p.prior.references()])
+    nodes, one, zero = grid[None, :], jnp.ones((1, 1)), jnp.zeros((1, 1))
+
+    def volumes(xx, b1, b0):
+        def item(xn, a1n, a0n):
+            def log_post(v):
+                l1 = _cell_loglik(spec, v[None, :], nodes, one, one)[0, :, 0]
+                l0 = _cell_loglik(spec, v[None, :], nodes, zero, one)[0, :, 0]
+                return a1n @ l1 + a0n @ l0 + sum(
+                    p.prior.log_prob(v[j], env) for j, p in enumerate(blocks))
+
+            info = -jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)]
+            return -0.5 * jnp.linalg.slogdet(info)[1]
+
+        return jax.vmap(item)(xx, b1.T, b0.T)
+
+    if not with_grad:
+        return volumes(x, a1, a0), None, None, None
+    vol, pullback = jax.vjp(volumes, x, a1, a0)
+    return (vol, *pullback(jnp.ones_like(vol)))
+
+
+@exported_jit(static_argnames=("spec",))
+def _grid_weights(spec, x, grid, log_base, y1, y0):
+    """``(U, G)``: each pattern's ability posterior weights on the shared grid."""
+    n = y1.shape[1]
+    nodes = grid[None, :]
+    log_one = _cell_loglik(spec, x, nodes, jnp.ones((1, n)), jnp.ones((1, n)))[0]
+    log_zero = _cell_loglik(spec, x, nodes, jnp.zeros((1, n)), jnp.ones((1, n)))[0]
+    return jax.nn.softmax(y1 @ log_one.T + y0 @ log_zero.T + log_base, axis=1)
+
+
+@exported_jit(static_argnames=("spec",))
+def _grid_scores(spec, x, grid, c1, c0):
+    """``(n, k)``: the gradient in the items of ``sum c1 log P(1) + c0 log P(0)`` on the
+    grid (``c1``, ``c0`` ``(G, n)``)."""
+    n = x.shape[0]
+    nodes = grid[None, :]
+
+    def total(xx):
+        log_one = _cell_loglik(spec, xx, nodes, jnp.ones((1, n)), jnp.ones((1, n)))[0]
+        log_zero = _cell_loglik(spec, xx, nodes, jnp.zeros((1, n)), jnp.ones((1, n)))[0]
+        return jnp.sum(c1 * log_one) + jnp.sum(c0 * log_zero)
+
+    return jax.grad(total)(x)
+
+
+def _items_volume(spec, x, quad, y, mask, counts, g, settings: MarginalSettings,
+                  with_grad: bool = True, grids: dict | None = None, dtype=jnp.float32):
+    """The items' volumes ``(n,)`` and the gradient of their sum ``(n, k)`` (None unless
+    ``with_grad``) in float64: on the shared ability grid where ``grids`` (the fit's, holding
+    its last grid) is given and :class:`_DrawNodes` takes one for the fit's nodes
+    (:func:`_grid_item_volume`; 1,000 x 50: 1.3 of a 2.4 s fit went here on the adaptive
+    nodes), on each pattern's adaptive nodes otherwise (:func:`_volume`)."""
+    nodes = None if grids is None else _DrawNodes(spec, quad, counts, settings.num_nodes,
+                                                  grids.get("volume"), slack=0.1)
+    if nodes is not None:
+        grids["volume"] = nodes  # kept while it spans and resolves the posteriors
+    if nodes is None or not nodes.shared:
+        return _volume(spec, x, *quad.log_base(spec), y, mask, counts, g, settings.cell_chunk,
+                       with_grad, dtype)
+    y1 = np.asarray(y, np.float64) * mask
+    y0 = np.asarray(mask, np.float64) - y1
+    grid, xj = to_device(nodes.theta, dtype), to_device(x, dtype)
+    soft = np.asarray(_grid_weights(spec, xj, grid, to_device(nodes.log_base, dtype),
+                                    to_device(y1, dtype), to_device(y0, dtype)), np.float64)
+    w = soft * counts[:, None]
+    a1, a0 = w.T @ y1, w.T @ y0  # (G, n): weighted ones and zeros at each grid point
+    vol, gx, g1, g0 = _grid_item_volume(spec, xj, to_device(g, dtype), grid,
+                                        to_device(a1, dtype), to_device(a0, dtype),
+                                        with_grad=with_grad)
+    vol = np.asarray(vol, np.float64)
+    if not with_grad:
+        return vol, None
+    # back through a = w' y and w = counts softmax(lw), lw = y1 l1' + y0 l0' + base
+    dw = y1 @ np.asarray(g1, np.float64).T + y0 @ np.asarray(g0, np.float64).T  # (U, G)
+    dlw = counts[:, None] * soft * (dw - (soft * dw).sum(axis=1, keepdims=True))
+    scores = _grid_scores(spec, xj, grid, to_device(dlw.T @ y1, dtype),
+                          to_device(dlw.T @ y0, dtype))
+    return vol, np.asarray(gx, np.float64) + np.asarray(scores, np.float64)
+
+
 @exported_jit(static_argnames=("spec",))
 def _cell_scores(spec, x, theta, y, mask):
     """``(U, Q, n, k)``: each cell's score with respect to its item's values."""
@@ -843,19 +936,35 @@ class _DrawNodes:
     # 1.0 s; 2,401 3PL draws there on 11 adaptive nodes (2.1G cells) 12.3 s: ~50 to a cell
     GEMM_PER_CELL = 32
 
-    def __init__(self, spec, quad, counts, num_nodes: int):
+    def __init__(self, spec, quad, counts, num_nodes: int, previous: "_DrawNodes | None" = None,
+                 slack: float = 0.0):
+        """``previous``: a grid kept where it still spans and resolves the patterns'
+        posteriors (the fit's volumes, each pass: a grid of a new size is a new XLA program).
+        ``slack``: a new grid reaches that share of its width further each way and is that
+        much finer, so that the next passes' posteriors stay on it."""
+        from engine.infer.fit import bucket_size
+
         live = counts > 0
         mean, sd = quad.mean[live], quad.sd[live]
         lo, hi = float((mean - self.SPAN * sd).min()), float((mean + self.SPAN * sd).max())
         step = float(sd.min())
-        size = int(np.ceil((hi - lo) / step)) + 1
-        self.shared = size <= self.GRID_PER_NODE * num_nodes
-        if self.shared:
-            self.theta = np.linspace(lo, hi, size)
-            prior = np.asarray(_ability_log_prior(spec, to_device(self.theta)), np.float64)
-            self.log_base = prior + np.log(self.theta[1] - self.theta[0])
+        if (previous is not None and previous.shared and previous.theta[0] <= lo
+                and previous.theta[-1] >= hi and previous.theta[1] - previous.theta[0] <= step):
+            self.shared, self.theta, self.log_base = True, previous.theta, previous.log_base
         else:
-            self.theta, self.log_base = quad.log_base(spec, num_nodes)
+            size = int(np.ceil((hi - lo) / step)) + 1
+            self.shared = size <= self.GRID_PER_NODE * num_nodes
+            if self.shared:
+                reach = slack * (hi - lo)
+                lo, hi = lo - reach, hi + reach
+                # a bucketed number of points (at most 12.5% more): similar data sets and
+                # later passes run the same programs
+                size = bucket_size(int(np.ceil((hi - lo) / (step / (1 + slack)))) + 1)
+                self.theta = np.linspace(lo, hi, size)
+                prior = np.asarray(_ability_log_prior(spec, to_device(self.theta)), np.float64)
+                self.log_base = prior + np.log(self.theta[1] - self.theta[0])
+            else:
+                self.theta, self.log_base = quad.log_base(spec, num_nodes)
         self.record = {"nodes": "shared grid" if self.shared else "adaptive",
                        "points": int(self.theta.shape[-1])}
 
@@ -1201,6 +1310,10 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     quad = _Quadrature(Q, U, settings.cell_chunk)
     trace, converged, previous, newton_steps, settled = [], False, None, 0, False
     best, diverged = (-np.inf, x, g, 0), None  # (objective, items, hyper-parameters, pass)
+    # the shared ability grid the items' volumes were last taken on; None: the adaptive
+    # nodes, in a fit compiled quickly (:func:`fit_marginal`), where the grid's four more
+    # programs cost more to compile than they save (LSAT7 cold: 1 s more)
+    grids = {} if num_patterns * Q * n > settings.quick_compile_cells else None
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
@@ -1215,8 +1328,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         hess = hess + prior_hess[:, :, None] * np.eye(k)
         vol = np.zeros(n)
         if hyper:  # the items' volume: pooled priors are fitted with the items integrated out
-            vol, vol_grad = _volume(spec, x, *quad.log_base(spec), yy, mask, counts_f, g,
-                                    settings.cell_chunk)
+            vol, vol_grad = _items_volume(spec, x, quad, yy, mask, counts_f, g, settings,
+                                          grids=grids)
             grad = grad + vol_grad
         objective = float(counts_f @ log_marg + _total_prior(spec, x, g, prior_val) + vol.sum())
         if objective > best[0]:
@@ -1249,8 +1362,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                 trial_obj = counts_f @ trial_marg + _total_prior(
                     spec, trial, trial_g, _item_prior(spec, trial, trial_g)[0])
                 if hyper:
-                    trial_obj += _volume(spec, trial, *quad.log_base(spec), yy, mask, counts_f,
-                                         trial_g, settings.cell_chunk, False)[0].sum()
+                    trial_obj += _items_volume(spec, trial, quad, yy, mask, counts_f, trial_g,
+                                               settings, False, grids)[0].sum()
                 # accepted unless it lowers the objective by more than float32's resolution
                 # of it (the cells' log-likelihoods are float32): at 1e-9 the signed 2PL at
                 # 200 x 400 had its Newton steps refused by rounding from the 10th iteration
@@ -1261,8 +1374,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                     break
                 step = 0.5 * step
         if not moved:
-            volume = ((lambda trial: _volume(spec, trial, *quad.log_base(spec), yy, mask,
-                                             counts_f, g, settings.cell_chunk, False)[0])
+            volume = ((lambda trial: _items_volume(spec, trial, quad, yy, mask, counts_f, g,
+                                                   settings, False, grids)[0])
                       if hyper else None)
             x = _em_step(spec, x, g, theta, yy, mask, wc, grad, hess, value + prior_val + vol,
                          settings, volume)
@@ -1271,9 +1384,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                                     settings.max_step)
 
             def g_part(gg):  # the objective's terms that move with the hyper-parameters
-                return _total_prior(spec, x, gg, _item_prior(spec, x, gg)[0]) + _volume(
-                    spec, x, *quad.log_base(spec), yy, mask, counts_f, gg,
-                    settings.cell_chunk, False)[0].sum()
+                return _total_prior(spec, x, gg, _item_prior(spec, x, gg)[0]) + _items_volume(
+                    spec, x, quad, yy, mask, counts_f, gg, settings, False, grids)[0].sum()
 
             now = g_part(g)
             for _half in range(4):  # kept only where the objective does not fall

@@ -615,3 +615,67 @@ def test_a_round_short_of_its_target_draws_more_from_the_same_proposal():
         gap = np.abs(np.asarray(got.loc[block]) - np.asarray(ref.loc[block])) / sd
         assert gap.max() < 0.35, block
         np.testing.assert_allclose(np.exp(np.asarray(got.log_scale[block])), sd, rtol=0.15)
+
+
+def test_item_volume_on_the_shared_grid_matches_numpy_and_its_gradient():
+    """The items' volumes with the abilities' weights on one shared grid (the fit's route
+    where it does not compile quickly) against the direct numpy computation of the 2PL's
+    Hessian on the same grid, the gradient of their sum (through the weights) against
+    central differences in float64, and the volumes against the adaptive nodes' in float32."""
+    import jax
+
+    from engine.infer.marginal import _DrawNodes, _items_volume
+
+    spec = get_model("2pl", prior="population")
+    y, *_ = _simulate(30, 5, seed=21)
+    y[0, 1] = -1
+    patterns, _, counts = distinct_rows(y)
+    counts = counts.astype(np.float64)
+    mask = (patterns >= 0).astype(np.float64)
+    yy = np.where(patterns >= 0, patterns, 0).astype(np.float64)
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.normal(size=5), 0.3 * rng.normal(size=5)], -1)
+    g = np.array([0.1, np.log(0.8), -0.05, np.log(4.0)])  # mu_b, log u_b, mu_a, log u_a
+    quad = _Quadrature(21, len(patterns))
+    for _ in range(4):
+        theta, w, _ = quad.posterior(spec, x, yy.astype(np.float32), mask.astype(np.float32))
+        quad.adapt(theta, w)
+    settings = MarginalSettings()
+    grids = {}
+    with jax.enable_x64(True):
+        def volume(xx, with_grad=True):
+            return _items_volume(spec, xx, quad, yy, mask, counts, g, settings, with_grad,
+                                 grids, dtype=np.float64)
+
+        vol, grad = volume(x)
+        nodes = grids["volume"]
+        assert isinstance(nodes, _DrawNodes) and nodes.shared
+        eps = 1e-5
+        numeric = np.zeros_like(x)
+        for idx in np.ndindex(*x.shape):
+            d = np.zeros_like(x)
+            d[idx] = eps
+            up, down = volume(x + d, False)[0].sum(), volume(x - d, False)[0].sum()
+            numeric[idx] = (up - down) / (2 * eps)
+        assert grids["volume"].theta is nodes.theta  # the same grid throughout
+    np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
+    theta = nodes.theta[None, :]
+    a, b = np.exp(x[:, 1]), x[:, 0]
+    p = 1 / (1 + np.exp(-a[None, None] * (theta[:, :, None] - b[None, None])))
+    ll = (stats.bernoulli.logpmf(yy[:, None, :], p) * mask[:, None, :]).sum(-1) + nodes.log_base
+    w = np.exp(ll - ll.max(1, keepdims=True))
+    w = w / w.sum(1, keepdims=True) * counts[:, None]
+    expected = []
+    for i in range(5):
+        d_b, d_la = -a[i], a[i] * (theta - b[i])
+        seen = mask[:, i:i + 1]
+        r, q = (yy[:, i:i + 1] - p[:, :, i]) * seen, p[:, :, i] * (1 - p[:, :, i]) * seen
+        h = np.array([[np.sum(w * -q * d_b * d_b), np.sum(w * (-q * d_b * d_la + r * -a[i]))],
+                      [0.0, np.sum(w * (-q * d_la * d_la + r * d_la))]])
+        h[1, 0] = h[0, 1]
+        h -= np.diag([np.exp(g[1]), np.exp(g[3])])
+        expected.append(-0.5 * np.linalg.slogdet(-h)[1])
+    np.testing.assert_allclose(vol, expected, rtol=1e-9)
+    adaptive = _items_volume(spec, x, quad, yy, mask, counts, g, settings, True, None)
+    np.testing.assert_allclose(vol, adaptive[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(grad, adaptive[1], rtol=1e-3, atol=1e-4)
