@@ -49,20 +49,32 @@ def _scipy_posterior(row, b, a, moments=True):
     return peak + np.log(z), m, np.sqrt(m2 - m * m)
 
 
+def _scipy_case(num_subjects, num_items, seed):
+    """A simulated 2PL with three missing cells in its first row: its items ``x``, ``b``,
+    ``a``, distinct patterns with counts, and their float32 responses and mask."""
+    y, _, b, a = _simulate(num_subjects, num_items, seed=seed)
+    y[0, :3] = -1  # missing cells are left out
+    patterns, _, counts = distinct_rows(y)
+    mask, yy = (patterns >= 0).astype(np.float32), np.maximum(patterns, 0).astype(np.float32)
+    return np.stack([b, np.log(a)], -1), b, a, patterns, counts, yy, mask
+
+
+def _adapted(spec, x, yy, mask, num_patterns, rounds=4):
+    """21 adaptive nodes a pattern, recentred ``rounds`` times at items ``x``."""
+    quad = _Quadrature(21, num_patterns)
+    for _ in range(rounds):
+        theta, w, _ = quad.posterior(spec, x, yy, mask)
+        quad.adapt(theta, w)
+    return quad
+
+
 @pytest.mark.parametrize("num_items", [6, 400])
 def test_adaptive_quadrature_matches_scipy(num_items):
     """Log marginal likelihood, mean and sd of each pattern's ability posterior, with a few
     items (broad) and with hundreds (sd ~0.1), against scipy.integrate.quad."""
     spec = get_model("2pl")
-    y, _, b, a = _simulate(5, num_items, seed=num_items)
-    y[0, :3] = -1  # missing cells are left out
-    x = np.stack([b, np.log(a)], -1)
-    patterns, inverse, counts = distinct_rows(y)
-    mask, yy = (patterns >= 0).astype(np.float32), np.maximum(patterns, 0).astype(np.float32)
-    quad = _Quadrature(21, len(patterns))
-    for _ in range(4):
-        theta, w, log_marg = quad.posterior(spec, x, yy, mask)
-        quad.adapt(theta, w)
+    x, b, a, patterns, _, yy, mask = _scipy_case(5, num_items, num_items)
+    quad = _adapted(spec, x, yy, mask, len(patterns))
     theta, w, log_marg = quad.posterior(spec, x, yy, mask)
     mean = (w * theta).sum(1)
     sd = np.sqrt((w * (theta - mean[:, None]) ** 2).sum(1))
@@ -310,6 +322,52 @@ def test_hyper_parameter_step_matches_scipy():
     assert _update_globals(spec, x, 0 * v, np.zeros(2), max_step=1.0)[1] > got[1] + 0.05
 
 
+def _volume_case():
+    """A 2PL under pooled priors, 30 x 5 with a missing cell: its distinct patterns with
+    counts, mask and responses (float64), items ``x`` and globals ``g``."""
+    y, *_ = _simulate(30, 5, seed=21)
+    y[0, 1] = -1
+    patterns, _, counts = distinct_rows(y)
+    mask = (patterns >= 0).astype(np.float64)
+    yy = np.where(patterns >= 0, patterns, 0).astype(np.float64)
+    rng = np.random.default_rng(0)
+    x = np.stack([rng.normal(size=5), 0.3 * rng.normal(size=5)], -1)
+    g = np.array([0.1, np.log(0.8), -0.05, np.log(4.0)])  # mu_b, log u_b, mu_a, log u_a
+    return patterns, counts.astype(np.float64), mask, yy, x, g
+
+
+def _numeric_gradient(volume, x, eps=1e-5):
+    """Central differences of ``volume(x, False)[0].sum()``."""
+    numeric = np.zeros_like(x)
+    for idx in np.ndindex(*x.shape):
+        d = np.zeros_like(x)
+        d[idx] = eps
+        numeric[idx] = (volume(x + d, False)[0].sum() - volume(x - d, False)[0].sum()) / (2 * eps)
+    return numeric
+
+
+def _numpy_volumes(x, g, theta, base, yy, mask, counts):
+    """Each 2PL item's -1/2 log det of its expected information (weights on the nodes
+    ``theta`` ``(U, Q)``, log prior + rule weight ``base``) plus its pooled normal priors'
+    precisions, the Hessian written out cell by cell."""
+    a, b = np.exp(x[:, 1]), x[:, 0]
+    p = 1 / (1 + np.exp(-a[None, None] * (theta[:, :, None] - b[None, None])))
+    ll = (stats.bernoulli.logpmf(yy[:, None, :], p) * mask[:, None, :]).sum(-1) + base
+    w = np.exp(ll - ll.max(1, keepdims=True))
+    w = w / w.sum(1, keepdims=True) * counts[:, None]
+    out = []
+    for i in range(x.shape[0]):
+        d_b, d_la = -a[i], a[i] * (theta - b[i])  # d eta / d b, d eta / d log a
+        seen = mask[:, i:i + 1]
+        r, q = (yy[:, i:i + 1] - p[:, :, i]) * seen, p[:, :, i] * (1 - p[:, :, i]) * seen
+        h = np.array([[np.sum(w * -q * d_b * d_b), np.sum(w * (-q * d_b * d_la + r * -a[i]))],
+                      [0.0, np.sum(w * (-q * d_la * d_la + r * d_la))]])
+        h[1, 0] = h[0, 1]
+        h -= np.diag([np.exp(g[1]), np.exp(g[3])])  # the pooled normal priors' precisions
+        out.append(-0.5 * np.linalg.slogdet(-h)[1])
+    return np.array(out)
+
+
 @pytest.mark.parametrize("limit", [10_000_000, 40])
 def test_item_volume_matches_numpy_and_its_gradient(limit):
     """Each item's -1/2 log det of its expected information plus prior precision against a
@@ -321,15 +379,7 @@ def test_item_volume_matches_numpy_and_its_gradient(limit):
     from engine.infer.marginal import _volume
 
     spec = get_model("2pl", prior="population")
-    y, *_ = _simulate(30, 5, seed=21)
-    y[0, 1] = -1
-    patterns, _, counts = distinct_rows(y)
-    counts = counts.astype(np.float64)
-    mask = (patterns >= 0).astype(np.float64)
-    yy = np.where(patterns >= 0, patterns, 0).astype(np.float64)
-    rng = np.random.default_rng(0)
-    x = np.stack([rng.normal(size=5), 0.3 * rng.normal(size=5)], -1)
-    g = np.array([0.1, np.log(0.8), -0.05, np.log(4.0)])  # mu_b, log u_b, mu_a, log u_a
+    patterns, counts, mask, yy, x, g = _volume_case()
     theta = np.linspace(-3, 3, 13)[None, :].repeat(len(patterns), 0)
     base = stats.norm.logpdf(theta)
     with jax.enable_x64(True):
@@ -338,32 +388,10 @@ def test_item_volume_matches_numpy_and_its_gradient(limit):
                            dtype=np.float64)
 
         vol, grad = volume(x)
-        eps = 1e-5
-        numeric = np.zeros_like(x)
-        for idx in np.ndindex(*x.shape):
-            d = np.zeros_like(x)
-            d[idx] = eps
-            up, down = volume(x + d, False)[0].sum(), volume(x - d, False)[0].sum()
-            numeric[idx] = (up - down) / (2 * eps)
+        numeric = _numeric_gradient(volume, x)
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
-    # numpy: weights on the nodes, then each item's Hessian cell by cell
-    a, b = np.exp(x[:, 1]), x[:, 0]
-    eta = a[None, None] * (theta[:, :, None] - b[None, None])
-    p = 1 / (1 + np.exp(-eta))
-    ll = (stats.bernoulli.logpmf(yy[:, None, :], p) * mask[:, None, :]).sum(-1) + base
-    w = np.exp(ll - ll.max(1, keepdims=True))
-    w = w / w.sum(1, keepdims=True) * counts[:, None]
-    expected = []
-    for i in range(5):
-        d_b, d_la = -a[i], a[i] * (theta - b[i])  # d eta / d b, d eta / d log a
-        seen = mask[:, i:i + 1]
-        r, q = (yy[:, i:i + 1] - p[:, :, i]) * seen, p[:, :, i] * (1 - p[:, :, i]) * seen
-        h = np.array([[np.sum(w * -q * d_b * d_b), np.sum(w * (-q * d_b * d_la + r * -a[i]))],
-                      [0.0, np.sum(w * (-q * d_la * d_la + r * d_la))]])
-        h[1, 0] = h[0, 1]
-        h -= np.diag([np.exp(g[1]), np.exp(g[3])])  # the pooled normal priors' precisions
-        expected.append(-0.5 * np.linalg.slogdet(-h)[1])
-    np.testing.assert_allclose(vol, expected, rtol=1e-9)
+    np.testing.assert_allclose(vol, _numpy_volumes(x, g, theta, base, yy, mask, counts),
+                               rtol=1e-9)
 
 
 def test_pooled_prior_keeps_the_scale_where_items_outnumber_subjects():
@@ -557,15 +585,8 @@ def test_item_draws_weighted_on_a_shared_grid_match_scipy(num_items, monkeypatch
     from engine.infer.marginal import _DrawNodes
 
     spec = get_model("2pl", prior="vague")
-    y, _, b, a = _simulate(12, num_items, seed=3)
-    y[0, :3] = -1  # missing cells are left out
-    x = np.stack([b, np.log(a)], -1)
-    patterns, _, counts = distinct_rows(y)
-    mask, yy = (patterns >= 0).astype(np.float32), np.maximum(patterns, 0).astype(np.float32)
-    quad = _Quadrature(21, len(patterns))
-    for _ in range(4):
-        theta, w, _ = quad.posterior(spec, x, yy, mask)
-        quad.adapt(theta, w)
+    x, _, _, patterns, counts, yy, mask = _scipy_case(12, num_items, 3)
+    quad = _adapted(spec, x, yy, mask, len(patterns))
     rng = np.random.default_rng(0)
     draws = x.reshape(-1) + 0.05 * rng.standard_normal((3, x.size))  # items near the mode
     nodes = _DrawNodes(spec, quad, counts, 11)
@@ -627,19 +648,8 @@ def test_item_volume_on_the_shared_grid_matches_numpy_and_its_gradient():
     from engine.infer.marginal import _DrawNodes, _items_volume
 
     spec = get_model("2pl", prior="population")
-    y, *_ = _simulate(30, 5, seed=21)
-    y[0, 1] = -1
-    patterns, _, counts = distinct_rows(y)
-    counts = counts.astype(np.float64)
-    mask = (patterns >= 0).astype(np.float64)
-    yy = np.where(patterns >= 0, patterns, 0).astype(np.float64)
-    rng = np.random.default_rng(0)
-    x = np.stack([rng.normal(size=5), 0.3 * rng.normal(size=5)], -1)
-    g = np.array([0.1, np.log(0.8), -0.05, np.log(4.0)])  # mu_b, log u_b, mu_a, log u_a
-    quad = _Quadrature(21, len(patterns))
-    for _ in range(4):
-        theta, w, _ = quad.posterior(spec, x, yy.astype(np.float32), mask.astype(np.float32))
-        quad.adapt(theta, w)
+    patterns, counts, mask, yy, x, g = _volume_case()
+    quad = _adapted(spec, x, yy.astype(np.float32), mask.astype(np.float32), len(patterns))
     settings = MarginalSettings()
     grids = {}
     with jax.enable_x64(True):
@@ -650,31 +660,10 @@ def test_item_volume_on_the_shared_grid_matches_numpy_and_its_gradient():
         vol, grad = volume(x)
         nodes = grids["volume"]
         assert isinstance(nodes, _DrawNodes) and nodes.shared
-        eps = 1e-5
-        numeric = np.zeros_like(x)
-        for idx in np.ndindex(*x.shape):
-            d = np.zeros_like(x)
-            d[idx] = eps
-            up, down = volume(x + d, False)[0].sum(), volume(x - d, False)[0].sum()
-            numeric[idx] = (up - down) / (2 * eps)
+        numeric = _numeric_gradient(volume, x)
         assert grids["volume"].theta is nodes.theta  # the same grid throughout
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
-    theta = nodes.theta[None, :]
-    a, b = np.exp(x[:, 1]), x[:, 0]
-    p = 1 / (1 + np.exp(-a[None, None] * (theta[:, :, None] - b[None, None])))
-    ll = (stats.bernoulli.logpmf(yy[:, None, :], p) * mask[:, None, :]).sum(-1) + nodes.log_base
-    w = np.exp(ll - ll.max(1, keepdims=True))
-    w = w / w.sum(1, keepdims=True) * counts[:, None]
-    expected = []
-    for i in range(5):
-        d_b, d_la = -a[i], a[i] * (theta - b[i])
-        seen = mask[:, i:i + 1]
-        r, q = (yy[:, i:i + 1] - p[:, :, i]) * seen, p[:, :, i] * (1 - p[:, :, i]) * seen
-        h = np.array([[np.sum(w * -q * d_b * d_b), np.sum(w * (-q * d_b * d_la + r * -a[i]))],
-                      [0.0, np.sum(w * (-q * d_la * d_la + r * d_la))]])
-        h[1, 0] = h[0, 1]
-        h -= np.diag([np.exp(g[1]), np.exp(g[3])])
-        expected.append(-0.5 * np.linalg.slogdet(-h)[1])
+    expected = _numpy_volumes(x, g, nodes.theta[None, :], nodes.log_base, yy, mask, counts)
     np.testing.assert_allclose(vol, expected, rtol=1e-9)
     adaptive = _items_volume(spec, x, quad, yy, mask, counts, g, settings, True, None)
     np.testing.assert_allclose(vol, adaptive[0], rtol=1e-4, atol=1e-5)
