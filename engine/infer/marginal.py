@@ -1017,7 +1017,10 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     to keep with up to ``importance_cells_retry`` cells. LSAT7: item 5's skewed tail, which
     the mode's curvature does not see, is then inside the proposal; 1,000 x 50: the 100
     item values' posterior mean sits 0.4 sd from the mode along the discriminations, and a
-    proposal centred there keeps 11% of the draws where one at the mode kept 5%.
+    proposal centred there keeps 11% of the draws where one at the mode kept 5%. Where
+    two or more rounds ran, all their draws are also weighted against the mixture of the
+    rounds' proposals (:func:`_pooled_weights`), and those moments are reported where they
+    keep more effective draws than the last kept round (LSAT7: 1,988 against 382).
     """
     n, k = x.shape
     U, Q = int((counts > 0).sum()), settings.importance_nodes  # padded patterns count zero
@@ -1039,6 +1042,7 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     rng = np.random.default_rng(0)
     centre, cov = np.concatenate([x.reshape(-1), g]).astype(np.float64), full_cov
     result, used, why = None, 0, None
+    pool = []  # each round's draws, log densities, ability moments and proposal
     for round_ in (1, 2, 3):
         why = None  # the reason this round stopped short, if it does
         try:
@@ -1066,6 +1070,7 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
             why = f"round {round_}: a draw had no finite density"
             break
         draws = len(xs)
+        pool.append((xs, lm @ counts + lp, m1, m2, centre, spread * chol))
         mean = w @ xs
         centred = xs - mean
         weighted_cov = (centred * w[:, None]).T @ centred
@@ -1090,9 +1095,45 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         centre, cov = mean, weighted_cov if ess >= 5 * d else cov
     if result is None:
         return None, record | {"method": "laplace", "because": why}
-    # the moments are the last kept round's; a later round that stopped short says why
+    if len(pool) > 1:  # every round's draws, weighted against the mixture of the proposals
+        xs, w, ess = _pooled_weights(pool)
+        record["pooled"] = {"draws": int(len(xs)), "effective_draws": round(ess, 1),
+                            "used": False}
+        if ess > record["rounds"][used - 1]["effective_draws"]:
+            mean = w @ xs
+            centred = xs - mean
+            m1, m2 = (np.concatenate([r[i] for r in pool]) for i in (2, 3))
+            ability_mean = w @ m1
+            result = (mean[:n * k].reshape(n, k), mean[n * k:], (centred * w[:, None]).T @ centred,
+                      ability_mean, np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
+            record["pooled"]["used"] = True
+    # the moments are the last kept round's, or all rounds' pooled where that keeps more
+    # effective draws; a later round that stopped short says why
     return result, record | {"method": "importance", "used_round": used} | (
         {"later_round_failed": why} if why and round_ > used else {})
+
+
+def _pooled_weights(pool: list) -> tuple[np.ndarray, np.ndarray, float]:
+    """All rounds' draws ``(D, d)`` with their weights against the mixture of the rounds'
+    proposals, each in proportion to its draws (deterministic-mixture multiple importance
+    sampling, Veach and Guibas 1995; Owen and Zhou 2000), truncated as in one round, and
+    their effective sample size. ``pool`` holds per round ``(draws, log density, ability
+    moments, ability second moments, proposal centre, proposal Cholesky factor)``.
+
+    A round's own weights see only its proposal; against the mixture, a draw from an early
+    proposal that missed a tail counts for less where a later one covered it, and every
+    round's draws count (LSAT7: rounds of 847, 592 and 382 effective draws)."""
+    xs = np.concatenate([r[0] for r in pool])
+    logp = np.concatenate([r[1] for r in pool])
+    total = len(xs)
+    log_q = []
+    for _, _, _, _, centre, factor in pool:
+        z = np.linalg.solve(factor, (xs - centre).T)  # (d, D)
+        log_q.append(-0.5 * (z ** 2).sum(axis=0) - np.log(np.abs(np.diag(factor))).sum())
+    share = np.log([len(r[0]) / total for r in pool])[:, None]
+    log_mix = np.logaddexp.reduce(np.asarray(log_q) + share, axis=0)
+    w, ess = _truncated_weights(logp - log_mix)
+    return xs, w, ess
 
 
 def _truncated_weights(logw: np.ndarray) -> tuple[np.ndarray, float]:
