@@ -409,6 +409,15 @@ def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad:
     return vol, grad
 
 
+def _grid_curves(spec, x, grid):
+    """``(log P(1), log P(0))``, each ``(G, n)``: the curves of items ``x`` ``(n, k)`` on the
+    grid ``grid`` ``(G,)`` (traced). A binary cell's log-likelihood is ``y log P(1) + (1 - y)
+    log P(0)``, so these two give every pattern's on the grid by a matrix product."""
+    n, nodes = x.shape[0], grid[None, :]  # one "pattern" whose nodes are the grid
+    return (_cell_loglik(spec, x, nodes, jnp.ones((1, n)), jnp.ones((1, n)))[0],
+            _cell_loglik(spec, x, nodes, jnp.zeros((1, n)), jnp.ones((1, n)))[0])
+
+
 @exported_jit(static_argnames=("spec", "with_grad"))
 def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True):
     """:func:`_item_volume` with the abilities' posterior weights on one grid ``grid``
@@ -421,14 +430,12 @@ def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True):
     env = _env(spec, g)
     blocks = _item_blocks(spec)
     pooled = np.array([j for j, p in enumerate(blocks) if p.prior.references()])
-    nodes, one, zero = grid[None, :], jnp.ones((1, 1)), jnp.zeros((1, 1))
 
     def volumes(xx, b1, b0):
         def item(xn, a1n, a0n):
             def log_post(v):
-                l1 = _cell_loglik(spec, v[None, :], nodes, one, one)[0, :, 0]
-                l0 = _cell_loglik(spec, v[None, :], nodes, zero, one)[0, :, 0]
-                return a1n @ l1 + a0n @ l0 + sum(
+                l1, l0 = _grid_curves(spec, v[None, :], grid)
+                return a1n @ l1[:, 0] + a0n @ l0[:, 0] + sum(
                     p.prior.log_prob(v[j], env) for j, p in enumerate(blocks))
 
             info = -jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)]
@@ -445,10 +452,7 @@ def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True):
 @exported_jit(static_argnames=("spec",))
 def _grid_weights(spec, x, grid, log_base, y1, y0):
     """``(U, G)``: each pattern's ability posterior weights on the shared grid."""
-    n = y1.shape[1]
-    nodes = grid[None, :]
-    log_one = _cell_loglik(spec, x, nodes, jnp.ones((1, n)), jnp.ones((1, n)))[0]
-    log_zero = _cell_loglik(spec, x, nodes, jnp.zeros((1, n)), jnp.ones((1, n)))[0]
+    log_one, log_zero = _grid_curves(spec, x, grid)
     return jax.nn.softmax(y1 @ log_one.T + y0 @ log_zero.T + log_base, axis=1)
 
 
@@ -456,12 +460,8 @@ def _grid_weights(spec, x, grid, log_base, y1, y0):
 def _grid_scores(spec, x, grid, c1, c0):
     """``(n, k)``: the gradient in the items of ``sum c1 log P(1) + c0 log P(0)`` on the
     grid (``c1``, ``c0`` ``(G, n)``)."""
-    n = x.shape[0]
-    nodes = grid[None, :]
-
     def total(xx):
-        log_one = _cell_loglik(spec, xx, nodes, jnp.ones((1, n)), jnp.ones((1, n)))[0]
-        log_zero = _cell_loglik(spec, xx, nodes, jnp.zeros((1, n)), jnp.ones((1, n)))[0]
+        log_one, log_zero = _grid_curves(spec, xx, grid)
         return jnp.sum(c1 * log_one) + jnp.sum(c0 * log_zero)
 
     return jax.grad(total)(x)
@@ -866,6 +866,17 @@ def _marginal_newton(info: np.ndarray, grad: np.ndarray, max_step: float) -> np.
 _DRAW_BATCH_CELLS = 1 << 21  # cells of one batch of importance draws (8 MiB of float32)
 
 
+def _pattern_moments(lw, theta):
+    """Each pattern's log marginal likelihood and ability posterior mean and second moment
+    ``(U,)`` from its log weights ``lw`` ``(U, Q)`` on the nodes ``theta`` (``(U, Q)``, or
+    ``(Q,)`` shared by every pattern) (traced)."""
+    top = lw.max(axis=1, keepdims=True)
+    w = jnp.exp(lw - top)
+    total = w.sum(axis=1, keepdims=True)
+    w = w / total
+    return (top + jnp.log(total))[:, 0], (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1)
+
+
 @exported_jit(static_argnames=("spec",))
 def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
     """For item draws ``xs`` ``(D, n, k)`` with their globals ``gs`` ``(D, h)``: the log prior
@@ -875,12 +886,7 @@ def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
     def one(xg):
         x, g = xg
         lw = jnp.sum(_cell_loglik(spec, x, theta, y, mask), axis=-1) + log_base
-        top = lw.max(axis=1, keepdims=True)
-        w = jnp.exp(lw - top)
-        total = w.sum(axis=1, keepdims=True)
-        w = w / total
-        return (_log_prior(spec, x, g), (top + jnp.log(total))[:, 0],
-                (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1))
+        return (_log_prior(spec, x, g), *_pattern_moments(lw, theta))
 
     # draws in batches of about _DRAW_BATCH_CELLS cells: bounded memory, and not one loop
     # iteration per draw (4,000 tiny iterations cost LSAT7 0.2 s a call)
@@ -897,20 +903,11 @@ def _grid_draw_moments(spec, xs, gs, grid, log_base, y1, y0):
     curves once on the grid ``(G, n)`` and every pattern's log-likelihood is a matrix
     product with the observed ones ``y1`` and zeros ``y0`` ``(U, n)``: ``G n`` cells a draw
     instead of ``U Q n``."""
-    n = y1.shape[1]
-    nodes = grid[None, :]  # one "pattern" whose nodes are the grid
-
     def one(xg):
         x, g = xg
-        log_one = _cell_loglik(spec, x, nodes, jnp.ones((1, n)), jnp.ones((1, n)))[0]
-        log_zero = _cell_loglik(spec, x, nodes, jnp.zeros((1, n)), jnp.ones((1, n)))[0]
+        log_one, log_zero = _grid_curves(spec, x, grid)
         lw = y1 @ log_one.T + y0 @ log_zero.T + log_base  # (U, G)
-        top = lw.max(axis=1, keepdims=True)
-        w = jnp.exp(lw - top)
-        total = w.sum(axis=1, keepdims=True)
-        w = w / total
-        return (_log_prior(spec, x, g), (top + jnp.log(total))[:, 0],
-                w @ grid, w @ grid ** 2)
+        return (_log_prior(spec, x, g), *_pattern_moments(lw, grid))
 
     per_draw = max(y1.shape[0] * grid.shape[0], 1)  # the (U, G) weights: one GEMM a batch
     batch = max(1, min(xs.shape[0], _DRAW_BATCH_CELLS // per_draw))
@@ -1043,6 +1040,13 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     centre, cov = np.concatenate([x.reshape(-1), g]).astype(np.float64), full_cov
     result, used, why = None, 0, None
     pool = []  # each round's draws, log densities, ability moments and proposal
+
+    def draw(count, centre, factor):  # draws, log posterior, log proposal (up to a constant)
+        z = rng.standard_normal((count, d))  # and the abilities' moments
+        xs = centre + z @ factor.T
+        lp, lm, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
+        return xs, lm @ counts + lp, -0.5 * (z ** 2).sum(axis=1), m1, m2
+
     for round_ in (1, 2, 3):
         why = None  # the reason this round stopped short, if it does
         try:
@@ -1050,38 +1054,26 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         except np.linalg.LinAlgError:
             why = f"round {round_}: covariance not positive definite"
             break
-        z = rng.standard_normal((draws, d))
-        xs = centre + spread * z @ chol.T
-        lp, lm, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
-        logw = lm @ counts + lp + 0.5 * (z ** 2).sum(axis=1)  # log p - log q, up to a constant
-        w, ess = _truncated_weights(logw)
+        xs, logp, logq, m1, m2 = draw(draws, centre, spread * chol)
+        w, ess = _truncated_weights(logp - logq)
         if ess < settings.importance_target_ess and more > len(xs) and np.isfinite(ess):
             # short of the target: more draws from the same proposal, where the shared
             # grid makes them cheap enough
-            z_more = rng.standard_normal((more - len(xs), d))
-            xs_more = centre + spread * z_more @ chol.T
-            extra = nodes.moments(spec, xs_more, (n, k), y, mask)
-            xs = np.concatenate([xs, xs_more])
-            lp, lm, m1, m2 = (np.concatenate(pair) for pair in zip((lp, lm, m1, m2), extra))
-            logw = np.concatenate([logw, extra[1] @ counts + extra[0]
-                                   + 0.5 * (z_more ** 2).sum(axis=1)])
-            w, ess = _truncated_weights(logw)
-        if not np.isfinite(logw).all():
+            xs, logp, logq, m1, m2 = (np.concatenate(pair) for pair in zip(
+                (xs, logp, logq, m1, m2), draw(more - len(xs), centre, spread * chol)))
+            w, ess = _truncated_weights(logp - logq)
+        if not np.isfinite(logp - logq).all():
             why = f"round {round_}: a draw had no finite density"
             break
         draws = len(xs)
-        pool.append((xs, lm @ counts + lp, m1, m2, centre, spread * chol))
-        mean = w @ xs
-        centred = xs - mean
-        weighted_cov = (centred * w[:, None]).T @ centred
+        pool.append((xs, logp, m1, m2, centre, spread * chol))
+        moments = _weighted_moments(w, xs, m1, m2, n, k)
+        mean, weighted_cov = np.concatenate([moments[0].reshape(-1), moments[1]]), moments[2]
         enough = ess >= max(200.0, settings.importance_min_ess * draws)
         record["rounds"].append({"draws": int(draws), "effective_draws": round(ess, 1),
                                  "kept": bool(enough)})
         if enough:
-            ability_mean = w @ m1
-            result = (mean[:n * k].reshape(n, k), mean[n * k:], weighted_cov, ability_mean,
-                      np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
-            used = round_
+            result, used = moments, round_
             if not _proposal_off(centre, cov, mean, weighted_cov, settings):
                 break
         elif ess < settings.importance_pilot_ess:
@@ -1100,17 +1092,24 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         record["pooled"] = {"draws": int(len(xs)), "effective_draws": round(ess, 1),
                             "used": False}
         if ess > record["rounds"][used - 1]["effective_draws"]:
-            mean = w @ xs
-            centred = xs - mean
             m1, m2 = (np.concatenate([r[i] for r in pool]) for i in (2, 3))
-            ability_mean = w @ m1
-            result = (mean[:n * k].reshape(n, k), mean[n * k:], (centred * w[:, None]).T @ centred,
-                      ability_mean, np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
+            result = _weighted_moments(w, xs, m1, m2, n, k)
             record["pooled"]["used"] = True
     # the moments are the last kept round's, or all rounds' pooled where that keeps more
     # effective draws; a later round that stopped short says why
     return result, record | {"method": "importance", "used_round": used} | (
         {"later_round_failed": why} if why and round_ > used else {})
+
+
+def _weighted_moments(w, xs, m1, m2, n: int, k: int) -> tuple[np.ndarray, ...]:
+    """Weighted draws ``xs`` ``(D, n k + h)`` as ``_importance``'s result: the items' mean
+    ``(n, k)``, the globals' ``(h,)``, the draws' covariance ``(n k + h, n k + h)``, and
+    each pattern's ability mean and variance over them (``m1``, ``m2`` ``(D, U)``)."""
+    mean = w @ xs
+    centred = xs - mean
+    ability_mean = w @ m1
+    return (mean[:n * k].reshape(n, k), mean[n * k:], (centred * w[:, None]).T @ centred,
+            ability_mean, np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
 
 
 def _pooled_weights(pool: list) -> tuple[np.ndarray, np.ndarray, float]:

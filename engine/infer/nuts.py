@@ -23,8 +23,8 @@ import numpy as np
 from engine.errors import ModelError, SettingsError
 from engine.infer.elbo import log_prior, make_log_likelihood
 from engine.infer.fit import FitResult
-from engine.memory import size_text
 from engine.infer.guide import GuideState, init_guide
+from engine.memory import size_text
 from engine.models.spec import ModelSpec
 
 __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "make_sampler",
