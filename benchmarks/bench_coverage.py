@@ -126,6 +126,12 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
            "passes": res.num_passes,
            "converged": bool(res.converged), "wall_s": wall, "blocks": {},
            "ability_factor": res.extra["ability_factor"]["method"]}
+    moments = res.extra.get("quadrature", {}).get("item_moments", {})
+    if moments:  # how the items' intervals were obtained (and the sampler's diagnostics)
+        sampler = moments.get("sampler") or {}
+        out["item_moments"] = {"method": moments["method"]} | {
+            key: sampler[key] for key in ("rhat_max", "ess_min", "seconds", "because", "pilot")
+            if key in sampler}
     sds = res.sds()
     k, c = _linking(sim, model, np.asarray(res.guide.loc["ability"]))
     out["linking"] = {"k": k, "c": c}
@@ -175,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior, args.nuts))
                 r = runs[-1]
                 exact = {b: round(v, 3) for b, v in r["nuts"].items()} if "nuts" in r else None
-                print(m, s, seed, r["ability_factor"], f"{r['wall_s']:.1f} s", {
+                how = r.get("item_moments", {})
+                print(m, s, seed, r["ability_factor"], how.get("method", ""),
+                      f"R-hat {how['rhat_max']}" if "rhat_max" in how else "",
+                      f"{r['wall_s']:.1f} s", {
                     b: round(v["raw_within_item"]["coverage90"], 3) for b, v in r["blocks"].items()},
                     f"nuts: {exact}" if exact else "", flush=True)
     lines = ["| model | subjects x items | fit | block | 90% coverage, raw truth, items.parquet sd "
@@ -195,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                     cells.append(f"{np.mean(cov):.3f} ({min(cov):.3f}-{max(cov):.3f})" +
                                  ("" if how == "raw" else f" | {np.mean(ratio):.2f}"))
                 fits = "/".join(sorted({r["ability_factor"] for r in group}))
+                methods = [r["item_moments"]["method"] for r in group if "item_moments" in r]
+                if methods:  # how many runs' item intervals each route gave
+                    fits += " (" + ", ".join(f"{k} {methods.count(k)}/{len(group)}"
+                                             for k in sorted(set(methods))) + ")"
                 wald = [r["mirt"][block] for r in group if block in r.get("mirt", {})]
                 wald_cell = f"{np.mean(wald):.3f} ({min(wald):.3f}-{max(wald):.3f})" if wald else "-"
                 exact = [r["nuts"][block] for r in group if block in r.get("nuts", {})]

@@ -53,7 +53,7 @@ def marginal_nuts(y: np.ndarray, model: str = "2pl", chains: int = 4, warmup: in
     def logdensity(v):
         x = v.reshape(n, k)
         ll = jnp.sum(_cell_loglik(spec, x, theta, yy, mask), axis=-1) + base
-        return jax.scipy.special.logsumexp(ll, axis=1) @ weights + jnp.sum(_item_prior_terms(spec, x)[0])
+        return jax.scipy.special.logsumexp(ll, axis=1) @ weights + jnp.sum(_item_prior_terms(spec, x, jnp.zeros(0))[0])
 
     t = time.perf_counter()
     per_chain = []

@@ -203,8 +203,11 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
 
 def _quadrature_intervals(record: dict) -> str:
     """How a quadrature fit's item intervals were obtained, from its fit.json record."""
-    if record.get("item_moments", {}).get("method") == "importance":
+    method = record.get("item_moments", {}).get("method")
+    if method == "importance":
         return "marginal posterior (importance sampling of the items, abilities integrated)"
+    if method == "sampled":
+        return "marginal posterior (the items sampled, abilities drawn on a grid)"
     return "marginal (Louis information at the marginal mode)"
 
 

@@ -94,7 +94,17 @@ class MarginalSettings:
     importance_pilot_ess, importance_cells_retry : a round with fewer effective draws than
         it needs but at least ``importance_pilot_ess`` moves the next round's proposal to its
         weighted mean, and that round draws up to ``importance_cells_retry`` cells.
-    laplace_draws : where importance sampling does not apply or is not kept, the abilities'
+    sampler_chains, sampler_warmup, sampler_draws, sampler_item_steps : where importance
+        sampling does not apply or is not kept, a pilot of the items' marginal posterior
+        sampled (:mod:`engine.infer.sampler`: abilities drawn on the shared grid, items by
+        ``sampler_item_steps`` Metropolis steps a sweep, several chains) is compared with the
+        Laplace approximation; where it departs from it (``sampler_check_laplace``), the
+        chains run on (``sampler_warmup`` sweeps in all, then ``sampler_draws`` kept, twice
+        as many where the largest split R-hat is over ``sampler_rhat_max``) and the draws'
+        moments are reported. 0 chains turns it off. ``sampler_grid_max``: the most points
+        of the shared grid; ``sampler_values``: the kept draws are thinned to this many item
+        values a chain; ``sampler_cells_max``: larger fits keep the Laplace approximation.
+    laplace_draws : where neither importance sampling nor the sampler is kept, the abilities'
         posterior moments are averaged over this many item draws from the Laplace
         approximation (within ``importance_cells_max`` cells; at least 50 draws, else the
         moments at the mode plus the items' variance to first order).
@@ -132,6 +142,15 @@ class MarginalSettings:
     importance_target_ess: float = 400.0
     importance_cells_retry: int = 2_000_000_000
     laplace_draws: int = 400
+    sampler_chains: int = 4
+    sampler_warmup: int = 1000
+    sampler_draws: int = 2000
+    sampler_item_steps: int = 10
+    sampler_rhat_max: float = 1.1
+    sampler_values: int = 4_000_000
+    sampler_grid_max: int = 256
+    sampler_check_laplace: bool = True
+    sampler_cells_max: int = 20_000_000_000
     bucket_patterns: bool = True
     quick_compile_cells: int = 1 << 20
 
@@ -934,11 +953,12 @@ class _DrawNodes:
     GEMM_PER_CELL = 32
 
     def __init__(self, spec, quad, counts, num_nodes: int, previous: "_DrawNodes | None" = None,
-                 slack: float = 0.0):
+                 slack: float = 0.0, max_points: int | None = None):
         """``previous``: a grid kept where it still spans and resolves the patterns'
         posteriors (the fit's volumes, each pass: a grid of a new size is a new XLA program).
         ``slack``: a new grid reaches that share of its width further each way and is that
-        much finer, so that the next passes' posteriors stay on it."""
+        much finer, so that the next passes' posteriors stay on it. ``max_points``: the
+        largest shared grid (``GRID_PER_NODE`` adaptive nodes' worth by default)."""
         from engine.infer.fit import bucket_size
 
         live = counts > 0
@@ -950,7 +970,7 @@ class _DrawNodes:
             self.shared, self.theta, self.log_base = True, previous.theta, previous.log_base
         else:
             size = int(np.ceil((hi - lo) / step)) + 1
-            self.shared = size <= self.GRID_PER_NODE * num_nodes
+            self.shared = size <= (max_points or self.GRID_PER_NODE * num_nodes)
             if self.shared:
                 reach = slack * (hi - lo)
                 lo, hi = lo - reach, hi + reach
@@ -1187,6 +1207,32 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
     _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
     mean = m1.mean(axis=0)
     return (mean, np.maximum(m2.mean(axis=0) - mean ** 2, 1e-24)), record
+
+
+def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSettings):
+    """The items' marginal posterior sampled (:func:`engine.infer.sampler.sample_items`)
+    where importance sampling was not kept: ``(moments, record)``, ``moments`` ``None``
+    where the sampler is off, has no shared grid, would exceed ``sampler_cells_max``, or
+    its chains did not mix."""
+    if settings.sampler_chains < 1:
+        return None, {"method": "laplace", "because": "sampler_chains is 0"}
+    from engine.infer.sampler import sample_items
+
+    U, n, k = int((counts > 0).sum()), x.shape[0], x.shape[1]
+    nodes = _DrawNodes(spec, quad, counts, settings.importance_nodes,
+                       max_points=settings.sampler_grid_max)
+    G = nodes.theta.shape[-1]
+    sweeps = settings.sampler_chains * (settings.sampler_warmup + settings.sampler_draws)
+    cells = sweeps * ((1 + bool(spec.symmetries)) * nodes.cells_per_draw(U, n)
+                      + settings.sampler_item_steps * G * n)
+    if not nodes.shared or cells > settings.sampler_cells_max:
+        return None, {"method": "laplace", "because": (
+            "no shared ability grid" if not nodes.shared else
+            f"{cells:.3g} cells over sampler_cells_max")}
+    y1 = np.asarray(y, np.float64) * mask
+    with compiler_options(None):  # long loops: optimised code even in a quick-compiled fit
+        return sample_items(spec, x, g, cov, g_cov, nodes.theta, nodes.log_base, y1,
+                            mask - y1, counts, settings)
 
 
 def _proposal_off(centre, proposal_cov, mean, cov, settings: MarginalSettings) -> bool:
@@ -1487,7 +1533,14 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         g_cov = item_cov[n * k:, n * k:]
         sd = np.sqrt(total_var)
         moments_record["abilities"] = "importance"
-    else:  # the abilities over the items' Laplace approximation
+    else:  # sampled where the Laplace approximation departs from the posterior
+        sampled, moments_record["sampler"] = _sampled(spec, x, g, cov, g_cov, quad, yy, mask,
+                                                      counts_f, settings)
+        if sampled is not None:
+            x, g, cov, g_cov, mean, total_var = sampled
+            sd = np.sqrt(total_var)
+            moments_record |= {"method": "sampled", "abilities": "sampled"}
+    if moments_record["method"] == "laplace":  # the abilities over the items' Laplace
         averaged, record = _laplace_abilities(spec, x, g, proposal, quad, yy, mask, counts_f,
                                               settings)
         moments_record["abilities"] = record

@@ -97,7 +97,7 @@ def test_marginal_mode_and_covariance_match_scipy():
     finite-difference curvature inverts to the fit's item covariance (Louis)."""
     spec = get_model("2pl", prior="vague")
     y, _, _, _ = _simulate(300, 3, seed=3, log_a_sd=0.2)
-    laplace = MarginalSettings(importance_max_params=0)  # the mode, not the posterior mean
+    laplace = MarginalSettings(importance_max_params=0, sampler_chains=0)  # the mode
     guide, cross, info = fit_marginal(spec, y, laplace)
     assert info["converged"] and info["joint_item_covariance"]
     assert info["item_moments"]["method"] == "laplace"
@@ -488,8 +488,9 @@ def test_abilities_over_the_items_laplace_draws_match_importance_sampling():
     spec = get_model("1pl")
     runs = {}
     for name, st in (("importance", MarginalSettings()),
-                     ("laplace", MarginalSettings(importance_max_params=0)),
-                     ("mode", MarginalSettings(importance_max_params=0, laplace_draws=0))):
+                     ("laplace", MarginalSettings(importance_max_params=0, sampler_chains=0)),
+                     ("mode", MarginalSettings(importance_max_params=0, laplace_draws=0,
+                                               sampler_chains=0))):
         guide, _, info = fit_marginal(spec, y, st)
         runs[name] = (np.asarray(guide.loc["ability"]), np.exp(np.asarray(guide.log_scale["ability"])), info)
     ref, ref_sd, info = runs["importance"]
