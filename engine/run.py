@@ -207,7 +207,10 @@ def _quadrature_intervals(record: dict) -> str:
     if method == "importance":
         return "marginal posterior (importance sampling of the items, abilities integrated)"
     if method == "sampled":
-        return "marginal posterior (the items sampled, abilities drawn on a grid)"
+        unmixed = len(record["item_moments"]["sampler"].get("not_mixed", []))
+        return ("marginal posterior (the items sampled, abilities drawn on a grid)"
+                + (f"; {unmixed} item values' chains did not mix (fit.json "
+                   "quadrature.item_moments.sampler.not_mixed)" if unmixed else ""))
     return "marginal (Louis information at the marginal mode)"
 
 

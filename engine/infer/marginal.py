@@ -100,8 +100,9 @@ class MarginalSettings:
         ``sampler_item_steps`` Metropolis steps a sweep, several chains) is compared with the
         Laplace approximation; where it departs from it (``sampler_check_laplace``), the
         chains run on (``sampler_warmup`` sweeps in all, then ``sampler_draws`` kept, twice
-        as many where the largest split R-hat is over ``sampler_rhat_max``) and the draws'
-        moments are reported. 0 chains turns it off. ``sampler_grid_max``: the most points
+        as many where some split R-hat is over ``sampler_rhat_max``) and the draws' moments
+        are reported where at most ``sampler_unmixed_share`` of the values are over it
+        (fit.json ``item_moments.sampler.not_mixed`` lists them). 0 chains turns it off. ``sampler_grid_max``: the most points
         of the shared grid; ``sampler_values``: the kept draws are thinned to this many item
         values a chain; ``sampler_cells_max``: larger fits keep the Laplace approximation.
     laplace_draws : where neither importance sampling nor the sampler is kept, the abilities'
@@ -150,6 +151,7 @@ class MarginalSettings:
     sampler_values: int = 4_000_000
     sampler_grid_max: int = 256
     sampler_check_laplace: bool = True
+    sampler_unmixed_share: float = 0.05
     sampler_cells_max: int = 20_000_000_000
     bucket_patterns: bool = True
     quick_compile_cells: int = 1 << 20
