@@ -147,8 +147,11 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
             if how.endswith("within_item"):
                 sd = marginal.get(block, sd)
             err = loc - truth
+            low, high = loc - Z90 * sd, loc + Z90 * sd
+            if how == "raw_within_item" and block in res.intervals:  # sampled: the items
+                low, high = res.intervals[block]  # table's quantiles, not the Gaussian's
             out["blocks"].setdefault(block, {"n": int(truth.size)})[how] = {
-                "coverage90": float(np.mean(np.abs(err) <= Z90 * sd)),
+                "coverage90": float(np.mean((truth >= low) & (truth <= high))),
                 "rmse_over_sd": float(np.sqrt(np.mean(err ** 2)) / np.mean(sd)),
             }
     return out

@@ -121,7 +121,8 @@ def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> dict
 def _item_table(res: FitResult) -> dict[str, np.ndarray]:
     ex = res.extra
     summary = (draw_summary_columns(res.spec, res.draws, "item") if res.draws
-               else summary_columns(res.spec, res.guide, "item", cross=res.cross))
+               else summary_columns(res.spec, res.guide, "item", cross=res.cross,
+                                    intervals=res.intervals))
     cols = {"item": np.asarray(ex["items"])} | summary
     cols["mean_response"] = np.asarray(ex["stats"]["item_mean"])
     # every observed response the same: fitted as unobserved (engine.api._constant_items)

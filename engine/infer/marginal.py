@@ -1529,6 +1529,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     mode = x
     moments, moments_record = _importance(spec, x, g, proposal, quad, yy, mask, counts_f,
                                           settings)
+    quantiles = None  # the items' 5% and 95% quantiles (2, n, k) where they were sampled
     if moments is not None:  # posterior means and covariances, not the mode's curvature
         x, g, item_cov, mean, total_var = moments
         cov = _within_item_blocks(item_cov, n, k)
@@ -1539,7 +1540,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         sampled, moments_record["sampler"] = _sampled(spec, x, g, cov, g_cov, quad, yy, mask,
                                                       counts_f, settings)
         if sampled is not None:
-            x, g, cov, g_cov, mean, total_var = sampled
+            x, g, cov, g_cov, mean, total_var, quantiles = sampled
             sd = np.sqrt(total_var)
             moments_record |= {"method": "sampled", "abilities": "sampled"}
     if moments_record["method"] == "laplace":  # the abilities over the items' Laplace
@@ -1558,6 +1559,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             means, covs, ok = found
             x, cov = x.copy(), cov.copy()
             x[columns[ok]], cov[columns[ok]] = means[ok], covs[ok]
+            if quantiles is not None:  # their own posterior: no sampled quantiles
+                quantiles[:, columns[ok]] = np.nan
             set_aside = {"items": int(ok.sum()), "method": "grid against the fitted abilities"}
             if not ok.all():
                 set_aside["at_the_prior"] = int((~ok).sum())
@@ -1581,6 +1584,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             "log_marginal_posterior": float(counts_f @ log_marg + total_prior),
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
+            "item_quantiles": quantiles,
             "diverged": diverged, "wall_s": time.perf_counter() - t0}
     return GuideState(loc, log_scale), cross, info
 
@@ -1610,4 +1614,7 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                    "newton_steps", "log_marginal_posterior", "item_moments", "set_aside",
                    "diverged", "quick_compile")}
                    | {"memory": memory}},
-        cross=cross)
+        cross=cross,
+        intervals=({p.name: info["item_quantiles"][:, :, j].astype(np.float32)
+                    for j, p in enumerate(_item_blocks(spec))}
+                   if info["item_quantiles"] is not None else {}))

@@ -266,8 +266,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
 
     Returns ``(moments, record)``: ``moments`` is ``(item mean (n, k), globals mean (h,),
     within-item covariances (n, k, k), globals covariance (h, h), each pattern's ability
-    mean and variance (U,))`` over the kept draws, or ``None`` where the chains did not
-    mix (largest split R-hat over ``settings.sampler_rhat_max``)."""
+    mean and variance (U,), the items' 5% and 95% quantiles (2, n, k))`` over the kept
+    draws, or ``None`` where the pilot agrees with the Laplace approximation or the chains
+    did not mix."""
     from engine.infer.marginal import _item_blocks
 
     t0 = time.perf_counter()
@@ -399,4 +400,5 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         # often an item whose answers a guessing can explain, its difficulty on a long ridge
         record["not_mixed"] = [_value(int(v), n, k, names, hyper) | {
             "rhat": round(float(rhat[v]), 3)} for v in unmixed[:MAX_LISTED]]
-    return (mean, g_mean, cov, g_cov, ability_mean, ability_var), record
+    quantiles = np.quantile(flat, [0.05, 0.95], axis=0)  # (2, n, k): skewed items' ends
+    return (mean, g_mean, cov, g_cov, ability_mean, ability_var, quantiles), record

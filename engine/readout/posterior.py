@@ -128,7 +128,8 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str,
 
 
 def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
-                    cross: dict | None = None) -> dict[str, np.ndarray]:
+                    cross: dict | None = None,
+                    intervals: dict | None = None) -> dict[str, np.ndarray]:
     """Per-owner table: ``{name}_mean``, ``_sd``, ``_q05``, ``_q95`` for each scalar block,
     and ``{name}_{skill}_mean`` ... for each component of a ``(D,)`` block.
 
@@ -136,7 +137,9 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
     log-normal discrimination); the sd of a transformed block is the delta method's;
     quantiles map the Gaussian's exactly through the monotone transform. With ``cross``
     (``FitResult.cross``) blocks coupled within an owner get their marginal sds
-    (:func:`within_owner_scales`) and keep the guide's in ``{name}_sd_meanfield``.
+    (:func:`within_owner_scales`) and keep the guide's in ``{name}_sd_meanfield``. With
+    ``intervals`` (``FitResult.intervals``: sampled 5% and 95% quantiles of the
+    unconstrained value, ``(2, ...)``) a block's quantiles are those, where finite.
     """
     cols = {}
     masks = _read_out_masks(spec, guide, owner)
@@ -147,9 +150,13 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
         loc = np.asarray(guide.loc[p.name], np.float32)
         meanfield = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
         scale = np.asarray(marginal.get(p.name, meanfield), np.float32)
+        low, high = loc - Z90 * scale, loc + Z90 * scale
+        if intervals and p.name in intervals:  # sampled: the draws' own quantiles
+            given = np.asarray(intervals[p.name], np.float32)
+            low = np.where(np.isfinite(given[0]), given[0], low)
+            high = np.where(np.isfinite(given[1]), given[1], high)
         value, slope, low, high = (np.asarray(a) for a in _constrained(
-            p.transform, to_device(loc), to_device(loc - Z90 * scale),
-            to_device(loc + Z90 * scale)))
+            p.transform, to_device(loc), to_device(low), to_device(high)))
         keep = masks.get(p.name, 1.0)  # effective value: zero where a declared mask is zero
         # (D,) blocks get one column set per component, named by the model's skills
         labels = [""] if p.shape == () else [

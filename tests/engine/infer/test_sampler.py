@@ -11,7 +11,7 @@ from scipy import integrate, stats
 from engine.infer.marginal import MarginalSettings, distinct_rows, fit_marginal
 from engine.infer.sampler import effective_draws, split_rhat
 from engine.models import get_model
-from engine.readout.posterior import within_owner_scales
+from engine.readout.posterior import summary_columns, within_owner_scales
 
 _SHORT = dict(sampler_warmup=400, sampler_draws=800,  # enough for these small posteriors
               sampler_check_laplace=False)  # sampled, whatever the pilot finds
@@ -63,15 +63,17 @@ def _skewed_case():
     w /= w.sum()
     mean = np.array([(w * g1).sum(), (w * g2).sum()])
     sd = np.sqrt(np.array([(w * g1 ** 2).sum(), (w * g2 ** 2).sum()]) - mean ** 2)
-    return y, mean, sd
+    ends = np.array([np.interp([0.05, 0.95], np.cumsum(w.sum(axis=1 - j)), axis)
+                     for j, axis in ((0, g1[:, 0]), (1, g2[0]))]).T  # (2, items)
+    return y, mean, sd, ends
 
 
 def test_sampled_items_match_a_scipy_integrated_posterior():
     """Where importance sampling is off, the sampler's item means and sds match the scipy
     grid's within Monte Carlo error, where the mode and its curvature do not."""
-    y, mean, sd = _skewed_case()
+    y, mean, sd, ends = _skewed_case()
     spec = get_model("1pl", prior="vague")
-    guide, _, info = fit_marginal(spec, y, MarginalSettings(importance_max_params=0, **_SHORT))
+    guide, cross, info = fit_marginal(spec, y, MarginalSettings(importance_max_params=0, **_SHORT))
     record = info["item_moments"]
     assert record["method"] == "sampled" and record["sampler"]["rhat_max"] < 1.05
     assert record["sampler"]["ess_min"] > 300
@@ -80,6 +82,17 @@ def test_sampled_items_match_a_scipy_integrated_posterior():
     np.testing.assert_allclose(np.exp(guide.log_scale["difficulty"]), sd, rtol=0.1)
     mode = info["item_mode"][:, 0]
     assert abs(mode[0] - mean[0]) > 0.15 * sd[0] > mc[0]  # the regime: the mode is off
+    # the 90% interval: the draws' quantiles, asymmetric about the mean as the grid's are,
+    # and the item table's where the fit sampled
+    sampled = info["item_quantiles"][:, :, 0]
+    assert (np.abs(sampled - ends) < 0.15 * sd).all()
+    assert (ends[1] - mean) / (mean - ends[0]) == pytest.approx(
+        (sampled[1] - guide.loc["difficulty"]) / (guide.loc["difficulty"] - sampled[0]), abs=0.15)
+    table = summary_columns(spec, guide, "item", cross, {"difficulty": sampled})
+    np.testing.assert_allclose(table["difficulty_q05"], sampled[0], rtol=1e-6)
+    np.testing.assert_allclose(table["difficulty_q95"], sampled[1], rtol=1e-6)
+    gaussian = summary_columns(spec, guide, "item", cross)
+    assert np.abs(gaussian["difficulty_q05"] - sampled[0]).max() > 0.1 * sd.max()
 
 
 def _middling_2pl(num_subjects: int = 600) -> np.ndarray:
