@@ -16,6 +16,8 @@ from engine.models import get_model
 from engine.readout.posterior import within_owner_scales
 from engine.run import save_run
 
+from _skewed import skewed_case
+
 
 def _simulate(S, N, seed, log_a_sd=0.3):
     rng = np.random.default_rng(seed)
@@ -130,28 +132,13 @@ def test_item_posterior_means_match_scipy_on_a_skewed_posterior(rounds):
     from the Laplace approximation; with ``rounds=3`` two more rounds from the previous
     round's weighted moments, forced here by a refit threshold every sd passes), checked against a
     2-D grid of scipy-integrated marginal posteriors of the two 1PL difficulties."""
-    rng = np.random.default_rng(1)
-    theta, b = rng.normal(size=30), np.array([-2.5, 0.3])
-    y = (rng.random((30, 2)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
+    y, mean, sd, _ = skewed_case()
     settings = MarginalSettings(importance_refit_sd=1.0 if rounds == 3 else 1.15)
     guide, _, info = fit_marginal(get_model("1pl", prior="vague"), y, settings)
     assert info["item_moments"]["method"] == "importance"
     assert [r["kept"] for r in info["item_moments"]["rounds"]] == [True] * rounds
     assert info["item_moments"]["rounds"][-1]["effective_draws"] > 1000
-    patterns, _, counts = distinct_rows(y)
-    tg = np.linspace(-9, 9, 721)  # step 0.025: the same moments as 3,601 nodes, to the bit
     mode = info["item_mode"][:, 0]
-    g1, g2 = np.meshgrid(np.linspace(mode[0] - 4, mode[0] + 4, 161),
-                         np.linspace(mode[1] - 3, mode[1] + 3, 121), indexing="ij")
-    p = 1 / (1 + np.exp(-(tg[:, None] - np.stack([g1, g2], -1)[..., None, :])))
-    lp = stats.norm.logpdf(g1, 0, np.sqrt(1e3)) + stats.norm.logpdf(g2, 0, np.sqrt(1e3))
-    for row, c in zip(patterns, counts):
-        lik = np.prod(np.where(row == 1, p, 1 - p), -1) * stats.norm.pdf(tg)
-        lp = lp + c * np.log(integrate.trapezoid(lik, tg, axis=-1))
-    w = np.exp(lp - lp.max())
-    w /= w.sum()
-    mean = np.array([(w * g1).sum(), (w * g2).sum()])
-    sd = np.sqrt(np.array([(w * g1 ** 2).sum(), (w * g2 ** 2).sum()]) - mean ** 2)
     assert abs(mode[0] - mean[0]) > 0.15 * sd[0]  # the mode is off the mean here
     np.testing.assert_array_less(np.abs(guide.loc["difficulty"] - mean), 0.08 * sd)
     np.testing.assert_allclose(np.exp(guide.log_scale["difficulty"]), sd, rtol=0.06)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scipy import integrate, stats
 
-from engine.infer.marginal import MarginalSettings, distinct_rows, fit_marginal
+from engine.infer.marginal import MarginalSettings, fit_marginal
 from engine.infer.sampler import effective_draws, split_rhat
 from engine.models import get_model
 from engine.readout.posterior import summary_columns, within_owner_scales
+
+from _skewed import skewed_case
 
 _SHORT = dict(sampler_warmup=400, sampler_draws=800,  # enough for these small posteriors
               sampler_check_laplace=False)  # sampled, whatever the pilot finds
@@ -44,34 +45,10 @@ def test_rhat_and_effective_draws_match_arviz():
     assert split_rhat(apart).min() > 1.05 > split_rhat(_ar1(rng, 4, 1000, 0.5)).max()
 
 
-def _skewed_case():
-    """30 subjects, two 1PL items, one of them easy: a skewed marginal posterior (the mode a
-    quarter of an sd off the mean), its moments by a 2-D grid of scipy-integrated marginal
-    likelihoods (abilities on a 721-point trapezoid rule)."""
-    rng = np.random.default_rng(1)
-    theta, b = rng.normal(size=30), np.array([-2.5, 0.3])
-    y = (rng.random((30, 2)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
-    patterns, _, counts = distinct_rows(y)
-    tg = np.linspace(-9, 9, 721)
-    g1, g2 = np.meshgrid(np.linspace(-12, 4, 321), np.linspace(-4, 4, 161), indexing="ij")
-    p = 1 / (1 + np.exp(-(tg[:, None] - np.stack([g1, g2], -1)[..., None, :])))
-    lp = stats.norm.logpdf(g1, 0, np.sqrt(1e3)) + stats.norm.logpdf(g2, 0, np.sqrt(1e3))
-    for row, c in zip(patterns, counts):
-        lik = np.prod(np.where(row == 1, p, 1 - p), -1) * stats.norm.pdf(tg)
-        lp = lp + c * np.log(integrate.trapezoid(lik, tg, axis=-1))
-    w = np.exp(lp - lp.max())
-    w /= w.sum()
-    mean = np.array([(w * g1).sum(), (w * g2).sum()])
-    sd = np.sqrt(np.array([(w * g1 ** 2).sum(), (w * g2 ** 2).sum()]) - mean ** 2)
-    ends = np.array([np.interp([0.05, 0.95], np.cumsum(w.sum(axis=1 - j)), axis)
-                     for j, axis in ((0, g1[:, 0]), (1, g2[0]))]).T  # (2, items)
-    return y, mean, sd, ends
-
-
 def test_sampled_items_match_a_scipy_integrated_posterior():
     """Where importance sampling is off, the sampler's item means and sds match the scipy
     grid's within Monte Carlo error, where the mode and its curvature do not."""
-    y, mean, sd, ends = _skewed_case()
+    y, mean, sd, ends = skewed_case()
     spec = get_model("1pl", prior="vague")
     guide, cross, info = fit_marginal(spec, y, MarginalSettings(importance_max_params=0, **_SHORT))
     record = info["item_moments"]
