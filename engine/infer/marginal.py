@@ -1225,8 +1225,9 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
                        max_points=settings.sampler_grid_max)
     G = nodes.theta.shape[-1]
     sweeps = settings.sampler_chains * (settings.sampler_warmup + settings.sampler_draws)
+    subjects = int(np.rint(counts).sum())  # each drawn on the grid every sweep
     cells = sweeps * ((1 + bool(spec.symmetries)) * nodes.cells_per_draw(U, n)
-                      + settings.sampler_item_steps * G * n)
+                      + settings.sampler_item_steps * G * n + subjects * G)
     if not nodes.shared or cells > settings.sampler_cells_max:
         return None, {"method": "laplace", "because": (
             "no shared ability grid" if not nodes.shared else

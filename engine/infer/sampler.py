@@ -134,8 +134,9 @@ def _symmetry_moves(spec: ModelSpec, names: list[str], hyper: list[str]):
         full = sym.with_hypers(spec.params)
         items, globs = np.zeros((len(names), 2)), np.zeros((len(hyper), 2))
         for name, m, v in full.moves:
-            if isinstance(m, tuple) or isinstance(v, tuple):
-                break  # a move that differs per component: not one of these
+            if isinstance(m, tuple) or isinstance(v, tuple) or (m and v):
+                break  # per component, or scaled and shifted at once: its moves by t and
+                # by -t would not undo each other, so a random walk in t is not symmetric
             if name in names:
                 items[names.index(name)] = (m, v)
             elif name in hyper:
