@@ -1233,9 +1233,12 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
             "no shared ability grid" if not nodes.shared else
             f"{cells:.3g} cells over sampler_cells_max")}
     y1 = np.asarray(y, np.float64) * mask
-    with compiler_options(None):  # long loops: optimised code even in a quick-compiled fit
-        return sample_items(spec, x, g, cov, g_cov, nodes.theta, nodes.log_base, y1,
-                            mask - y1, counts, settings)
+    try:
+        with compiler_options(None):  # long loops: optimised code even in a quick-compiled fit
+            return sample_items(spec, x, g, cov, g_cov, nodes.theta, nodes.log_base, y1,
+                                mask - y1, counts, settings)
+    except np.linalg.LinAlgError as err:  # e.g. the globals' draws collapsed in a phase
+        return None, {"method": "laplace", "because": f"the sampler's adaptation failed ({err})"}
 
 
 def _proposal_off(centre, proposal_cov, mean, cov, settings: MarginalSettings) -> bool:
@@ -1538,8 +1541,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         sd = np.sqrt(total_var)
         moments_record["abilities"] = "importance"
     else:  # sampled where the Laplace approximation departs from the posterior
-        sampled, moments_record["sampler"] = _sampled(spec, x, g, cov, g_cov, quad, yy, mask,
-                                                      counts_f, settings)
+        sampled, moments_record["sampler"] = (
+            _sampled(spec, x, g, cov, g_cov, quad, yy, mask, counts_f, settings) if converged
+            else (None, {"method": "laplace", "because": "the fit did not converge"}))
         if sampled is not None:
             x, g, cov, g_cov, mean, total_var, quantiles = sampled
             sd = np.sqrt(total_var)

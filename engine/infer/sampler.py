@@ -120,6 +120,19 @@ def _against_laplace(dx: np.ndarray, mode: np.ndarray, sd: np.ndarray, names: li
             "sd_ratio_median": dict(zip(names, ratio.round(3).tolist())), "agrees": agrees}
 
 
+def _factor(cov: np.ndarray) -> np.ndarray:
+    """A Cholesky factor of each ``(k, k)`` block of ``cov`` ``(n, k, k)``, its eigenvalues
+    floored at 1e-8 of the block's largest (1e-8 where that is not positive); a block that is
+    not finite gets the identity times 1e-4 (such an item barely moves)."""
+    sym = 0.5 * (cov + np.swapaxes(cov, 1, 2))
+    finite = np.isfinite(sym).all(axis=(1, 2))
+    sym = np.where(finite[:, None, None], sym, 1e-8 * np.eye(cov.shape[1]))
+    w, v = np.linalg.eigh(sym)
+    floor = np.maximum(1e-8 * w.max(axis=1, keepdims=True), 1e-8)
+    w = np.maximum(w, floor)
+    return np.linalg.cholesky(np.einsum("nij,nj,nkj->nik", v, w, v))
+
+
 def _value(v: int, n: int, k: int, names: list[str], hyper: list[str]) -> dict:
     """Which item value or global the flat index ``v`` of an item-major draw is."""
     return {"item": v // k, "block": names[v % k]} if v < n * k else {"global": hyper[v - n * k]}
@@ -172,10 +185,14 @@ def _program(spec: ModelSpec, grid, log_base, y1, y0, counts, rows, moves, steps
     def marginal(lw, x, g):  # the items' and globals' log marginal posterior
         return counts @ jax.nn.logsumexp(lw, axis=1) + _log_prior(spec, x, g)
 
+    # items nobody answered stay put (only their prior would move them)
+    answered = ((y1 + y0).sum(axis=0) > 0).astype(y1.dtype)[:, None]  # (n, 1)
+
     def moved(x, g, t, mv):
         (mi, gi) = mv
-        return (x * jnp.exp(t * mi[:, 0]) + t * mi[:, 1], g * jnp.exp(t * gi[:, 0]) + t * gi[:, 1],
-                t * (n * mi[:, 0].sum() + gi[:, 0].sum()))
+        m, v = answered * mi[:, 0], answered * mi[:, 1]  # (n, k)
+        return (x * jnp.exp(t * m) + t * v, g * jnp.exp(t * gi[:, 0]) + t * gi[:, 1],
+                t * (m.sum() + gi[:, 0].sum()))
 
     mi_all = jnp.stack([mv[0] for mv in moves]) if moves else None  # (S, k, 2)
     gi_all = jnp.stack([mv[1] for mv in moves]) if moves else None  # (S, h, 2)
@@ -298,7 +315,10 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
                     _program(spec, *args, chunk, thin, settings.sampler_item_steps, complete))
 
     rng = np.random.default_rng(seed)
-    block_chol = np.linalg.cholesky(item_cov + 1e-9 * np.eye(k))
+    # items nobody answered (set aside as constant) stay at their values: only their prior
+    # would move them, and a vague one sends a chain far away for nothing
+    answered = (y1 + y0).sum(axis=0) > 0
+    block_chol = _factor(item_cov) * answered[:, None, None]
     xs = x[None] + np.einsum("nij,cnj->cni", block_chol, rng.standard_normal((chains, n, k)))
     block_chol = 0.5 * block_chol  # given the abilities an item is narrower than the Laplace
     g_sd = np.sqrt(np.maximum(np.diag(g_cov), 1e-12)) if h else np.zeros(0)
@@ -350,10 +370,10 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         tail = dx[:, dx.shape[1] // 2:].reshape(-1, n, k)
         centred = tail - tail.mean(axis=0)
         cov = np.einsum("dni,dnj->nij", centred, centred) / max(len(tail) - 1, 1)
-        shape_chol = np.linalg.cholesky(cov + 1e-8 * np.eye(k))
+        shape_chol = _factor(cov) * answered[:, None, None]
         if h:
             gt = dg[:, dg.shape[1] // 2:].reshape(-1, h)
-            g_shape = np.linalg.cholesky(np.cov(gt.T).reshape(h, h) + 1e-10 * np.eye(h))
+            g_shape = _factor(np.cov(gt.T).reshape(1, h, h))[0]
             g_scale = g_scale * _towards(rate[n], TARGET_ACCEPTANCE)
         sym_sd = sym_sd * _towards(rate[n + 1:] * len(moves), SYMMETRY_ACCEPTANCE)
     kept, s1, s2 = [], 0.0, 0.0

@@ -131,3 +131,22 @@ def test_the_pilot_keeps_the_laplace_approximation_where_the_draws_agree_with_it
                                                                     sampler_draws=200))
     pilot = info["item_moments"]["sampler"]["pilot"]
     assert not pilot["agrees"] and max(pilot["shift_median"].values()) > 0.3
+
+
+def test_an_item_nobody_answered_stays_put_and_a_broken_covariance_is_mended():
+    """An item set aside (every response missing, as the fit does for constant items) is
+    held at its value while the others are sampled; covariance blocks that are not positive
+    definite or not finite still give a factor (the clean CI run that found this crashed in
+    ``np.linalg.cholesky``)."""
+    from engine.infer.sampler import _factor
+
+    y = np.concatenate([_middling_2pl(), np.full((600, 1), -1, np.int8)], axis=1)
+    guide, _, info = fit_marginal(get_model("2pl", prior="vague"), y,
+                                  MarginalSettings(importance_max_params=0, **_SHORT))
+    assert info["item_moments"]["method"] == "sampled"
+    np.testing.assert_array_equal(info["item_quantiles"][0, 5], info["item_quantiles"][1, 5])
+    assert guide.loc["difficulty"][5] == pytest.approx(info["item_mode"][5, 0], abs=1e-6)
+    blocks = np.array([[[1.0, 2.0], [2.0, 1.0]], [[np.nan, 0.0], [0.0, 1.0]], [[0.0, 0.0], [0.0, 0.0]]])
+    factor = _factor(blocks)
+    assert np.isfinite(factor).all()
+    np.testing.assert_allclose(factor[0] @ factor[0].T, [[1.5, 1.5], [1.5, 1.5]], atol=1e-6)
