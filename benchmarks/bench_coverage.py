@@ -44,8 +44,9 @@ sys.path.insert(0, str(HERE))
 
 from simulate import ASYMPTOTES, simulate_1pl, simulate_2pl, simulate_asymptotes  # noqa: E402
 
+from engine.readout.posterior import Z90  # noqa: E402
+
 SHAPES = [(2000, 12), (1000, 50), (200, 400), (50, 1000)]
-Z90 = 1.6448536
 
 
 def _truth_unconstrained(sim: dict, model: str, k: float = 1.0, c: float = 0.0) -> dict:
@@ -112,7 +113,7 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
             mirt_python: str | None = None, prior: str | None = "population",
             nuts: bool = False) -> dict:
     import engine
-    from engine.readout.posterior import within_owner_scales
+    from engine.readout.posterior import interval_90, within_owner_scales
 
     if model in ASYMPTOTES:
         sim = simulate_asymptotes(model, *shape, seed=seed)
@@ -147,9 +148,9 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
             if how.endswith("within_item"):
                 sd = marginal.get(block, sd)
             err = loc - truth
-            low, high = loc - Z90 * sd, loc + Z90 * sd
-            if how == "raw_within_item" and block in res.intervals:  # sampled: the items
-                low, high = res.intervals[block]  # table's quantiles, not the Gaussian's
+            # as items.parquet reports it: sampled quantiles where the fit has them
+            low, high = interval_90(loc, sd, res.intervals.get(block)
+                                    if how == "raw_within_item" else None)
             out["blocks"].setdefault(block, {"n": int(truth.size)})[how] = {
                 "coverage90": float(np.mean((truth >= low) & (truth <= high))),
                 "rmse_over_sd": float(np.sqrt(np.mean(err ** 2)) / np.mean(sd)),

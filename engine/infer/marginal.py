@@ -471,11 +471,21 @@ def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True):
     return (vol, *pullback(jnp.ones_like(vol)))
 
 
+def _grid_log_weights(spec, x, grid, log_base, y1, y0=None):
+    """``(U, G)``: each pattern's log-likelihood on the shared grid plus ``log_base`` (log
+    prior + log rule weight), a matrix product with its observed ones ``y1`` and zeros
+    ``y0`` ``(U, n)`` (traced). ``y0`` None: every pattern answers every item
+    (``y0 = 1 - y1``), one matrix product instead of two."""
+    log_one, log_zero = _grid_curves(spec, x, grid)
+    if y0 is None:
+        return y1 @ (log_one - log_zero).T + (log_zero.sum(axis=1) + log_base)[None, :]
+    return y1 @ log_one.T + y0 @ log_zero.T + log_base
+
+
 @exported_jit(static_argnames=("spec",))
 def _grid_weights(spec, x, grid, log_base, y1, y0):
     """``(U, G)``: each pattern's ability posterior weights on the shared grid."""
-    log_one, log_zero = _grid_curves(spec, x, grid)
-    return jax.nn.softmax(y1 @ log_one.T + y0 @ log_zero.T + log_base, axis=1)
+    return jax.nn.softmax(_grid_log_weights(spec, x, grid, log_base, y1, y0), axis=1)
 
 
 @exported_jit(static_argnames=("spec",))
@@ -927,8 +937,7 @@ def _grid_draw_moments(spec, xs, gs, grid, log_base, y1, y0):
     instead of ``U Q n``."""
     def one(xg):
         x, g = xg
-        log_one, log_zero = _grid_curves(spec, x, grid)
-        lw = y1 @ log_one.T + y0 @ log_zero.T + log_base  # (U, G)
+        lw = _grid_log_weights(spec, x, grid, log_base, y1, y0)  # (U, G)
         return (_log_prior(spec, x, g), *_pattern_moments(lw, grid))
 
     per_draw = max(y1.shape[0] * grid.shape[0], 1)  # the (U, G) weights: one GEMM a batch

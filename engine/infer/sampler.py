@@ -165,7 +165,8 @@ def _program(spec: ModelSpec, grid, log_base, y1, y0, counts, rows, moves, steps
     g, acceptance rates), (sums of each pattern's ability mean and second moment))`` for
     ``steps`` kept sweeps, each after ``thin - 1`` more, vmapped over chains. ``complete``:
     every pattern answers every item (``y0 = 1 - y1``), which saves two matrix products."""
-    from engine.infer.marginal import _env, _grid_curves, _item_blocks, _log_prior, _pattern_moments
+    from engine.infer.marginal import (_env, _grid_curves, _grid_log_weights, _item_blocks,
+                                       _log_prior, _pattern_moments)
 
     blocks = _item_blocks(spec)
     n, G = y1.shape[1], grid.shape[0]
@@ -177,10 +178,7 @@ def _program(spec: ModelSpec, grid, log_base, y1, y0, counts, rows, moves, steps
         return sum(p.prior.log_prob(x[:, j], env) for j, p in enumerate(blocks))
 
     def log_weights(x):  # (U, G): each pattern's log-likelihood on the grid + log base
-        one, zero = _grid_curves(spec, x, grid)
-        if complete:
-            return y1 @ (one - zero).T + (zero.sum(axis=1) + log_base)[None, :]
-        return y1 @ one.T + y0 @ zero.T + log_base
+        return _grid_log_weights(spec, x, grid, log_base, y1, None if complete else y0)
 
     def marginal(lw, x, g):  # the items' and globals' log marginal posterior
         return counts @ jax.nn.logsumexp(lw, axis=1) + _log_prior(spec, x, g)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["draw_posterior", "summarize", "summarize_draws", "summary_columns",
-           "draw_summary_columns", "within_owner_scales", "Z90"]
+           "draw_summary_columns", "within_owner_scales", "interval_90", "Z90"]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a central 90% interval
 
@@ -127,6 +127,18 @@ def summarize(spec: ModelSpec, guide: GuideState, owner: str,
     return pd.DataFrame(summary_columns(spec, guide, owner, cross))
 
 
+def interval_90(loc, scale, sampled=None) -> tuple[np.ndarray, np.ndarray]:
+    """The 90% interval of an unconstrained value: the sampled 5% and 95% quantiles
+    ``sampled`` ``(2, ...)`` (``FitResult.intervals``) where given and finite, else the
+    Gaussian's ``loc -+ Z90 scale``."""
+    low, high = loc - Z90 * scale, loc + Z90 * scale
+    if sampled is not None:
+        given = np.asarray(sampled, np.asarray(low).dtype)
+        low = np.where(np.isfinite(given[0]), given[0], low)
+        high = np.where(np.isfinite(given[1]), given[1], high)
+    return low, high
+
+
 def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
                     cross: dict | None = None,
                     intervals: dict | None = None) -> dict[str, np.ndarray]:
@@ -150,11 +162,7 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
         loc = np.asarray(guide.loc[p.name], np.float32)
         meanfield = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
         scale = np.asarray(marginal.get(p.name, meanfield), np.float32)
-        low, high = loc - Z90 * scale, loc + Z90 * scale
-        if intervals and p.name in intervals:  # sampled: the draws' own quantiles
-            given = np.asarray(intervals[p.name], np.float32)
-            low = np.where(np.isfinite(given[0]), given[0], low)
-            high = np.where(np.isfinite(given[1]), given[1], high)
+        low, high = interval_90(loc, scale, (intervals or {}).get(p.name))
         value, slope, low, high = (np.asarray(a) for a in _constrained(
             p.transform, to_device(loc), to_device(low), to_device(high)))
         keep = masks.get(p.name, 1.0)  # effective value: zero where a declared mask is zero
