@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.errors import ModelError
 from engine.models.priors import (POPULATION_LOCATION, check_family, hyper_params, log_gamma,
-                                  logit_uniform, normal, pooled)
+                                  logit_beta, logit_uniform, normal, pooled)
 from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
 from engine.models.special import softplus
 
@@ -159,8 +159,8 @@ def logistic_model(name: str, *, prior: str = "population",
     Population's hyper-priors: ``mu_difficulty ~ N(0, 3^2)``, ``u_difficulty ~ Gamma(1, 1)``;
     of log a, ``mu_discrimination ~ N(0, 1)`` and ``u_discrimination ~ Gamma(2, 1/2)``.
     Hierarchical: each block ``~ N(mu, 1/u)`` with ``mu ~ N(0, 10^6)``, ``u ~ Gamma(1, 1)``.
-    Asymptotes (guessing, feasibility) are ``U[0, 1]`` in every family (seed 002 eq. 1,
-    seed 004 A.1). With ``signed_discrimination`` the discrimination is fitted on the real
+    Asymptotes (guessing, feasibility): ``c ~ Beta(2, 8)`` and ``d ~ 1 - Beta(2, 8)`` under
+    population, ``U[0, 1]`` under vague and hierarchical (seed 002 eq. 1, seed 004 A.1). With ``signed_discrimination`` the discrimination is fitted on the real
     line (DAD, seed 002 footnote 4) with ``a ~ N(1, 1)`` (vague and population), started at 1.
     """
     if name not in LOGISTIC_MODELS:
@@ -184,10 +184,18 @@ def logistic_model(name: str, *, prior: str = "population",
             # 0.09, over 2 with 0.007 (Gamma(1, 1) put 10% on a spread over 3, a ~ e^+-6)
             params += _block("discrimination", "item", prior, normal(0.0, 1.0), transform="exp",
                              location=normal(0.0, 1.0), precision=log_gamma(2.0, 0.5))
+    # the asymptotes: U[0, 1] under vague and hierarchical (seed 002 eq. 1, seed 004 A.1);
+    # under population a guessing c ~ Beta(2, 8) and a feasibility d ~ 1 - Beta(2, 8), as
+    # mirt users set one: mean 0.2 (0.8), 90% within 0.04-0.42 (0.58-0.96). Under U[0, 1]
+    # with pooled difficulties the asymptotes took the items' spread over, and a guessing
+    # that could explain an item's correct answers left its difficulty on a long ridge.
+    population = prior == "population"
     if lower:
-        params.append(ParamSpec("guessing", "item", logit_uniform(), transform="sigmoid", init=-2.0))
+        params.append(ParamSpec("guessing", "item", logit_beta(2.0, 8.0) if population
+                                else logit_uniform(), transform="sigmoid", init=-2.0))
     if upper:
-        params.append(ParamSpec("feasibility", "item", logit_uniform(), transform="sigmoid", init=2.0))
+        params.append(ParamSpec("feasibility", "item", logit_beta(8.0, 2.0) if population
+                                else logit_uniform(), transform="sigmoid", init=2.0))
     # The logit a (theta - b) is unchanged by a common shift of theta and b, and by
     # scaling theta and b by k while dividing a by k.
     symmetries = [Symmetry("shift", (("ability", 0.0, 1.0), ("difficulty", 0.0, 1.0)))]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln
 
-__all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "hyper_params", "PRIOR_FAMILIES",
+__all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "logit_beta", "hyper_params", "PRIOR_FAMILIES",
            "check_family", "pooled", "POPULATION_LOCATION"]
 
 Arg = Union[float, str]
@@ -30,6 +30,8 @@ class Prior:
     family ``normal``: args (loc, variance) or (loc, None) with ``precision`` set.
     family ``log_gamma``: ``x = log u`` with ``u ~ Gamma(shape, rate)`` (Jacobian included).
     family ``logit_uniform``: ``x = logit(c)`` with ``c ~ U[0, 1]`` (Jacobian included).
+    family ``logit_beta``: ``x = logit(c)`` with ``c ~ Beta(shape, rate)``: ``shape`` and
+    ``rate`` hold the Beta's two shapes (Jacobian included; Beta(1, 1) is logit_uniform).
     """
 
     family: str
@@ -55,6 +57,10 @@ class Prior:
             return a * jnp.log(b) - gammaln(a) + a * x - b * jnp.exp(x)
         if self.family == "logit_uniform":
             return jax.nn.log_sigmoid(x) + jax.nn.log_sigmoid(-x)
+        if self.family == "logit_beta":
+            a, b = self.shape_, self.rate
+            log_norm = gammaln(a + b) - gammaln(a) - gammaln(b)
+            return log_norm + a * jax.nn.log_sigmoid(x) + b * jax.nn.log_sigmoid(-x)
         raise ValueError(f"unknown prior family {self.family!r}")
 
     def sample(self, rng, shape, env: Mapping[str, float]):
@@ -67,6 +73,10 @@ class Prior:
         if self.family == "logit_uniform":
             c = rng.random(shape)
             return np.log(c) - np.log1p(-c)
+        if self.family == "logit_beta":
+            # logit of a Beta(a, b) draw as log G_a - log G_b (G ~ Gamma): no rounding to 0 or 1
+            return (np.log(rng.gamma(self.shape_, 1.0, shape))
+                    - np.log(rng.gamma(self.rate, 1.0, shape)))
         raise ValueError(f"unknown prior family {self.family!r}")
 
     def references(self) -> tuple[str, ...]:
@@ -82,6 +92,8 @@ class Prior:
             return d
         if self.family == "log_gamma":
             return {"family": "log_gamma", "shape": self.shape_, "rate": self.rate}
+        if self.family == "logit_beta":
+            return {"family": "logit_beta", "a": self.shape_, "b": self.rate}
         return {"family": self.family}
 
 
@@ -129,6 +141,13 @@ def log_gamma(shape: float = 1.0, rate: float = 1.0) -> Prior:
 def logit_uniform() -> Prior:
     """Density of ``logit c`` for ``c ~ U[0, 1]``."""
     return Prior("logit_uniform", variance=None)
+
+
+def logit_beta(a: float, b: float) -> Prior:
+    """Density of ``logit c`` for ``c ~ Beta(a, b)``."""
+    if not (a > 0 and b > 0):
+        raise ValueError(f"logit_beta needs positive shapes, got a={a}, b={b}")
+    return Prior("logit_beta", shape_=float(a), rate=float(b), variance=None)
 
 
 def hyper_params(block: str, location: Prior | None = None, precision: Prior | None = None):

@@ -14,16 +14,18 @@ from engine.models.spec import ModelSpec
 
 __all__ = ["MODELS", "get_model", "default_prior", "resolve_prior"]
 
-# A builder's ``prior`` default is the model's (``default_prior``). The models with an
-# asymptote keep the vague priors: pooled, their difficulties shrank and the asymptotes took
-# over (mean-field 4PL at 300 x 800: difficulty sd 0.17, r 0.49 against 0.61 vague; feas
-# ability r 0.977 against 0.992), so population stays available by name for them.
+# A builder's ``prior`` default is the model's (``default_prior``): population for the
+# binary logistic models. Under it the asymptote models' guessing and feasibility take Beta
+# priors (``logistic_model``); with U[0, 1] asymptotes their pooled difficulties shrank and
+# the asymptotes took over (mean-field 4PL at 300 x 800: difficulty sd 0.17, r 0.49 against
+# 0.61 vague), and seed 003's vague priors left guessing/difficulty ridges that the exact
+# posterior follows (3PL 200 x 400: guessing 90% coverage 0.55). Vague stays available by name.
 MODELS: dict[str, Callable[..., ModelSpec]] = {
     "1pl": partial(logistic_model, "1pl"),
     "2pl": partial(logistic_model, "2pl"),
-    "3pl": partial(logistic_model, "3pl", prior="vague"),
-    "4pl": partial(logistic_model, "4pl", prior="vague"),
-    "feas": partial(logistic_model, "feas", prior="vague"),
+    "3pl": partial(logistic_model, "3pl"),
+    "4pl": partial(logistic_model, "4pl"),
+    "feas": partial(logistic_model, "feas"),
     "beta": beta_model,
     "beta-1pl": partial(beta_model, discrimination=False),
     "gamma": gamma_model,
@@ -36,8 +38,8 @@ MODELS: dict[str, Callable[..., ModelSpec]] = {
 
 def default_prior(name: str) -> str:
     """The prior family the named model takes when none is named (its builder's default):
-    ``population`` for the 1PL and 2PL, whose scale it keeps to the ability population's;
-    ``vague`` for the others."""
+    ``population`` for the binary logistic models (1PL-4PL, feas), whose scale it keeps to
+    the ability population's; ``vague`` for the others."""
     if name not in MODELS:
         raise ModelError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     return inspect.signature(MODELS[name]).parameters["prior"].default

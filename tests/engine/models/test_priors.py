@@ -6,7 +6,7 @@ import pytest
 from scipy import integrate, stats
 
 from engine.models import get_model, log_gamma, logit_uniform, normal
-from engine.models.priors import Prior, hyper_params
+from engine.models.priors import Prior, hyper_params, logit_beta
 
 X = np.array([-30.0, -5.0, -1.3, 0.0, 0.4, 2.0, 7.5], np.float32)
 
@@ -59,8 +59,29 @@ def test_logit_uniform_matches_scipy_logistic():
                                stats.logistic.cdf(x) * stats.logistic.sf(x), rtol=1e-5)
 
 
+@pytest.mark.parametrize("a,b", [(1.0, 1.0), (2.0, 8.0), (8.0, 2.0), (0.5, 0.7), (30.0, 4.0)])
+def test_logit_beta_matches_scipy_beta_with_jacobian(a, b):
+    """The density of logit(c), c ~ Beta(a, b): Beta's log density at c plus log c(1 - c);
+    Beta(1, 1) is logit_uniform."""
+    x = np.array([-12.0, -4.0, -1.3, 0.0, 0.4, 2.0, 6.0])
+    c = stats.logistic.cdf(x)
+    want = stats.beta.logpdf(c, a, b) + np.log(c) + np.log1p(-c)
+    np.testing.assert_allclose(_log_prob(logit_beta(a, b), x.astype(np.float32)), want,
+                               rtol=1e-5, atol=1e-4)
+    if a == b == 1.0:
+        np.testing.assert_allclose(_log_prob(logit_beta(a, b), X), _log_prob(logit_uniform(), X),
+                                   atol=1e-5)
+
+
+def test_logit_beta_refuses_shapes_that_are_not_positive():
+    for a, b in ((0.0, 1.0), (2.0, -1.0)):
+        with pytest.raises(ValueError, match="positive shapes"):
+            logit_beta(a, b)
+
+
 @pytest.mark.parametrize("prior", [normal(0.3, 2.0), log_gamma(2.0, 1.5), log_gamma(1.0, 1.0),
-                                   logit_uniform()], ids=["normal", "log_gamma", "gamma11", "logit"])
+                                   logit_uniform(), logit_beta(2.0, 8.0)],
+                         ids=["normal", "log_gamma", "gamma11", "logit", "logit_beta"])
 def test_densities_integrate_to_one(prior):
     f = lambda x: float(np.exp(prior.log_prob(jnp.float32(x), {})))
     total, _ = integrate.quad(f, -60, 60, limit=200, points=[-5, 0, 5])
@@ -78,6 +99,7 @@ def test_to_dict():
                                                         "precision": "u_b"}
     assert log_gamma(1.0, 2.0).to_dict() == {"family": "log_gamma", "shape": 1.0, "rate": 2.0}
     assert logit_uniform().to_dict() == {"family": "logit_uniform"}
+    assert logit_beta(2, 8).to_dict() == {"family": "logit_beta", "a": 2.0, "b": 8.0}
 
 
 def test_hyper_params_for_a_block():
@@ -125,17 +147,35 @@ def test_vague_priors(name):
             assert spec.param(n).prior == logit_uniform()
 
 
+@pytest.mark.parametrize("name", ["3pl", "4pl", "feas"])
+def test_population_asymptotes_take_beta_priors_and_seed_003s_families_keep_uniform(name):
+    """Under population a guessing is Beta(2, 8) and a feasibility 1 - Beta(2, 8) (mean 0.2
+    below / above the curve); not pooled: no hyper-parameters of their own. Vague and
+    hierarchical keep seed 003's U[0, 1]."""
+    spec = get_model(name, prior="population")
+    want = {"guessing": logit_beta(2.0, 8.0), "feasibility": logit_beta(8.0, 2.0)}
+    for block, prior in want.items():
+        if block in spec.names:
+            assert spec.param(block).prior == prior and not prior.references()
+            assert f"mu_{block}" not in spec.names
+    for family in ("vague", "hierarchical"):
+        other = get_model(name, prior=family)
+        for block in want:
+            if block in other.names:
+                assert other.param(block).prior == logit_uniform()
+
+
 def test_each_model_names_its_default_prior():
-    """The 1PL and 2PL default to the population priors (their scale is the abilities'
-    N(0, 1) whatever the matrix's shape); the others, asymptote models included, to seed
-    003's vague ones.
+    """The binary logistic models (1PL-4PL, feas) default to the population priors (their
+    scale is the abilities' N(0, 1) whatever the matrix's shape); the others to seed 003's
+    vague ones.
     A model built without a prior is the one built with its default."""
     from engine.errors import ModelError
     from engine.models import MODELS
     from engine.models.registry import default_prior, resolve_prior
 
     for name in MODELS:
-        want = "population" if name in ("1pl", "2pl") else "vague"
+        want = "population" if name in ("1pl", "2pl", "3pl", "4pl", "feas") else "vague"
         assert default_prior(name) == want
         assert resolve_prior(name, None) == want and resolve_prior(name, "hierarchical") == "hierarchical"
         options = {"dims": 2} if name in ("mirt-comp", "mirt-noncomp", "irt-vec") else {}
@@ -146,8 +186,10 @@ def test_each_model_names_its_default_prior():
 
 @pytest.mark.parametrize("prior,env", [(normal(0.3, 2.0), {}), (normal("m", precision="u"), {"m": -1.5, "u": 4.0}),
                                        (log_gamma(2.0, 0.5), {}), (log_gamma(1.0, 1.0), {}),
-                                       (logit_uniform(), {})],
-                         ids=["normal", "normal-by-name", "log_gamma", "gamma11", "logit"])
+                                       (logit_uniform(), {}), (logit_beta(2.0, 8.0), {}),
+                                       (logit_beta(0.5, 0.7), {})],
+                         ids=["normal", "normal-by-name", "log_gamma", "gamma11", "logit",
+                              "logit_beta", "logit_beta_u"])
 def test_draws_follow_the_density(prior, env):
     """``Prior.sample`` draws from the density ``log_prob`` evaluates: a KS test of 4,000
     draws against the CDF integrated from ``exp(log_prob)`` with scipy."""

@@ -63,8 +63,9 @@ def test_planted_label_errors_rank_at_the_top(planted, planted_run, model, optio
 
 
 def test_low_feasibility_is_flagged_from_the_block():
-    """A run with a feasibility block gets P(feasibility < 0.5) from its guide."""
-    spec = get_model("feas")
+    """A run with a feasibility block gets P(feasibility < 0.5) from its guide (vague
+    priors: a guide without hyper-parameters)."""
+    spec = get_model("feas", prior="vague")
     loc = {"ability": np.zeros(4, np.float32), "difficulty": np.zeros(3, np.float32),
            "discrimination": np.zeros(3, np.float32), "feasibility": np.array([3.0, 0.0, -3.0], np.float32)}
     scale = {k: np.full_like(v, np.log(0.5)) for k, v in loc.items()}
