@@ -206,7 +206,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         float array with NaN missing (unit scores or non-negative errors).
     model : a name from ``engine.models.MODELS`` (``1pl``, ``2pl``, ``beta``, ``mirt-comp`` ...).
     prior : ``population``, ``vague`` or ``hierarchical``; None (default): the model's own
-        (``engine.models.default_prior``: population for the 1PL and 2PL, vague otherwise).
+        (``engine.models.default_prior``: population for 1PL-4PL and feas, vague otherwise).
     init, frozen : start from a guide and hold the named blocks fixed at it.
     model_options : further builder keywords (``dims``, ``q_matrix``, ``inflation`` ...).
     checkpoint_dir : save the fit's progress there every ``settings.checkpoint_every`` passes.

@@ -630,9 +630,9 @@ def _trial_fit_settings(args):
 def _prior_option(p: argparse.ArgumentParser) -> None:
     """``--prior``, the same for every command that fits (None: the model's own)."""
     p.add_argument("--prior", default=None, choices=["population", "vague", "hierarchical"],
-                   help="default: the model's own, population for 1pl and 2pl (abilities "
-                        "N(0, 1) set the scale; items pooled), vague for the others; vague "
-                        "and hierarchical are seed 003's")
+                   help="default: the model's own, population for 1pl-4pl and feas "
+                        "(abilities N(0, 1) set the scale; items pooled; asymptotes Beta), "
+                        "vague for the others; vague and hierarchical are seed 003's")
 
 
 def _trial_model_options(p: argparse.ArgumentParser) -> None:
