@@ -18,10 +18,13 @@ Markdown table.
     python benchmarks/bench_coverage.py [--seeds 5] [--ability-factor auto|gaussian|quadrature]
         [--models 1pl,2pl] [--shapes 2000x12,1000x50,200x400,50x1000] [--out PATH]
         [--prior vague|hierarchical|population|default]
-        [--mirt /work/bench-venv/bin/python] [--nuts]
+        [--mirt /work/bench-venv/bin/python [--mirt-only] [--mirt-timeout S]] [--nuts]
 
 ``--nuts`` also samples each data set with NUTS (``engine.fit_nuts`` at its defaults) and
 scores the raw truth with its draws' central 90% intervals: the exact posterior's coverage.
+
+``--mirt`` adds mirt for Python's Wald-interval coverage (``mirt_wald``); ``--mirt-only`` runs
+only mirt on the same simulated data sets (no engine fit) and reports its coverage per block.
 
 ``raw_within_item`` scores the raw truth with the sds ``items.parquet`` reports (the
 quadrature fit's marginal sds; the mean-field fit's within-item marginal sds).
@@ -47,6 +50,7 @@ from simulate import ASYMPTOTES, simulate_1pl, simulate_2pl, simulate_asymptotes
 from engine.readout.posterior import Z90  # noqa: E402
 
 SHAPES = [(2000, 12), (1000, 50), (200, 400), (50, 1000)]
+_BLOCKS = ("ability", "difficulty", "discrimination", "guessing", "feasibility")
 
 
 def _truth_unconstrained(sim: dict, model: str, k: float = 1.0, c: float = 0.0) -> dict:
@@ -66,27 +70,89 @@ def _linking(sim: dict, model: str, fitted_ability: np.ndarray) -> tuple[float, 
     return k, float(np.mean(fitted_ability) - k * np.mean(sim["ability"]))
 
 
-def mirt_wald(model: str, sim: dict, python: str) -> dict:
+def simulate(model: str, shape: tuple[int, int], seed: int) -> dict:
+    """The data set ``measure`` fits: ``simulate.py``'s generator for ``model``."""
+    if model in ASYMPTOTES:
+        return simulate_asymptotes(model, *shape, seed=seed)
+    return (simulate_2pl if model == "2pl" else simulate_1pl)(*shape, seed=seed)
+
+
+def mirt_wald(model: str, sim: dict, python: str, timeout: float | None = None) -> dict:
     """Coverage of mirt for Python's 90% Wald intervals (EM, Oakes SEs; EAP +- 1.645 PSD for
-    abilities) of the raw truth, run in the bench venv's ``python`` (``mirt_wald.py``)."""
+    abilities) of the raw truth, run in the bench venv's ``python`` (``mirt_wald.py``).
+    Discrimination is scored on mirt's raw scale ``a``, guessing and feasibility on the
+    probability scale. An item whose SE mirt leaves unknown (NaN) counts as not covered;
+    ``se_missing`` counts them per block, ``coverage_se_known`` is the coverage of the rest.
+    A failed or timed-out run gives ``failed``."""
     import subprocess
     import tempfile
 
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "y.npz", Path(tmp) / "mirt.json"
         np.savez(src, responses=sim["responses"])
-        subprocess.run([python, str(HERE / "mirt_wald.py"), str(src), str(dst), model],
-                       check=True, capture_output=True)
+        try:
+            subprocess.run([python, str(HERE / "mirt_wald.py"), str(src), str(dst), model],
+                           check=True, capture_output=True, text=True, timeout=timeout)
+        except subprocess.CalledProcessError as err:
+            why = err.stderr.strip().splitlines()[-1:] or [f"exit {err.returncode}"]
+            return {"failed": why[0], "wall_s": time.perf_counter() - start}
+        except subprocess.TimeoutExpired:
+            return {"failed": f"timed out after {timeout} s", "wall_s": time.perf_counter() - start}
         est = json.loads(dst.read_text())
-    blocks = ["ability", "difficulty"] + (["discrimination"] if model == "2pl" else [])
-    out = {"wall_s": est["wall_s"], "tool_version": est["tool_version"]}
-    for block in blocks:
-        se = est.get(f"{block}_se")
-        if se is None:
+    out = {"wall_s": est["wall_s"], "process_wall_s": time.perf_counter() - start,
+           "tool_version": est["tool_version"], "converged": est.get("converged"),
+           "n_iterations": est.get("n_iterations"), "se_missing": {}, "coverage_se_known": {}}
+    for block in _BLOCKS:
+        if ((block == "discrimination" and model == "1pl") or block not in sim
+                or est.get(f"{block}_se") is None):
             continue
-        err = np.asarray(est[block]) - sim[block]
-        out[block] = float(np.mean(np.abs(err) <= Z90 * np.asarray(se)))
+        se = np.asarray(est[f"{block}_se"], dtype=float)  # null -> NaN
+        err = np.asarray(est[block], dtype=float) - sim[block]
+        covered, known = np.abs(err) <= Z90 * se, np.isfinite(se)  # NaN compares False
+        out[block] = float(np.mean(covered))
+        out["se_missing"][block] = int(np.sum(~known))
+        out["coverage_se_known"][block] = float(np.mean(covered[known])) if known.any() else None
     return out
+
+
+def mirt_only(models: list[str], shapes: list[tuple[int, int]], seeds: range, python: str,
+              timeout: float | None = None) -> tuple[list[dict], str]:
+    """mirt's Wald coverage alone on ``measure``'s data sets, and a Markdown table per block
+    (mean and range over seeds; SEs mirt left unknown, of all items or abilities)."""
+    runs = []
+    for m in models:
+        for s in shapes:
+            for seed in seeds:
+                sim = simulate(m, s, seed)
+                runs.append({"model": m, "shape": list(s), "seed": seed,
+                             "mirt": mirt_wald(m, sim, python, timeout)})
+                print(m, s, seed, runs[-1]["mirt"], flush=True)
+    lines = ["| model | subjects x items | block | mirt Wald 90% coverage, raw truth (mean; range) "
+             "| SE unknown (all runs) | coverage where SE known (mean) | runs ok / not converged "
+             "| mirt wall s (mean; range) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in models:
+        for s in shapes:
+            group = [r["mirt"] for r in runs if r["model"] == m and r["shape"] == list(s)]
+            ok = [g for g in group if "failed" not in g]
+            if not ok:
+                lines.append(f"| {m} | {s[0]} x {s[1]} | - | all {len(group)} runs failed | "
+                             f"| | 0/{len(group)} | |")
+                continue
+            walls = [g["wall_s"] for g in ok]
+            for block in [b for b in ok[0] if b in _BLOCKS]:
+                cov = [g[block] for g in ok]
+                missing = sum(g["se_missing"][block] for g in ok)
+                n = len(ok) * (s[0] if block == "ability" else s[1])
+                known = [g["coverage_se_known"][block] for g in ok
+                         if g["coverage_se_known"][block] is not None]
+                known_cell = f"{np.mean(known):.3f}" if known else "-"
+                lines.append(f"| {m} | {s[0]} x {s[1]} | {block} | {np.mean(cov):.3f} "
+                             f"({min(cov):.3f}-{max(cov):.3f}) | {missing}/{n} | {known_cell} | "
+                             f"{len(ok)}/{len(group)} / {sum(not g['converged'] for g in ok)} | "
+                             f"{np.mean(walls):.1f} ({min(walls):.1f}-{max(walls):.1f}) |")
+    return runs, "\n".join(lines)
 
 
 def nuts_coverage(model: str, sim: dict, prior: str | None) -> dict:
@@ -111,14 +177,11 @@ def nuts_coverage(model: str, sim: dict, prior: str | None) -> dict:
 
 def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto",
             mirt_python: str | None = None, prior: str | None = "population",
-            nuts: bool = False) -> dict:
+            nuts: bool = False, mirt_timeout: float | None = None) -> dict:
     import engine
     from engine.readout.posterior import interval_90, within_owner_scales
 
-    if model in ASYMPTOTES:
-        sim = simulate_asymptotes(model, *shape, seed=seed)
-    else:
-        sim = (simulate_2pl if model == "2pl" else simulate_1pl)(*shape, seed=seed)
+    sim = simulate(model, shape, seed)
     start = time.perf_counter()
     res = engine.fit(sim["responses"], model=model, prior=prior,
                      settings=engine.FitSettings(seed=seed, ability_factor=ability_factor))
@@ -137,7 +200,7 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
     k, c = _linking(sim, model, np.asarray(res.guide.loc["ability"]))
     out["linking"] = {"k": k, "c": c}
     if mirt_python:
-        out["mirt"] = mirt_wald(model, sim, mirt_python)
+        out["mirt"] = mirt_wald(model, sim, mirt_python, mirt_timeout)
     if nuts:
         out["nuts"] = nuts_coverage(model, sim, prior)
     marginal = within_owner_scales(res.spec, res.guide, "item", res.cross)
@@ -170,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="default: each model's own (population for 1PL/2PL, vague otherwise)")
     ap.add_argument("--mirt", default=None, metavar="PYTHON",
                     help="the bench venv's python: add mirt's Wald-interval coverage")
+    ap.add_argument("--mirt-only", action="store_true",
+                    help="with --mirt: run only mirt on the same data sets (no engine fit)")
+    ap.add_argument("--mirt-timeout", type=float, default=None, metavar="S",
+                    help="seconds before a mirt run is recorded as failed")
     ap.add_argument("--nuts", action="store_true",
                     help="add NUTS's coverage (fit --method nuts defaults) on the same data")
     ap.add_argument("--shapes", default=",".join(f"{a}x{b}" for a, b in SHAPES),
@@ -178,11 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models.split(",")
     prior = None if args.prior == "default" else args.prior
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    if args.mirt_only:
+        if not args.mirt:
+            ap.error("--mirt-only needs --mirt PYTHON")
+        runs, table = mirt_only(models, shapes, seeds, args.mirt, args.mirt_timeout)
+        return _write(Path(args.out), {"machine": _machine(), "seeds": args.seeds,
+                                       "mirt_only": True, "runs": runs, "table": table}, table)
     runs = []
     for m in models:
         for s in shapes:
-            for seed in range(args.first_seed, args.first_seed + args.seeds):
-                runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior, args.nuts))
+            for seed in seeds:
+                runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior, args.nuts,
+                                    args.mirt_timeout))
                 r = runs[-1]
                 exact = {b: round(v, 3) for b, v in r["nuts"].items()} if "nuts" in r else None
                 how = r.get("item_moments", {})
@@ -222,11 +297,18 @@ def main(argv: list[str] | None = None) -> int:
                              f"{np.mean([r['wall_s'] for r in group]):.1f} | {wald_cell} | "
                              f"{nuts_cell} |")
     table = "\n".join(lines)
-    result = {"machine": {"platform": platform.platform(), "processor": platform.processor()},
+    result = {"machine": _machine(),
               "seeds": args.seeds, "ability_factor": args.ability_factor, "prior": args.prior,
               "runs": runs,
               "table": table}
-    out = Path(args.out)
+    return _write(Path(args.out), result, table)
+
+
+def _machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor()}
+
+
+def _write(out: Path, result: dict, table: str) -> int:
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(out)

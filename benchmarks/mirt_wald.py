@@ -2,9 +2,14 @@
 
     BENCH_PYTHON benchmarks/mirt_wald.py IN.npz OUT.json MODEL
 
-Reads ``responses`` (int, -1 missing) from IN.npz, fits mirt's ``1PL`` or ``2PL`` by EM with
-Oakes standard errors, scores EAP abilities with their posterior sds, and writes discrimination
-and difficulty (IRT form ``a (theta - b)``) with standard errors, and the abilities, as JSON.
+Reads ``responses`` (int, -1 missing) from IN.npz, fits MODEL (1pl, 2pl, 3pl, 4pl or feas) by
+EM with Oakes standard errors (maximum likelihood, no item priors), scores EAP abilities with
+their posterior sds, and writes discrimination and difficulty (IRT form ``a (theta - b)``),
+guessing and feasibility (mirt's ``upper``; both on the probability scale) with standard errors,
+and the abilities, as JSON. mirt has no feas family: feas is its 4PL with guessing fixed at 0.
+An SE mirt leaves unknown (NaN: mirt holds an estimate on its optimizer box, e.g. guessing at
+0 or 0.5, upper at 0.5 or 1, discrimination at 0.1 or 5, fixed and gives it no SE) is written
+as null.
 """
 
 import json
@@ -13,6 +18,14 @@ import time
 
 import numpy as np
 
+# our block -> mirt's coef_with_se() column
+COLUMNS = {"discrimination": "discrimination", "difficulty": "difficulty",
+           "guessing": "guessing", "feasibility": "upper"}
+
+
+def _floats(values):
+    return [None if not np.isfinite(v) else float(v) for v in np.asarray(values, dtype=float)]
+
 
 def main(argv):
     import mirt
@@ -20,8 +33,12 @@ def main(argv):
     src, out, model = argv
     y = np.load(src)["responses"].astype(float)
     y[y < 0] = np.nan
+    kwargs = {}
+    if model == "feas":  # P = d sigmoid(a (theta - b)): the 4PL with c = 0
+        kwargs = {"start_values": {"guessing": np.zeros(y.shape[1])}, "fixed": {"guessing": True}}
     t0 = time.perf_counter()
-    fit = mirt.fit_mirt(y, model=model.upper(), estimation="EM", se_method="oakes")
+    fit = mirt.fit_mirt(y, model="4PL" if model == "feas" else model.upper(), estimation="EM",
+                        se_method="oakes", **kwargs)
     table = fit.coef_with_se()
     scores = mirt.fscores(fit, y, method="EAP")
     theta = np.asarray(getattr(scores, "theta", scores)).reshape(len(y), -1)[:, 0]
@@ -30,13 +47,15 @@ def main(argv):
         se = getattr(scores, "se", None)
     result = {
         "tool_version": mirt.__version__, "wall_s": time.perf_counter() - t0,
-        "difficulty": table["difficulty"].tolist(), "difficulty_se": table["difficulty_se"].tolist(),
+        "converged": bool(fit.converged), "n_iterations": int(fit.n_iterations),
         "ability": theta.tolist(),
-        "ability_se": None if se is None else np.asarray(se).reshape(len(y), -1)[:, 0].tolist(),
+        "ability_se": None if se is None else _floats(np.asarray(se).reshape(len(y), -1)[:, 0]),
     }
-    if "discrimination" in table:
-        result["discrimination"] = table["discrimination"].tolist()
-        result["discrimination_se"] = table["discrimination_se"].tolist()
+    blocks = [b for b in COLUMNS if not (model == "feas" and b == "guessing")]
+    for block in blocks:
+        if COLUMNS[block] in table:
+            result[block] = _floats(table[COLUMNS[block]])
+            result[f"{block}_se"] = _floats(table[f"{COLUMNS[block]}_se"])
     with open(out, "w") as fh:
         json.dump(result, fh)
 
