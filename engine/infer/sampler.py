@@ -114,8 +114,9 @@ def _against_laplace(dx: np.ndarray, mode: np.ndarray, sd: np.ndarray, names: li
     flat = dx.reshape(-1, *dx.shape[2:])
     shift = np.median(np.abs(flat.mean(axis=0) - mode) / sd, axis=0)
     ratio = np.median(flat.std(axis=0) / sd, axis=0)
-    agrees = bool((shift < LAPLACE_SHIFT).all()
-                  and (np.abs(np.log(ratio)) < np.log(LAPLACE_SD)).all())
+    with np.errstate(divide="ignore"):  # a ratio of 0 (chains that never moved) disagrees
+        agrees = bool((shift < LAPLACE_SHIFT).all()
+                      and (np.abs(np.log(ratio)) < np.log(LAPLACE_SD)).all())
     return {"shift_median": dict(zip(names, shift.round(3).tolist())),
             "sd_ratio_median": dict(zip(names, ratio.round(3).tolist())), "agrees": agrees}
 
