@@ -160,8 +160,9 @@ def logistic_model(name: str, *, prior: str = "population",
     of log a, ``mu_discrimination ~ N(0, 1)`` and ``u_discrimination ~ Gamma(2, 1/2)``.
     Hierarchical: each block ``~ N(mu, 1/u)`` with ``mu ~ N(0, 10^6)``, ``u ~ Gamma(1, 1)``.
     Asymptotes (guessing, feasibility): ``c ~ Beta(2, 8)`` and ``d ~ 1 - Beta(2, 8)`` under
-    population, ``U[0, 1]`` under vague and hierarchical (seed 002 eq. 1, seed 004 A.1). With ``signed_discrimination`` the discrimination is fitted on the real
-    line (DAD, seed 002 footnote 4) with ``a ~ N(1, 1)`` (vague and population), started at 1.
+    population, ``U[0, 1]`` under vague and hierarchical (seed 002 eq. 1, seed 004 A.1).
+    With ``signed_discrimination`` the discrimination is fitted on the real line (DAD, seed
+    002 footnote 4) with ``a ~ N(1, 1)`` (vague and population), started at 1.
     """
     if name not in LOGISTIC_MODELS:
         raise ModelError(f"unknown model {name!r}; choose one of {sorted(LOGISTIC_MODELS)}")
@@ -184,11 +185,10 @@ def logistic_model(name: str, *, prior: str = "population",
             # 0.09, over 2 with 0.007 (Gamma(1, 1) put 10% on a spread over 3, a ~ e^+-6)
             params += _block("discrimination", "item", prior, normal(0.0, 1.0), transform="exp",
                              location=normal(0.0, 1.0), precision=log_gamma(2.0, 0.5))
-    # the asymptotes: U[0, 1] under vague and hierarchical (seed 002 eq. 1, seed 004 A.1);
-    # under population a guessing c ~ Beta(2, 8) and a feasibility d ~ 1 - Beta(2, 8), as
-    # mirt users set one: mean 0.2 (0.8), 90% within 0.04-0.42 (0.58-0.96). Under U[0, 1]
-    # with pooled difficulties the asymptotes took the items' spread over, and a guessing
-    # that could explain an item's correct answers left its difficulty on a long ridge.
+    # the population's asymptote priors (see the docstring), as mirt users set one: mean 0.2
+    # (0.8), 90% within 0.04-0.42 (0.58-0.96). Under U[0, 1] with pooled difficulties the
+    # asymptotes took the items' spread over, and a guessing that could explain an item's
+    # correct answers left its difficulty on a long ridge.
     population = prior == "population"
     if lower:
         params.append(ParamSpec("guessing", "item", logit_beta(2.0, 8.0) if population

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln
 
-__all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "logit_beta", "hyper_params", "PRIOR_FAMILIES",
-           "check_family", "pooled", "POPULATION_LOCATION"]
+__all__ = ["Prior", "normal", "log_gamma", "logit_uniform", "logit_beta", "hyper_params",
+           "PRIOR_FAMILIES", "check_family", "pooled", "POPULATION_LOCATION"]
 
 Arg = Union[float, str]
 _LOG_2PI = 1.8378770664093453

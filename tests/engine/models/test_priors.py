@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from engine.models import get_model, log_gamma, logit_uniform, normal
-from engine.models.priors import Prior, hyper_params, logit_beta
+from engine.models import get_model, log_gamma, logit_beta, logit_uniform, normal
+from engine.models.priors import Prior, hyper_params
 
 X = np.array([-30.0, -5.0, -1.3, 0.0, 0.4, 2.0, 7.5], np.float32)
 
