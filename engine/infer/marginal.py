@@ -1012,19 +1012,20 @@ class _DrawNodes:
         n, k = item_shape
         items = to_device(xs[:, :n * k].reshape(len(xs), n, k), jnp.float32)
         hyper = to_device(xs[:, n * k:], jnp.float32)
-        if self.shared:
-            y1 = np.asarray(y, np.float32) * mask
-            out = _grid_draw_moments(spec, items, hyper, to_device(self.theta, jnp.float32),
-                                     to_device(self.log_base, jnp.float32), to_device(y1),
-                                     to_device(np.asarray(mask, np.float32) - y1))
-            return tuple(np.asarray(a, np.float64) for a in out)
         # a call over many cells runs optimised code even in a quickly compiled fit
-        # (`ability`: 1,895 draws x 1,280 patterns x 11 nodes x 16 items)
+        # (`ability`: 1,895 draws x 1,280 patterns x 44 grid points, 0.43 s against 1.4 s)
         heavy = len(xs) * self.cells_per_draw(*np.shape(y)) > _QUICK_DRAW_CELLS
         with compiler_options(None) if heavy else contextlib.nullcontext():
-            return tuple(np.asarray(a, np.float64) for a in _draw_moments(
-                spec, items, hyper, to_device(self.theta, jnp.float32), to_device(y),
-                to_device(mask), to_device(self.log_base, jnp.float32)))
+            if self.shared:
+                y1 = np.asarray(y, np.float32) * mask
+                out = _grid_draw_moments(spec, items, hyper, to_device(self.theta, jnp.float32),
+                                         to_device(self.log_base, jnp.float32), to_device(y1),
+                                         to_device(np.asarray(mask, np.float32) - y1))
+            else:
+                out = _draw_moments(spec, items, hyper, to_device(self.theta, jnp.float32),
+                                    to_device(y), to_device(mask),
+                                    to_device(self.log_base, jnp.float32))
+            return tuple(np.asarray(a, np.float64) for a in out)
 
 
 def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
