@@ -503,11 +503,12 @@ def _items_volume(spec, x, quad, y, mask, counts, g, settings: MarginalSettings,
                   with_grad: bool = True, grids: dict | None = None, dtype=jnp.float32):
     """The items' volumes ``(n,)`` and the gradient of their sum ``(n, k)`` (None unless
     ``with_grad``) in float64: on the shared ability grid where ``grids`` (the fit's, holding
-    its last grid) is given and :class:`_DrawNodes` takes one for the fit's nodes
-    (:func:`_grid_item_volume`; 1,000 x 50: 1.3 of a 2.4 s fit went here on the adaptive
-    nodes), on each pattern's adaptive nodes otherwise (:func:`_volume`)."""
+    its last grid, and the slack a new one takes: 0.1 unless given) is given and
+    :class:`_DrawNodes` takes one for the fit's nodes (:func:`_grid_item_volume`; 1,000 x 50:
+    1.3 of a 2.4 s fit went here on the adaptive nodes), on each pattern's adaptive nodes
+    otherwise (:func:`_volume`)."""
     nodes = None if grids is None else _DrawNodes(spec, quad, counts, settings.num_nodes,
-                                                  grids.get("volume"), slack=0.1)
+                                                  grids.get("volume"), grids.get("slack", 0.1))
     if nodes is not None:
         grids["volume"] = nodes  # kept while it spans and resolves the posteriors
     if nodes is None or not nodes.shared:
@@ -520,9 +521,10 @@ def _items_volume(spec, x, quad, y, mask, counts, g, settings: MarginalSettings,
                                     to_device(y1, dtype), to_device(y0, dtype)), np.float64)
     w = soft * counts[:, None]
     a1, a0 = w.T @ y1, w.T @ y0  # (G, n): weighted ones and zeros at each grid point
+    # always the program with the gradients: on ``G`` points a call costs little either way,
+    # and one program fewer to compile (`ability` cold: 0.33 s)
     vol, gx, g1, g0 = _grid_item_volume(spec, xj, to_device(g, dtype), grid,
-                                        to_device(a1, dtype), to_device(a0, dtype),
-                                        with_grad=with_grad)
+                                        to_device(a1, dtype), to_device(a0, dtype))
     vol = np.asarray(vol, np.float64)
     if not with_grad:
         return vol, None
@@ -1325,6 +1327,8 @@ def _node_loglik_cells(spec, x, theta, y, mask):
 
 
 _QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+_GRID_VOLUME_CELLS = 1 << 17  # adaptive nodes' cells (patterns x nodes x items) above which
+# the items' volumes are taken on a shared grid (:func:`_items_volume`)
 _QUICK_DRAW_CELLS = 1 << 25  # LSAT7's 4,000 draws x 32 patterns x 11 nodes x 5 items: 7M
 
 
@@ -1337,12 +1341,13 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     cells = min(num_subjects, 2 ** min(num_items, 62)) * settings.num_nodes * num_items
     quick = cells <= settings.quick_compile_cells
     with compiler_options(_QUICK_COMPILE if quick else None):
-        guide, cross, info = _fit_marginal(spec, y, settings, aside)
+        guide, cross, info = _fit_marginal(spec, y, settings, aside, quick)
     return guide, cross, info | {"quick_compile": quick}
 
 
 def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
-                  aside: tuple[np.ndarray, np.ndarray] | None) -> tuple[GuideState, dict, dict]:
+                  aside: tuple[np.ndarray, np.ndarray] | None,
+                  quick: bool = False) -> tuple[GuideState, dict, dict]:
     """Fit ``spec`` to binary responses ``y`` (int8 ``(s, n)``, -1 missing) by marginal MAP.
 
     Each iteration takes the E-step (posterior weights on every pattern's nodes), then a
@@ -1413,10 +1418,16 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     quad = _Quadrature(Q, U, settings.cell_chunk)
     trace, converged, previous, newton_steps, settled = [], False, None, 0, False
     best, diverged = (-np.inf, x, g, 0), None  # (objective, items, hyper-parameters, pass)
-    # the shared ability grid the items' volumes were last taken on; None: the adaptive
-    # nodes, in a fit compiled quickly (:func:`fit_marginal`), where the grid's four more
-    # programs cost more to compile than they save (LSAT7 cold: 1 s more)
-    grids = {} if num_patterns * Q * n > settings.quick_compile_cells else None
+    # the shared ability grid the items' volumes were last taken on; None: each pattern's
+    # adaptive nodes, where they are few enough that the grid's three more programs cost
+    # more to compile than they save (LSAT7, 32 x 21 x 5: 0.2 s more cold; `ability`,
+    # 1,280 x 21 x 16: the same cold, 0.47 s less warm). A new grid reaches further and is
+    # finer by its slack, as the posteriors narrow while the items sharpen: a quickly
+    # compiled fit is compile-bound, and at 0.1 `ability`'s 48-point grid gave way to a
+    # 64-point one mid-fit (every grid program compiled twice; 104 points at 0.5); a longer
+    # test's calls cost more on a finer grid (200 x 400: 7.1 s fit at 0.1, 10.3 s at 0.5)
+    grids = ({"slack": 0.5 if quick else 0.1} if num_patterns * Q * n > _GRID_VOLUME_CELLS
+             else None)
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
@@ -1600,7 +1611,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             "log_marginal_posterior": float(counts_f @ log_marg + total_prior),
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
-            "item_quantiles": quantiles,
+            "item_quantiles": quantiles, "volume_nodes": (
+                (grids["volume"].record if "volume" in grids else None) if grids is not None
+                else {"nodes": "adaptive", "points": Q} if hyper else None),
             "diverged": diverged, "wall_s": time.perf_counter() - t0}
     return GuideState(loc, log_scale), cross, info
 
@@ -1628,7 +1641,7 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                "quadrature": {k: info[k] for k in (
                    "num_patterns", "patterns_padded_to", "num_nodes", "joint_item_covariance",
                    "newton_steps", "log_marginal_posterior", "item_moments", "set_aside",
-                   "diverged", "quick_compile")}
+                   "diverged", "quick_compile", "volume_nodes")}
                    | {"memory": memory}},
         cross=cross,
         intervals=({p.name: info["item_quantiles"][:, :, j].astype(np.float32)

@@ -563,6 +563,28 @@ def test_a_short_test_compiles_quickly_and_fits_the_same():
                                                                abs=1e-3)
 
 
+def test_volume_route_is_read_from_the_cells_and_both_routes_fit_alike(monkeypatch):
+    """Under pooled priors the items' volumes are taken on each pattern's adaptive nodes
+    where those hold at most ``_GRID_VOLUME_CELLS`` cells (300 x 8: 256 patterns x 21 nodes x
+    8 items), on one shared grid above it; fit.json records which. The two routes give the
+    same fit (the grid matches the nodes' volumes to 1e-4 nats)."""
+    import engine.infer.marginal as marginal
+
+    y = _simulate(300, 8, 7)[0]
+    spec = get_model("2pl", prior="population")
+    adaptive = fit_marginal(spec, y)
+    assert adaptive[2]["volume_nodes"] == {"nodes": "adaptive", "points": 21}
+    monkeypatch.setattr(marginal, "_GRID_VOLUME_CELLS", 0)
+    grid = fit_marginal(spec, y)
+    assert grid[2]["volume_nodes"]["nodes"] == "shared grid"
+    assert grid[2]["quick_compile"] is True
+    for name in adaptive[0].loc:
+        np.testing.assert_allclose(grid[0].loc[name], adaptive[0].loc[name], atol=1e-4)
+    assert grid[2]["log_marginal_posterior"] == pytest.approx(
+        adaptive[2]["log_marginal_posterior"], abs=1e-3)
+    assert fit_marginal(get_model("2pl", prior="vague"), y)[2]["volume_nodes"] is None
+
+
 @pytest.mark.parametrize("num_items", [8, 400])
 def test_item_draws_weighted_on_a_shared_grid_match_scipy(num_items, monkeypatch):
     """Item draws are weighted with each pattern's log marginal likelihood and ability
