@@ -394,10 +394,11 @@ def _weighted_scores(spec, x, theta, y, mask, c):
 
 
 def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad: bool = True,
-            dtype=jnp.float32):
+            dtype=jnp.float32, one_program: bool = False):
     """The items' volumes (:func:`_item_volume`) at items ``x`` on the nodes ``theta``, in
     chunks of items of about ``limit`` cells, and the gradient of their sum ``(n, k)``
-    (None unless ``with_grad``), in float64 numpy.
+    (None unless ``with_grad``), in float64 numpy. ``one_program``: the volumes alone come
+    from the program with the gradients too (one program to compile, not two).
 
     The gradient follows the abilities' posterior weights as the items move: along the
     scale, an item's information changes only through them. The weights' cotangent from
@@ -415,7 +416,8 @@ def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad:
     chunks = _chunks(U, Q * 4 * k * k, n, limit)
     for sl in chunks:
         v, gx, gw = _item_volume(spec, to_device(x[sl], dtype), th, to_device(y[:, sl]),
-                                 to_device(mask[:, sl]), w, gj, with_grad=with_grad)
+                                 to_device(mask[:, sl]), w, gj,
+                                 with_grad=with_grad or one_program)
         vol[sl] = np.asarray(v, np.float64)
         if with_grad:
             grad[sl], dw = np.asarray(gx, np.float64), dw + np.asarray(gw, np.float64)
@@ -499,21 +501,42 @@ def _grid_scores(spec, x, grid, c1, c0):
     return jax.grad(total)(x)
 
 
+@dataclass
+class _VolumeRoute:
+    """Where a fit takes its items' volumes (:func:`_items_volume`). ``shared``: on one
+    shared ability grid where :class:`_DrawNodes` takes one for the fit's nodes, a new grid
+    reaching further and finer by ``slack``; each pattern's adaptive nodes otherwise.
+    ``one_program``: every call runs the program with the gradients, so that a compile-bound
+    fit compiles one program, not two. ``grid``: the last grid, kept while it still spans
+    and resolves the patterns' posteriors (a grid of a new size is a new program)."""
+
+    shared: bool = False
+    slack: float = 0.1
+    one_program: bool = False
+    grid: "_DrawNodes | None" = None
+
+    def record(self, num_nodes: int) -> dict:
+        if self.shared and self.grid is not None:
+            return self.grid.record
+        return {"nodes": "adaptive", "points": num_nodes}
+
+
 def _items_volume(spec, x, quad, y, mask, counts, g, settings: MarginalSettings,
-                  with_grad: bool = True, grids: dict | None = None, dtype=jnp.float32):
+                  with_grad: bool = True, route: _VolumeRoute | None = None,
+                  dtype=jnp.float32):
     """The items' volumes ``(n,)`` and the gradient of their sum ``(n, k)`` (None unless
-    ``with_grad``) in float64: on the shared ability grid where ``grids`` (the fit's, holding
-    its last grid, and the slack a new one takes: 0.1 unless given) is given and
-    :class:`_DrawNodes` takes one for the fit's nodes (:func:`_grid_item_volume`; 1,000 x 50:
-    1.3 of a 2.4 s fit went here on the adaptive nodes), on each pattern's adaptive nodes
-    otherwise (:func:`_volume`)."""
-    nodes = None if grids is None else _DrawNodes(spec, quad, counts, settings.num_nodes,
-                                                  grids.get("volume"), grids.get("slack", 0.1))
-    if nodes is not None:
-        grids["volume"] = nodes  # kept while it spans and resolves the posteriors
+    ``with_grad``) in float64, where ``route`` (the fit's; None: adaptive nodes, two
+    programs) says: on the shared ability grid (:func:`_grid_item_volume`; 1,000 x 50: 1.3
+    of a 2.4 s fit went here on the adaptive nodes) or on each pattern's adaptive nodes
+    (:func:`_volume`)."""
+    route = route or _VolumeRoute()
+    nodes = None
+    if route.shared:
+        nodes = route.grid = _DrawNodes(spec, quad, counts, settings.num_nodes, route.grid,
+                                        route.slack)
     if nodes is None or not nodes.shared:
         return _volume(spec, x, *quad.log_base(spec), y, mask, counts, g, settings.cell_chunk,
-                       with_grad, dtype)
+                       with_grad, dtype, route.one_program)
     y1 = np.asarray(y, np.float64) * mask
     y0 = np.asarray(mask, np.float64) - y1
     grid, xj = to_device(nodes.theta, dtype), to_device(x, dtype)
@@ -1418,16 +1441,16 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     quad = _Quadrature(Q, U, settings.cell_chunk)
     trace, converged, previous, newton_steps, settled = [], False, None, 0, False
     best, diverged = (-np.inf, x, g, 0), None  # (objective, items, hyper-parameters, pass)
-    # the shared ability grid the items' volumes were last taken on; None: each pattern's
-    # adaptive nodes, where they are few enough that the grid's three more programs cost
-    # more to compile than they save (LSAT7, 32 x 21 x 5: 0.2 s more cold; `ability`,
-    # 1,280 x 21 x 16: the same cold, 0.47 s less warm). A new grid reaches further and is
-    # finer by its slack, as the posteriors narrow while the items sharpen: a quickly
-    # compiled fit is compile-bound, and at 0.1 `ability`'s 48-point grid gave way to a
-    # 64-point one mid-fit (every grid program compiled twice; 104 points at 0.5); a longer
-    # test's calls cost more on a finer grid (200 x 400: 7.1 s fit at 0.1, 10.3 s at 0.5)
-    grids = ({"slack": 0.5 if quick else 0.1} if num_patterns * Q * n > _GRID_VOLUME_CELLS
-             else None)
+    # the items' volumes: on a shared grid unless the adaptive nodes are few enough that the
+    # grid's three more programs cost more to compile than they save (LSAT7, 32 x 21 x 5:
+    # 0.2 s more cold; `ability`, 1,280 x 21 x 16: the same cold, 0.47 s less warm). A new
+    # grid reaches further and is finer by its slack, as the posteriors narrow while the
+    # items sharpen: a quickly compiled fit is compile-bound, and at 0.1 `ability`'s
+    # 48-point grid gave way to a 64-point one mid-fit (every grid program compiled twice;
+    # 104 points at 0.5); a longer test's calls cost more on a finer grid (200 x 400: 7.1 s
+    # fit at 0.1, 10.3 s at 0.5)
+    route = _VolumeRoute(shared=num_patterns * Q * n > _GRID_VOLUME_CELLS,
+                         slack=0.5 if quick else 0.1, one_program=quick)
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
@@ -1443,7 +1466,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         vol = np.zeros(n)
         if hyper:  # the items' volume: pooled priors are fitted with the items integrated out
             vol, vol_grad = _items_volume(spec, x, quad, yy, mask, counts_f, g, settings,
-                                          grids=grids)
+                                          route=route)
             grad = grad + vol_grad
         objective = float(counts_f @ log_marg + _total_prior(spec, x, g, prior_val) + vol.sum())
         if objective > best[0]:
@@ -1477,7 +1500,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                     spec, trial, trial_g, _item_prior(spec, trial, trial_g)[0])
                 if hyper:
                     trial_obj += _items_volume(spec, trial, quad, yy, mask, counts_f, trial_g,
-                                               settings, False, grids)[0].sum()
+                                               settings, False, route)[0].sum()
                 # accepted unless it lowers the objective by more than float32's resolution
                 # of it (the cells' log-likelihoods are float32): at 1e-9 the signed 2PL at
                 # 200 x 400 had its Newton steps refused by rounding from the 10th iteration
@@ -1489,7 +1512,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                 step = 0.5 * step
         if not moved:
             volume = ((lambda trial: _items_volume(spec, trial, quad, yy, mask, counts_f, g,
-                                                   settings, False, grids)[0])
+                                                   settings, False, route)[0])
                       if hyper else None)
             x = _em_step(spec, x, g, theta, yy, mask, wc, grad, hess, value + prior_val + vol,
                          settings, volume)
@@ -1499,7 +1522,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
 
             def g_part(gg):  # the objective's terms that move with the hyper-parameters
                 return _total_prior(spec, x, gg, _item_prior(spec, x, gg)[0]) + _items_volume(
-                    spec, x, quad, yy, mask, counts_f, gg, settings, False, grids)[0].sum()
+                    spec, x, quad, yy, mask, counts_f, gg, settings, False, route)[0].sum()
 
             now = g_part(g)
             for _half in range(4):  # kept only where the objective does not fall
@@ -1611,9 +1634,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             "log_marginal_posterior": float(counts_f @ log_marg + total_prior),
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
-            "item_quantiles": quantiles, "volume_nodes": (
-                (grids["volume"].record if "volume" in grids else None) if grids is not None
-                else {"nodes": "adaptive", "points": Q} if hyper else None),
+            "item_quantiles": quantiles,
+            "volume_nodes": route.record(Q) if hyper else None,
             "diverged": diverged, "wall_s": time.perf_counter() - t0}
     return GuideState(loc, log_scale), cross, info
 

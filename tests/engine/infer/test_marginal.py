@@ -376,9 +376,14 @@ def test_item_volume_matches_numpy_and_its_gradient(limit):
 
         vol, grad = volume(x)
         numeric = _numeric_gradient(volume, x)
+        # a compile-bound fit's one program: the volumes alone from the gradients' program
+        one = _volume(spec, x, theta, base, yy, mask, counts, g, limit, False, np.float64,
+                      one_program=True)
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(vol, _numpy_volumes(x, g, theta, base, yy, mask, counts),
                                rtol=1e-9)
+    assert one[1] is None
+    np.testing.assert_allclose(one[0], vol, rtol=1e-12)
 
 
 def test_pooled_prior_keeps_the_scale_where_items_outnumber_subjects():
@@ -655,23 +660,23 @@ def test_item_volume_on_the_shared_grid_matches_numpy_and_its_gradient():
     central differences in float64, and the volumes against the adaptive nodes' in float32."""
     import jax
 
-    from engine.infer.marginal import _DrawNodes, _items_volume
+    from engine.infer.marginal import _DrawNodes, _items_volume, _VolumeRoute
 
     spec = get_model("2pl", prior="population")
     patterns, counts, mask, yy, x, g = _volume_case()
     quad = _adapted(spec, x, yy.astype(np.float32), mask.astype(np.float32), len(patterns))
     settings = MarginalSettings()
-    grids = {}
+    route = _VolumeRoute(shared=True)
     with jax.enable_x64(True):
         def volume(xx, with_grad=True):
             return _items_volume(spec, xx, quad, yy, mask, counts, g, settings, with_grad,
-                                 grids, dtype=np.float64)
+                                 route, dtype=np.float64)
 
         vol, grad = volume(x)
-        nodes = grids["volume"]
+        nodes = route.grid
         assert isinstance(nodes, _DrawNodes) and nodes.shared
         numeric = _numeric_gradient(volume, x)
-        assert grids["volume"].theta is nodes.theta  # the same grid throughout
+        assert route.grid.theta is nodes.theta  # the same grid throughout
     np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7)
     expected = _numpy_volumes(x, g, nodes.theta[None, :], nodes.log_base, yy, mask, counts)
     np.testing.assert_allclose(vol, expected, rtol=1e-9)
