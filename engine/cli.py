@@ -17,7 +17,7 @@ from engine.compile_cache import use_compilation_cache
 from engine.errors import IRTError, SettingsError
 from engine.terminal import EscapedStream, escape_controls
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "run", "build_parser"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1011,5 +1011,31 @@ def _save_traceback() -> str:
     return path
 
 
+def run(argv: list[str] | None = None) -> None:
+    """The ``irt-engine`` command: :func:`main`, then the process ends without tearing the
+    interpreter down. Everything a command writes is complete and closed when :func:`main`
+    returns; what is left is freeing every module and JAX's runtime, 0.2-0.25 s of an LSAT7
+    fit process's 1.6 s. The exit handlers still run (``atexit``: logging, Ray, temporary
+    folders), and the usual exit is taken where another non-daemon thread is still alive
+    (the interpreter would wait for it) or the handlers' hook is not there."""
+    import atexit
+    import threading
+
+    code = main(argv)
+    code = 0 if code is None else code
+    others = [t for t in threading.enumerate()
+              if t is not threading.current_thread() and not t.daemon and t.is_alive()]
+    run_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if others or run_handlers is None:
+        sys.exit(code)
+    run_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that left, or a closed stream: nothing to add
+            pass
+    os._exit(code if isinstance(code, int) else 1)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

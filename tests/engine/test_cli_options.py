@@ -118,3 +118,35 @@ def test_an_in_memory_fit_never_imports_dask_array():
             "print('dask.array' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_the_command_exits_without_teardown_and_loses_nothing(tmp_path):
+    """``irt-engine`` (``engine.cli.run``) ends the process without freeing the interpreter:
+    a piped read-out arrives whole, exit handlers run, exit codes are kept, and a
+    non-daemon thread still running is waited for as the interpreter would."""
+    csv = tmp_path / "r.csv"
+    rows = [f"s{i}," + ",".join(str((i * 7 + j * 3) % 5 % 2) for j in range(6))
+            for i in range(300)]
+    csv.write_text("subject," + ",".join(f"q{j}" for j in range(6)) + "\n" + "\n".join(rows))
+    store, run = tmp_path / "s.zarr", tmp_path / "run"
+
+    def command(*argv, prelude=""):
+        code = f"import sys\n{prelude}\nfrom engine.cli import run\nrun({list(argv)!r})\n"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+    marker = tmp_path / "handler-ran"
+    out = command("ingest", str(csv), "--out", str(store), prelude=(
+        f"import atexit, pathlib; atexit.register(pathlib.Path({str(marker)!r}).touch)"))
+    assert out.returncode == 0 and "300 subjects x 6 items" in out.stdout, out.stderr
+    assert marker.exists()  # exit handlers ran
+    assert command("fit", str(store), "--out", str(run), "--model", "1pl").returncode == 0
+    board = command("leaderboard", str(run))
+    assert board.returncode == 0, board.stderr
+    assert len([line for line in board.stdout.splitlines() if line.strip()[:1].isdigit()]) == 300
+    missing = command("fit", str(tmp_path / "nothing"), "--out", str(tmp_path / "r2"))
+    assert missing.returncode == 2 and "no such response store" in missing.stderr
+    waited = command("--version", prelude=(
+        "import threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.5), print('thread done', flush=True)))"
+        ".start()"))
+    assert waited.returncode == 0 and waited.stdout.rstrip().endswith("thread done")
