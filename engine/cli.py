@@ -1017,7 +1017,9 @@ def run(argv: list[str] | None = None) -> None:
     returns; what is left is freeing every module and JAX's runtime, 0.2-0.25 s of an LSAT7
     fit process's 1.6 s. The exit handlers still run (``atexit``: logging, Ray, temporary
     folders), and the usual exit is taken where another non-daemon thread is still alive
-    (the interpreter would wait for it) or the handlers' hook is not there."""
+    (the interpreter would wait for it), where a profiler or tracer is on (``python -m
+    cProfile``, coverage: they write after the program returns), or where the handlers' hook
+    is not there."""
     import atexit
     import threading
 
@@ -1026,7 +1028,8 @@ def run(argv: list[str] | None = None) -> None:
     others = [t for t in threading.enumerate()
               if t is not threading.current_thread() and not t.daemon and t.is_alive()]
     run_handlers = getattr(atexit, "_run_exitfuncs", None)
-    if others or run_handlers is None:
+    watched = sys.getprofile() is not None or sys.gettrace() is not None
+    if others or watched or run_handlers is None:
         sys.exit(code)
     run_handlers()
     for stream in (sys.stdout, sys.stderr):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from engine.rows import identical_rows
@@ -59,16 +62,29 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
 
 
 def _count_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
-    """The direct count behind :func:`pairwise_beats`, over every pair of columns."""
+    """The direct count behind :func:`pairwise_beats`, over every pair of columns. Blocks of
+    rows are counted on the machine's cores (NumPy's comparisons and sums release the GIL:
+    `ability`'s 1,199 x 1,199 x 1,000 in 0.19 s on two cores against 0.35 s on one)."""
     draws = np.ascontiguousarray(draws)  # a strided view counts ten times slower
     T, S = draws.shape
     count = np.zeros((S, S), np.uint16 if T < 2 ** 16 else np.uint32)
-    for start in range(0, S, chunk):
-        rows = count[start : start + chunk]
+
+    def rows(start: int) -> None:
+        out = count[start : start + chunk]
         for t in range(0, T, 4):
             block = draws[t : t + 4]
-            rows += np.add.reduce(block[:, start : start + chunk, None] > block[:, None, :],
-                                  axis=0, dtype=count.dtype)
+            out += np.add.reduce(block[:, start : start + chunk, None] > block[:, None, :],
+                                 axis=0, dtype=count.dtype)
+
+    workers = min(os.cpu_count() or 1, 8) if S * S * T > 1 << 26 else 1
+    chunk = min(chunk, -(-S // workers))  # every core a share
+    starts = range(0, S, chunk)
+    if workers > 1 and len(starts) > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(rows, starts))
+    else:
+        for start in starts:
+            rows(start)
     return (count / T).astype(np.float32)
 
 

@@ -69,6 +69,19 @@ def test_pairwise_beats_counts_ties_in_single_draws_as_no_win():
     np.testing.assert_array_equal(pairwise_beats(draws, chunk=6), direct.astype(np.float32))
 
 
+@pytest.mark.parametrize("cores", [1, 3])
+def test_pairwise_beats_counted_on_several_cores_equals_the_direct_count(cores, monkeypatch):
+    """A table large enough to be counted in threads (here 3 cores: rows in three shares,
+    the last one short; ties included) equals the direct mean, as on one core."""
+    import os
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    rng = np.random.default_rng(5)
+    draws = np.round(rng.normal(size=(1003, 301)), 2).astype(np.float32)
+    direct = np.stack([(draws[:, i:i + 1] > draws).mean(axis=0) for i in range(301)])
+    np.testing.assert_array_equal(pairwise_beats(draws), direct.astype(np.float32))
+
+
 def test_pairwise_beats_of_no_draws_is_unknown():
     p = pairwise_beats(np.zeros((0, 4), np.float32))
     assert p.shape == (4, 4) and np.isnan(p).all()
