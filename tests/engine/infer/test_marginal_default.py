@@ -82,8 +82,10 @@ OPENML = (Path(__file__).resolve().parents[3].parent / "shared" / "data" / "open
 @pytest.mark.skipif(not OPENML.exists(), reason=f"shared data not found at {OPENML}")
 def test_a_quadrature_fit_that_loses_ground_stops_at_its_best_pass(monkeypatch):
     """The 2PL on 19 classifiers x 501 Bioresponse instances: the quadrature fit's objective
-    peaks near pass 20, then falls by hundreds of nats as discriminations run off (500
-    passes, 88 s before the guard). It stops once it has lost ground for
+    peaks near pass 20, then fell by hundreds of nats as discriminations ran off (500
+    passes, 88 s before the guard); with the globals' gradient made the Laplace objective's
+    it wanders within about 10 nats from pass 20 and peaks at pass 99 (discriminations up to
+    5.7 on 19 subjects). It stops once it has lost ground for
     ``divergence_patience`` passes, keeps the best pass's values, is not converged, and
     ``auto`` falls back to the mean-field fit saying why. ``auto`` runs the same (seeded,
     deterministic) quadrature fit as the forced one: it is run once and handed to both."""
@@ -109,7 +111,7 @@ def test_a_quadrature_fit_that_loses_ground_stops_at_its_best_pass(monkeypatch):
     patience = MarginalSettings().divergence_patience
     assert not forced.converged and diverged is not None
     assert diverged["at_pass"] - diverged["best_pass"] >= patience
-    assert forced.num_passes == diverged["at_pass"] - 1 < 100  # far from max_iter's 500
+    assert forced.num_passes == diverged["at_pass"] - 1 < 200  # far from max_iter's 500
     elbos = [row["elbo"] for row in forced.trace]
     assert diverged["best_objective"] == max(elbos)
     assert elbos[-1] < diverged["best_objective"] - 1.0
