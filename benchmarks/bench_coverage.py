@@ -18,10 +18,24 @@ Markdown table.
     python benchmarks/bench_coverage.py [--seeds 5] [--ability-factor auto|gaussian|quadrature]
         [--models 1pl,2pl] [--shapes 2000x12,1000x50,200x400,50x1000] [--out PATH]
         [--prior vague|hierarchical|population|default]
-        [--mirt /work/bench-venv/bin/python [--mirt-only] [--mirt-timeout S]] [--nuts]
+        [--mirt /work/bench-venv/bin/python [--mirt-only] [--mirt-timeout S]
+         [--mirt-guessing-beta A,B]] [--nuts] [--guessing-truth C] [--feasibility-truth D]
+
+``--guessing-truth C`` / ``--feasibility-truth D`` set every item's true guessing / feasibility
+to ``C`` / ``D`` instead of drawing it from Beta(2, 8) / 1 - Beta(2, 8) (3PL, 4PL, feas); the
+random stream is the same, so abilities, difficulties and discriminations (and the uniforms
+behind the responses) match the default data set of the same seed. A truth of 0 (or 1) is
+``-inf`` (``+inf``) on the logit scale and never covered. Each run also records
+``summary``: the mean true and fitted (``items.parquet``'s ``_mean``) value per item block and
+the mean error of the fitted location (unconstrained scale, raw truth).
+
+``--mirt-guessing-beta A,B`` fits mirt with ``priors={"guessing": BetaPrior(A, B)}`` (MAP EM).
 
 ``--nuts`` also samples each data set with NUTS (``engine.fit_nuts`` at its defaults) and
-scores the raw truth with its draws' central 90% intervals: the exact posterior's coverage.
+scores the raw truth with its draws' central 90% intervals: the exact posterior's coverage;
+``nuts_agreement`` compares the fit's ``items.parquet`` / ``subjects.parquet`` columns with
+NUTS's draws per block: ``|fit mean - NUTS mean| / NUTS sd`` (median, max) and the sd ratio
+fit / NUTS (min, median, max), on the constrained scale those files report.
 
 ``--mirt`` adds mirt for Python's Wald-interval coverage (``mirt_wald``); ``--mirt-only`` runs
 only mirt on the same simulated data sets (no engine fit) and reports its coverage per block.
@@ -70,20 +84,53 @@ def _linking(sim: dict, model: str, fitted_ability: np.ndarray) -> tuple[float, 
     return k, float(np.mean(fitted_ability) - k * np.mean(sim["ability"]))
 
 
-def simulate(model: str, shape: tuple[int, int], seed: int) -> dict:
-    """The data set ``measure`` fits: ``simulate.py``'s generator for ``model``."""
+def simulate(model: str, shape: tuple[int, int], seed: int, guessing: float | None = None,
+             feasibility: float | None = None) -> dict:
+    """The data set ``measure`` fits: ``simulate.py``'s generator for ``model``; ``guessing`` /
+    ``feasibility`` fix every item's true asymptote (asymptote models only)."""
     if model in ASYMPTOTES:
-        return simulate_asymptotes(model, *shape, seed=seed)
+        if guessing is None and feasibility is None:
+            return simulate_asymptotes(model, *shape, seed=seed)
+        return _simulate_fixed_asymptotes(model, shape, seed, guessing, feasibility)
     return (simulate_2pl if model == "2pl" else simulate_1pl)(*shape, seed=seed)
 
 
-def mirt_wald(model: str, sim: dict, python: str, timeout: float | None = None) -> dict:
+def _simulate_fixed_asymptotes(model: str, shape: tuple[int, int], seed: int,
+                               guessing: float | None, feasibility: float | None) -> dict:
+    """``simulate_asymptotes`` with the same random stream (the Beta draws still made, then
+    replaced), so everything but the fixed asymptotes matches the seed's default data set."""
+    lower, upper = ASYMPTOTES[model]
+    num_subjects, num_items = shape
+    rng = np.random.default_rng(seed)
+    out = {"ability": rng.standard_normal(num_subjects),
+           "difficulty": rng.standard_normal(num_items),
+           "discrimination": np.exp(0.3 * rng.standard_normal(num_items))}
+    c = rng.beta(2, 8, num_items) if lower else np.zeros(num_items)
+    d = 1 - rng.beta(2, 8, num_items) if upper else np.ones(num_items)
+    if lower and guessing is not None:
+        c = np.full(num_items, float(guessing))
+    if upper and feasibility is not None:
+        d = np.full(num_items, float(feasibility))
+    if lower:
+        out["guessing"] = c
+    if upper:
+        out["feasibility"] = d
+    eta = out["discrimination"] * (out["ability"][:, None] - out["difficulty"])
+    p = c + (d - c) / (1 + np.exp(-eta))
+    out["responses"] = (rng.random(p.shape) < p).astype(np.int8)
+    return out
+
+
+def mirt_wald(model: str, sim: dict, python: str, timeout: float | None = None,
+              guessing_beta: str | None = None) -> dict:
     """Coverage of mirt for Python's 90% Wald intervals (EM, Oakes SEs; EAP +- 1.645 PSD for
     abilities) of the raw truth, run in the bench venv's ``python`` (``mirt_wald.py``).
     Discrimination is scored on mirt's raw scale ``a``, guessing and feasibility on the
     probability scale. An item whose SE mirt leaves unknown (NaN) counts as not covered;
     ``se_missing`` counts them per block, ``coverage_se_known`` is the coverage of the rest.
-    A failed or timed-out run gives ``failed``."""
+    ``guessing_beta`` ("A,B") fits with mirt's ``BetaPrior(A, B)`` on guessing (MAP EM).
+    ``summary`` has the mean estimate and mean error per block. A failed or timed-out run
+    gives ``failed``."""
     import subprocess
     import tempfile
 
@@ -92,7 +139,8 @@ def mirt_wald(model: str, sim: dict, python: str, timeout: float | None = None) 
         src, dst = Path(tmp) / "y.npz", Path(tmp) / "mirt.json"
         np.savez(src, responses=sim["responses"])
         try:
-            subprocess.run([python, str(HERE / "mirt_wald.py"), str(src), str(dst), model],
+            extra = ["--guessing-beta", guessing_beta] if guessing_beta else []
+            subprocess.run([python, str(HERE / "mirt_wald.py"), str(src), str(dst), model, *extra],
                            check=True, capture_output=True, text=True, timeout=timeout)
         except subprocess.CalledProcessError as err:
             why = err.stderr.strip().splitlines()[-1:] or [f"exit {err.returncode}"]
@@ -102,7 +150,8 @@ def mirt_wald(model: str, sim: dict, python: str, timeout: float | None = None) 
         est = json.loads(dst.read_text())
     out = {"wall_s": est["wall_s"], "process_wall_s": time.perf_counter() - start,
            "tool_version": est["tool_version"], "converged": est.get("converged"),
-           "n_iterations": est.get("n_iterations"), "se_missing": {}, "coverage_se_known": {}}
+           "n_iterations": est.get("n_iterations"), "priors": est.get("priors"),
+           "se_missing": {}, "coverage_se_known": {}, "summary": {}}
     for block in _BLOCKS:
         if ((block == "discrimination" and model == "1pl") or block not in sim
                 or est.get(f"{block}_se") is None):
@@ -113,32 +162,36 @@ def mirt_wald(model: str, sim: dict, python: str, timeout: float | None = None) 
         out[block] = float(np.mean(covered))
         out["se_missing"][block] = int(np.sum(~known))
         out["coverage_se_known"][block] = float(np.mean(covered[known])) if known.any() else None
+        out["summary"][block] = {"mean_estimate": float(np.nanmean(np.asarray(est[block], float))),
+                                 "mean_truth": float(np.mean(sim[block])),
+                                 "mean_error": float(np.nanmean(err))}
     return out
 
 
 def mirt_only(models: list[str], shapes: list[tuple[int, int]], seeds: range, python: str,
-              timeout: float | None = None) -> tuple[list[dict], str]:
+              timeout: float | None = None, guessing_beta: str | None = None,
+              truths: dict | None = None) -> tuple[list[dict], str]:
     """mirt's Wald coverage alone on ``measure``'s data sets, and a Markdown table per block
     (mean and range over seeds; SEs mirt left unknown, of all items or abilities)."""
     runs = []
     for m in models:
         for s in shapes:
             for seed in seeds:
-                sim = simulate(m, s, seed)
+                sim = simulate(m, s, seed, **(truths or {}))
                 runs.append({"model": m, "shape": list(s), "seed": seed,
-                             "mirt": mirt_wald(m, sim, python, timeout)})
+                             "mirt": mirt_wald(m, sim, python, timeout, guessing_beta)})
                 print(m, s, seed, runs[-1]["mirt"], flush=True)
     lines = ["| model | subjects x items | block | mirt Wald 90% coverage, raw truth (mean; range) "
              "| SE unknown (all runs) | coverage where SE known (mean) | runs ok / not converged "
-             "| mirt wall s (mean; range) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| mirt wall s (mean; range) | mean estimate (mean truth) | mean error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for m in models:
         for s in shapes:
             group = [r["mirt"] for r in runs if r["model"] == m and r["shape"] == list(s)]
             ok = [g for g in group if "failed" not in g]
             if not ok:
                 lines.append(f"| {m} | {s[0]} x {s[1]} | - | all {len(group)} runs failed | "
-                             f"| | 0/{len(group)} | |")
+                             f"| | 0/{len(group)} | | | |")
                 continue
             walls = [g["wall_s"] for g in ok]
             for block in [b for b in ok[0] if b in _BLOCKS]:
@@ -148,18 +201,27 @@ def mirt_only(models: list[str], shapes: list[tuple[int, int]], seeds: range, py
                 known = [g["coverage_se_known"][block] for g in ok
                          if g["coverage_se_known"][block] is not None]
                 known_cell = f"{np.mean(known):.3f}" if known else "-"
+                summ = [g["summary"][block] for g in ok]
+                est_cell = (f"{np.mean([x['mean_estimate'] for x in summ]):.3f} "
+                            f"({np.mean([x['mean_truth'] for x in summ]):.3f})")
+                err_cell = f"{np.mean([x['mean_error'] for x in summ]):+.3f}"
                 lines.append(f"| {m} | {s[0]} x {s[1]} | {block} | {np.mean(cov):.3f} "
                              f"({min(cov):.3f}-{max(cov):.3f}) | {missing}/{n} | {known_cell} | "
                              f"{len(ok)}/{len(group)} / {sum(not g['converged'] for g in ok)} | "
-                             f"{np.mean(walls):.1f} ({min(walls):.1f}-{max(walls):.1f}) |")
+                             f"{np.mean(walls):.1f} ({min(walls):.1f}-{max(walls):.1f}) | "
+                             f"{est_cell} | {err_cell} |")
     return runs, "\n".join(lines)
 
 
-def nuts_coverage(model: str, sim: dict, prior: str | None) -> dict:
+def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     """Coverage of NUTS's central 90% intervals (the draws' 5% and 95% quantiles, at
     ``fit --method nuts``'s defaults) of the raw truth, per block, with the run's largest
-    R-hat and wall time: the exact posterior's own calibration, beside the fit's."""
+    R-hat and wall time: the exact posterior's own calibration, beside the fit's. With the
+    variational ``fit`` also ``agreement``: per block, ``|fit mean - NUTS mean| / NUTS sd``
+    (median, max) and the sd ratio fit / NUTS (min, median, max), comparing the columns
+    ``items.parquet`` / ``subjects.parquet`` report (constrained scale)."""
     import engine
+    from engine.readout.posterior import draw_summary_columns, summary_columns
 
     start = time.perf_counter()
     res = engine.fit_nuts(sim["responses"], model=model, prior=prior)
@@ -172,22 +234,49 @@ def nuts_coverage(model: str, sim: dict, prior: str | None) -> dict:
         flat = np.asarray(draws).reshape((-1,) + np.shape(truth))
         lo, hi = np.quantile(flat, [0.05, 0.95], axis=0)
         out[block] = float(np.mean((truth >= lo) & (truth <= hi)))
+    if fit is not None:
+        out["agreement"] = {}
+        for owner in ("item", "subject"):
+            mine = summary_columns(fit.spec, fit.guide, owner,
+                                   **({"cross": fit.cross, "intervals": fit.intervals}
+                                      if owner == "item" else {}))
+            exact = draw_summary_columns(res.spec, res.draws, owner)
+            for col in exact:
+                if not col.endswith("_mean") or col not in mine:
+                    continue
+                block = col[:-5]
+                nm, ns = np.asarray(exact[col], float), np.asarray(exact[f"{block}_sd"], float)
+                fm, fs = np.asarray(mine[col], float), np.asarray(mine[f"{block}_sd"], float)
+                z = np.abs(fm - nm) / ns
+                ratio = fs / ns
+                out["agreement"][block] = {
+                    "z_median": float(np.median(z)), "z_max": float(np.max(z)),
+                    "share_z_within_0.25": float(np.mean(z <= 0.25)),
+                    "sd_ratio_min": float(np.min(ratio)),
+                    "sd_ratio_median": float(np.median(ratio)),
+                    "sd_ratio_max": float(np.max(ratio)),
+                    "share_sd_ratio_in_0.8_1.25": float(np.mean((ratio >= 0.8) & (ratio <= 1.25))),
+                    "mean_signed_z": float(np.mean((fm - nm) / ns))}
     return out
 
 
 def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto",
             mirt_python: str | None = None, prior: str | None = "population",
-            nuts: bool = False, mirt_timeout: float | None = None) -> dict:
+            nuts: bool = False, mirt_timeout: float | None = None, truths: dict | None = None,
+            mirt_guessing_beta: str | None = None) -> dict:
     import engine
     from engine.readout.posterior import interval_90, within_owner_scales
 
-    sim = simulate(model, shape, seed)
+    from engine.readout.posterior import summary_columns
+
+    truths = {k: v for k, v in (truths or {}).items() if v is not None}
+    sim = simulate(model, shape, seed, **truths)
     start = time.perf_counter()
     res = engine.fit(sim["responses"], model=model, prior=prior,
                      settings=engine.FitSettings(seed=seed, ability_factor=ability_factor))
     wall = time.perf_counter() - start
     out = {"model": model, "shape": list(shape), "seed": seed, "prior": prior,
-           "passes": res.num_passes,
+           "truths": truths, "passes": res.num_passes,
            "converged": bool(res.converged), "wall_s": wall, "blocks": {},
            "ability_factor": res.extra["ability_factor"]["method"]}
     moments = res.extra.get("quadrature", {}).get("item_moments", {})
@@ -200,9 +289,17 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
     k, c = _linking(sim, model, np.asarray(res.guide.loc["ability"]))
     out["linking"] = {"k": k, "c": c}
     if mirt_python:
-        out["mirt"] = mirt_wald(model, sim, mirt_python, mirt_timeout)
+        out["mirt"] = mirt_wald(model, sim, mirt_python, mirt_timeout, mirt_guessing_beta)
     if nuts:
-        out["nuts"] = nuts_coverage(model, sim, prior)
+        out["nuts"] = nuts_coverage(model, sim, prior, res)
+    table = summary_columns(res.spec, res.guide, "item", cross=res.cross, intervals=res.intervals)
+    raw = _truth_unconstrained(sim, model)
+    out["summary"] = {block: {"mean_truth": float(np.mean(sim[block])),
+                              "mean_fitted": float(np.mean(table[f"{block}_mean"])),
+                              "mean_error_unconstrained": float(np.mean(
+                                  np.asarray(res.guide.loc[block]) - raw[block]))}
+                      for block in ("difficulty", "discrimination", "guessing", "feasibility")
+                      if block in sim and f"{block}_mean" in table}
     marginal = within_owner_scales(res.spec, res.guide, "item", res.cross)
     for how, (kk, cc) in (("raw", (1.0, 0.0)), ("raw_within_item", (1.0, 0.0)),
                           ("linked", (k, c)), ("linked_within_item", (k, c))):
@@ -239,6 +336,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds before a mirt run is recorded as failed")
     ap.add_argument("--nuts", action="store_true",
                     help="add NUTS's coverage (fit --method nuts defaults) on the same data")
+    ap.add_argument("--mirt-guessing-beta", default=None, metavar="A,B",
+                    help="with --mirt: fit mirt with priors={'guessing': BetaPrior(A, B)}")
+    ap.add_argument("--guessing-truth", type=float, default=None, metavar="C",
+                    help="every item's true guessing C instead of Beta(2, 8) draws")
+    ap.add_argument("--feasibility-truth", type=float, default=None, metavar="D",
+                    help="every item's true feasibility D instead of 1 - Beta(2, 8) draws")
     ap.add_argument("--shapes", default=",".join(f"{a}x{b}" for a, b in SHAPES),
                     help="comma-separated SUBJECTSxITEMS")
     args = ap.parse_args(argv)
@@ -246,26 +349,35 @@ def main(argv: list[str] | None = None) -> int:
     prior = None if args.prior == "default" else args.prior
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
+    truths = {"guessing": args.guessing_truth, "feasibility": args.feasibility_truth}
+    truths = {k: v for k, v in truths.items() if v is not None}
+    recorded = {"first_seed": args.first_seed, "guessing_truth": args.guessing_truth,
+                "feasibility_truth": args.feasibility_truth,
+                "mirt_guessing_beta": args.mirt_guessing_beta}
     if args.mirt_only:
         if not args.mirt:
             ap.error("--mirt-only needs --mirt PYTHON")
-        runs, table = mirt_only(models, shapes, seeds, args.mirt, args.mirt_timeout)
-        return _write(Path(args.out), {"machine": _machine(), "seeds": args.seeds,
+        runs, table = mirt_only(models, shapes, seeds, args.mirt, args.mirt_timeout,
+                                args.mirt_guessing_beta, truths)
+        return _write(Path(args.out), {"machine": _machine(), "seeds": args.seeds, **recorded,
                                        "mirt_only": True, "runs": runs, "table": table}, table)
     runs = []
     for m in models:
         for s in shapes:
             for seed in seeds:
                 runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior, args.nuts,
-                                    args.mirt_timeout))
+                                    args.mirt_timeout, truths, args.mirt_guessing_beta))
                 r = runs[-1]
-                exact = {b: round(v, 3) for b, v in r["nuts"].items()} if "nuts" in r else None
+                exact = ({b: round(v, 3) for b, v in r["nuts"].items() if b in _BLOCKS}
+                         if "nuts" in r else None)
                 how = r.get("item_moments", {})
                 print(m, s, seed, r["ability_factor"], how.get("method", ""),
                       f"R-hat {how['rhat_max']}" if "rhat_max" in how else "",
                       f"{r['wall_s']:.1f} s", {
                     b: round(v["raw_within_item"]["coverage90"], 3) for b, v in r["blocks"].items()},
-                    f"nuts: {exact}" if exact else "", flush=True)
+                    f"nuts: {exact}" if exact else "", {
+                    b: (round(v["mean_fitted"], 3), round(v["mean_error_unconstrained"], 3))
+                    for b, v in r["summary"].items()}, flush=True)
     lines = ["| model | subjects x items | fit | block | 90% coverage, raw truth, items.parquet sd "
              "(mean; range) | RMSE / sd | raw truth, guide sd | linked truth, items.parquet sd "
              "| RMSE / sd | linking k | wall s (mean) | mirt Wald, raw truth (mean; range) "
@@ -296,8 +408,35 @@ def main(argv: list[str] | None = None) -> int:
                              f"{min(ks):.2f}-{max(ks):.2f} | "
                              f"{np.mean([r['wall_s'] for r in group]):.1f} | {wald_cell} | "
                              f"{nuts_cell} |")
+    lines += ["", "| model | subjects x items | block | mean truth | mean fitted (items.parquet "
+              "mean; range over seeds) | mean error of the location, unconstrained (range) |",
+              "|---|---|---|---|---|---|"]
+    for m in models:
+        for s in shapes:
+            group = [r for r in runs if r["model"] == m and r["shape"] == list(s)]
+            for block in group[0]["summary"]:
+                v = {key: [r["summary"][block][key] for r in group]
+                     for key in group[0]["summary"][block]}
+                fitted, err = v["mean_fitted"], v["mean_error_unconstrained"]
+                lines.append(f"| {m} | {s[0]} x {s[1]} | {block} | {np.mean(v['mean_truth']):.3f} | "
+                             f"{np.mean(fitted):.3f} ({min(fitted):.3f} to {max(fitted):.3f}) | "
+                             f"{np.mean(err):+.3f} ({min(err):+.3f} to {max(err):+.3f}) |")
+    agree = [r for r in runs if "agreement" in r.get("nuts", {})]
+    if agree:
+        lines += ["", "| model | subjects x items | seed | block | \\|fit - NUTS\\| / NUTS sd "
+                  "(median; max) | share within 0.25 | sd ratio fit / NUTS (min; median; max) "
+                  "| share in [0.8, 1.25] | NUTS R-hat max | NUTS wall s |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in agree:
+            for block, a in r["nuts"]["agreement"].items():
+                lines.append(f"| {r['model']} | {r['shape'][0]} x {r['shape'][1]} | {r['seed']} | "
+                             f"{block} | {a['z_median']:.3f}; {a['z_max']:.3f} | "
+                             f"{a['share_z_within_0.25']:.2f} | {a['sd_ratio_min']:.2f}; "
+                             f"{a['sd_ratio_median']:.2f}; {a['sd_ratio_max']:.2f} | "
+                             f"{a['share_sd_ratio_in_0.8_1.25']:.2f} | "
+                             f"{r['nuts']['rhat_max']:.3f} | {r['nuts']['wall_s']:.0f} |")
     table = "\n".join(lines)
-    result = {"machine": _machine(),
+    result = {"machine": _machine(), **recorded,
               "seeds": args.seeds, "ability_factor": args.ability_factor, "prior": args.prior,
               "runs": runs,
               "table": table}

@@ -1,6 +1,6 @@
 """mirt for Python's Wald intervals on one data set, run in the bench venv (a subprocess).
 
-    BENCH_PYTHON benchmarks/mirt_wald.py IN.npz OUT.json MODEL
+    BENCH_PYTHON benchmarks/mirt_wald.py IN.npz OUT.json MODEL [--guessing-beta A,B]
 
 Reads ``responses`` (int, -1 missing) from IN.npz, fits MODEL (1pl, 2pl, 3pl, 4pl or feas) by
 EM with Oakes standard errors (maximum likelihood, no item priors), scores EAP abilities with
@@ -10,6 +10,10 @@ and the abilities, as JSON. mirt has no feas family: feas is its 4PL with guessi
 An SE mirt leaves unknown (NaN: mirt holds an estimate on its optimizer box, e.g. guessing at
 0 or 0.5, upper at 0.5 or 1, discrimination at 0.1 or 5, fixed and gives it no SE) is written
 as null.
+
+``--guessing-beta A,B`` fits Bayes modal (MAP) EM with ``priors={"guessing": BetaPrior(A, B)}``
+(mirt's item priors, 3PL and 4PL; mirt's SEs then include the prior's curvature); the output
+records it as ``priors``.
 """
 
 import json
@@ -30,12 +34,19 @@ def _floats(values):
 def main(argv):
     import mirt
 
-    src, out, model = argv
+    src, out, model = argv[:3]
+    beta = None
+    if argv[3:5] and argv[3] == "--guessing-beta":
+        beta = tuple(float(v) for v in argv[4].split(","))
     y = np.load(src)["responses"].astype(float)
     y[y < 0] = np.nan
     kwargs = {}
     if model == "feas":  # P = d sigmoid(a (theta - b)): the 4PL with c = 0
         kwargs = {"start_values": {"guessing": np.zeros(y.shape[1])}, "fixed": {"guessing": True}}
+    if beta is not None and model in ("3pl", "4pl"):
+        from mirt.estimation.priors import BetaPrior
+
+        kwargs["priors"] = {"guessing": BetaPrior(*beta)}
     t0 = time.perf_counter()
     fit = mirt.fit_mirt(y, model="4PL" if model == "feas" else model.upper(), estimation="EM",
                         se_method="oakes", **kwargs)
@@ -48,6 +59,7 @@ def main(argv):
     result = {
         "tool_version": mirt.__version__, "wall_s": time.perf_counter() - t0,
         "converged": bool(fit.converged), "n_iterations": int(fit.n_iterations),
+        "priors": {"guessing": f"Beta({beta[0]:g}, {beta[1]:g})"} if "priors" in kwargs else None,
         "ability": theta.tolist(),
         "ability_se": None if se is None else _floats(np.asarray(se).reshape(len(y), -1)[:, 0]),
     }
