@@ -89,36 +89,9 @@ def simulate(model: str, shape: tuple[int, int], seed: int, guessing: float | No
     """The data set ``measure`` fits: ``simulate.py``'s generator for ``model``; ``guessing`` /
     ``feasibility`` fix every item's true asymptote (asymptote models only)."""
     if model in ASYMPTOTES:
-        if guessing is None and feasibility is None:
-            return simulate_asymptotes(model, *shape, seed=seed)
-        return _simulate_fixed_asymptotes(model, shape, seed, guessing, feasibility)
+        return simulate_asymptotes(model, *shape, seed=seed, guessing=guessing,
+                                   feasibility=feasibility)
     return (simulate_2pl if model == "2pl" else simulate_1pl)(*shape, seed=seed)
-
-
-def _simulate_fixed_asymptotes(model: str, shape: tuple[int, int], seed: int,
-                               guessing: float | None, feasibility: float | None) -> dict:
-    """``simulate_asymptotes`` with the same random stream (the Beta draws still made, then
-    replaced), so everything but the fixed asymptotes matches the seed's default data set."""
-    lower, upper = ASYMPTOTES[model]
-    num_subjects, num_items = shape
-    rng = np.random.default_rng(seed)
-    out = {"ability": rng.standard_normal(num_subjects),
-           "difficulty": rng.standard_normal(num_items),
-           "discrimination": np.exp(0.3 * rng.standard_normal(num_items))}
-    c = rng.beta(2, 8, num_items) if lower else np.zeros(num_items)
-    d = 1 - rng.beta(2, 8, num_items) if upper else np.ones(num_items)
-    if lower and guessing is not None:
-        c = np.full(num_items, float(guessing))
-    if upper and feasibility is not None:
-        d = np.full(num_items, float(feasibility))
-    if lower:
-        out["guessing"] = c
-    if upper:
-        out["feasibility"] = d
-    eta = out["discrimination"] * (out["ability"][:, None] - out["difficulty"])
-    p = c + (d - c) / (1 + np.exp(-eta))
-    out["responses"] = (rng.random(p.shape) < p).astype(np.int8)
-    return out
 
 
 def mirt_wald(model: str, sim: dict, python: str, timeout: float | None = None,

@@ -65,11 +65,15 @@ def _simulate(num_subjects: int, num_items: int, seed: int, draw_discrimination)
                 discrimination=discrimination)
 
 
-def simulate_asymptotes(model: str, num_subjects: int, num_items: int, *, seed: int) -> dict:
+def simulate_asymptotes(model: str, num_subjects: int, num_items: int, *, seed: int,
+                        guessing: float | None = None,
+                        feasibility: float | None = None) -> dict:
     """Simulate a 3PL, 4PL or feasibility (DAD IRT-feas) data set: the 2PL's abilities,
     difficulties and discriminations, guessing ``c ~ Beta(2, 8)`` (3PL, 4PL) and
     feasibility ``d ~ 1 - Beta(2, 8)`` (4PL, feas); ``P = c + (d - c) sigmoid(a (theta - b))``.
-    Keys as :func:`simulate_2pl` plus ``guessing`` / ``feasibility`` where the model has them."""
+    Keys as :func:`simulate_2pl` plus ``guessing`` / ``feasibility`` where the model has them.
+    ``guessing`` / ``feasibility``: every item's true asymptote fixed at that value instead
+    (the Beta draws are still made, so everything else matches the seed's default data)."""
     lower, upper = ASYMPTOTES[model]
     rng = np.random.default_rng(seed)
     out = {"ability": rng.standard_normal(num_subjects),
@@ -77,6 +81,10 @@ def simulate_asymptotes(model: str, num_subjects: int, num_items: int, *, seed: 
            "discrimination": np.exp(0.3 * rng.standard_normal(num_items))}
     c = rng.beta(2, 8, num_items) if lower else np.zeros(num_items)
     d = 1 - rng.beta(2, 8, num_items) if upper else np.ones(num_items)
+    if lower and guessing is not None:
+        c = np.full(num_items, float(guessing))
+    if upper and feasibility is not None:
+        d = np.full(num_items, float(feasibility))
     if lower:
         out["guessing"] = c
     if upper:
