@@ -73,9 +73,9 @@ def test_pairwise_beats_counts_ties_in_single_draws_as_no_win():
 def test_pairwise_beats_counted_on_several_cores_equals_the_direct_count(cores, monkeypatch):
     """A table large enough to be counted in threads (here 3 cores: rows in three shares,
     the last one short; ties included) equals the direct mean, as on one core."""
-    import os
+    import engine.readout.ranking as ranking
 
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(ranking, "_cores", lambda: cores)
     rng = np.random.default_rng(5)
     draws = np.round(rng.normal(size=(1003, 301)), 2).astype(np.float32)
     direct = np.stack([(draws[:, i:i + 1] > draws).mean(axis=0) for i in range(301)])
