@@ -1,10 +1,10 @@
-"""The memory budget: how much of this machine's memory a command may plan to use."""
+"""What a command may plan to use of this machine: its memory budget and its cores."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["default_memory_budget", "ID_BYTES"]
+__all__ = ["default_memory_budget", "usable_cores", "ID_BYTES"]
 
 # What reading one id costs in memory: the Python str (about 50-60 bytes for short ids), the
 # object array's pointer and the decoder's buffers.
@@ -18,6 +18,14 @@ def default_memory_budget() -> int:
     except (ValueError, OSError, AttributeError):
         available = 4 << 30
     return max(256 << 20, available // 2)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system reports one
+    (``taskset``, a container's CPU set), else the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def size_text(n: float) -> str:

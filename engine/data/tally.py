@@ -12,11 +12,12 @@ Missing is ``-1`` in int8 matrices and NaN in float32 ones (:mod:`engine.data.bl
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
+
+from engine.memory import usable_cores
 
 __all__ = ["Tally", "count_observed", "map_row_bands", "observed", "tally"]
 
@@ -48,8 +49,7 @@ def map_row_bands(fn, y: np.ndarray) -> list:
     bands = _bands(y)
     if y.size <= _SERIAL_CELLS or len(bands) == 1:
         return [fn(y[b]) for b in bands]
-    workers = min(len(bands), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else os.cpu_count() or 1)
+    workers = min(len(bands), usable_cores())
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="irt-engine-tally") as pool:
         return list(pool.map(lambda b: fn(y[b]), bands))
 

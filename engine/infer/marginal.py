@@ -308,6 +308,13 @@ def _item_blocks(spec: ModelSpec):
     return [p for p in spec.params if p.owner == "item"]
 
 
+def _pooled_blocks(spec: ModelSpec) -> np.ndarray:
+    """Indices of the item blocks whose prior refers to globals (the pooled ones, which
+    the items' volume integrates out), in :func:`_item_blocks` order."""
+    return np.array([j for j, p in enumerate(_item_blocks(spec)) if p.prior.references()],
+                    dtype=int)
+
+
 def _cell_loglik(spec: ModelSpec, x, theta, y, mask):
     """Per-cell log-likelihood ``(U, Q, n)``: items ``x`` ``(n, k)`` unconstrained, nodes
     ``theta`` ``(U, Q)``, responses ``y`` and ``mask`` ``(U, n)``."""
@@ -366,7 +373,7 @@ def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
     ``with_grad`` also the gradients of their sum in ``x`` ``(n, k)`` and in ``w``."""
     env = _env(spec, g)
     blocks = _item_blocks(spec)
-    pooled = np.array([j for j, p in enumerate(blocks) if p.prior.references()])
+    pooled = _pooled_blocks(spec)
 
     def volumes(xx, ww):
         def one(xn, yn, mn):  # one item: xn (k,), yn / mn (U,)
@@ -453,7 +460,7 @@ def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True):
     volumes' sum in ``x`` ``(n, k)``, ``a1`` and ``a0``."""
     env = _env(spec, g)
     blocks = _item_blocks(spec)
-    pooled = np.array([j for j, p in enumerate(blocks) if p.prior.references()])
+    pooled = _pooled_blocks(spec)
 
     def volumes(xx, b1, b0):
         def item(xn, a1n, a0n):
@@ -701,8 +708,7 @@ def _volume_variances(spec: ModelSpec, info: np.ndarray) -> np.ndarray:
     information was not positive definite. Their gradient in ``log u`` was off by up to
     0.7 (2PL) and 1.5 (3PL) on a 60 x 6 test, and a 3PL at 50 x 1,000 had every joint
     Newton step refused while the objective fell along the computed ascent direction."""
-    pooled = np.array([j for j, p in enumerate(_item_blocks(spec)) if p.prior.references()],
-                      dtype=int)
+    pooled = _pooled_blocks(spec)
     out = np.zeros(info.shape[:2])
     if pooled.size:
         sub = info[:, pooled[:, None], pooled[None, :]]

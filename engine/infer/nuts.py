@@ -10,7 +10,6 @@ step size and diagonal mass matrix with blackjax's window adaptation, then draws
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from engine.errors import ModelError, SettingsError
 from engine.infer.elbo import log_prior, make_log_likelihood
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState, init_guide
-from engine.memory import size_text
+from engine.memory import size_text, usable_cores
 from engine.models.spec import ModelSpec
 
 __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "make_sampler",
@@ -358,8 +357,7 @@ def chain_threads(settings: NutsSettings) -> int:
         return settings.chain_threads
     if jax.default_backend() != "cpu":
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    top = max(1, min(cores or 1, settings.num_chains))
+    top = max(1, min(usable_cores(), settings.num_chains))
     return max(g for g in range(1, top + 1) if settings.num_chains % g == 0)
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from engine.memory import usable_cores
 from engine.rows import identical_rows
 
 __all__ = ["ranks_from_draws", "rank_stats", "pairwise_beats", "tie_groups"]
@@ -61,13 +61,6 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
     return _count_beats(draws, chunk)
 
 
-def _cores() -> int:
-    """The cores this process may run on (its affinity, where the system says)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
-
-
 def _count_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
     """The direct count behind :func:`pairwise_beats`, over every pair of columns. Blocks of
     rows are counted on the machine's cores (NumPy's comparisons and sums release the GIL:
@@ -83,7 +76,7 @@ def _count_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
             out += np.add.reduce(block[:, start : start + chunk, None] > block[:, None, :],
                                  axis=0, dtype=count.dtype)
 
-    workers = min(_cores(), 8) if S * S * T > 1 << 26 else 1
+    workers = min(usable_cores(), 8) if S * S * T > 1 << 26 else 1
     chunk = min(chunk, -(-S // workers))  # every core a share
     starts = range(0, S, chunk)
     if workers > 1 and len(starts) > 1:

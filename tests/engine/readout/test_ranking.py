@@ -75,7 +75,7 @@ def test_pairwise_beats_counted_on_several_cores_equals_the_direct_count(cores, 
     the last one short; ties included) equals the direct mean, as on one core."""
     import engine.readout.ranking as ranking
 
-    monkeypatch.setattr(ranking, "_cores", lambda: cores)
+    monkeypatch.setattr(ranking, "usable_cores", lambda: cores)
     rng = np.random.default_rng(5)
     draws = np.round(rng.normal(size=(1003, 301)), 2).astype(np.float32)
     direct = np.stack([(draws[:, i:i + 1] > draws).mean(axis=0) for i in range(301)])
