@@ -211,7 +211,7 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
         out["agreement"] = {}
         for owner in ("item", "subject"):
             mine = summary_columns(fit.spec, fit.guide, owner,
-                                   **({"cross": fit.cross, "intervals": fit.intervals}
+                                   **({"cross": fit.cross, "intervals": fit.intervals, "moments": fit.moments}
                                       if owner == "item" else {}))
             exact = draw_summary_columns(res.spec, res.draws, owner)
             for col in exact:
@@ -265,7 +265,8 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
         out["mirt"] = mirt_wald(model, sim, mirt_python, mirt_timeout, mirt_guessing_beta)
     if nuts:
         out["nuts"] = nuts_coverage(model, sim, prior, res)
-    table = summary_columns(res.spec, res.guide, "item", cross=res.cross, intervals=res.intervals)
+    table = summary_columns(res.spec, res.guide, "item", cross=res.cross, intervals=res.intervals,
+                            moments=res.moments)
     raw = _truth_unconstrained(sim, model)
     out["summary"] = {block: {"mean_truth": float(np.mean(sim[block])),
                               "mean_fitted": float(np.mean(table[f"{block}_mean"])),

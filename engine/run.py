@@ -122,7 +122,7 @@ def _item_table(res: FitResult) -> dict[str, np.ndarray]:
     ex = res.extra
     summary = (draw_summary_columns(res.spec, res.draws, "item") if res.draws
                else summary_columns(res.spec, res.guide, "item", cross=res.cross,
-                                    intervals=res.intervals))
+                                    intervals=res.intervals, moments=res.moments))
     cols = {"item": np.asarray(ex["items"])} | summary
     cols["mean_response"] = np.asarray(ex["stats"]["item_mean"])
     # every observed response the same: fitted as unobserved (engine.api._constant_items)

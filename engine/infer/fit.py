@@ -55,6 +55,9 @@ class FitResult:
     # its unconstrained value, (2, *full_shape), NaN where not sampled; the read-outs'
     # intervals then come from these instead of the Gaussian's
     intervals: dict = field(default_factory=dict)
+    # and their constrained values' posterior means and sds, (2, *full_shape), NaN where
+    # not sampled; the read-outs' means and sds then come from these
+    moments: dict = field(default_factory=dict)
 
     @property
     def num_passes(self) -> int:

@@ -1606,7 +1606,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     mode = x
     moments, moments_record = _importance(spec, x, g, proposal, quad, yy, mask, counts_f,
                                           settings)
-    quantiles = None  # the items' 5% and 95% quantiles (2, n, k) where they were sampled
+    quantiles = constrained = None  # where sampled: the items' 5% and 95% quantiles, and
+    # their constrained values' means and sds, (2, n, k) each
     if moments is not None:  # posterior means and covariances, not the mode's curvature
         x, g, item_cov, mean, total_var = moments
         cov = _within_item_blocks(item_cov, n, k)
@@ -1618,7 +1619,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             _sampled(spec, x, g, cov, g_cov, quad, yy, mask, counts_f, settings) if converged
             else (None, {"method": "laplace", "because": "the fit did not converge"}))
         if sampled is not None:
-            x, g, cov, g_cov, mean, total_var, quantiles = sampled
+            x, g, cov, g_cov, mean, total_var, quantiles, constrained = sampled
             sd = np.sqrt(total_var)
             moments_record |= {"method": "sampled", "abilities": "sampled"}
     if moments_record["method"] == "laplace":  # the abilities over the items' Laplace
@@ -1638,7 +1639,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             x, cov = x.copy(), cov.copy()
             x[columns[ok]], cov[columns[ok]] = means[ok], covs[ok]
             if quantiles is not None:  # their own posterior: no sampled quantiles
-                quantiles[:, columns[ok]] = np.nan
+                quantiles[:, columns[ok]] = constrained[:, columns[ok]] = np.nan
             set_aside = {"items": int(ok.sum()), "method": "grid against the fitted abilities"}
             if not ok.all():
                 set_aside["at_the_prior"] = int((~ok).sum())
@@ -1662,7 +1663,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             "log_marginal_posterior": float(counts_f @ log_marg + total_prior),
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
-            "item_quantiles": quantiles,
+            "item_quantiles": quantiles, "item_constrained": constrained,
             "volume_nodes": route.record(Q) if hyper else None,
             "diverged": diverged, "wall_s": time.perf_counter() - t0}
     return GuideState(loc, log_scale), cross, info
@@ -1696,4 +1697,7 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
         cross=cross,
         intervals=({p.name: info["item_quantiles"][:, :, j].astype(np.float32)
                     for j, p in enumerate(_item_blocks(spec))}
-                   if info["item_quantiles"] is not None else {}))
+                   if info["item_quantiles"] is not None else {}),
+        moments=({p.name: info["item_constrained"][:, :, j].astype(np.float32)
+                  for j, p in enumerate(_item_blocks(spec))}
+                 if info["item_constrained"] is not None else {}))

@@ -283,7 +283,8 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
 
     Returns ``(moments, record)``: ``moments`` is ``(item mean (n, k), globals mean (h,),
     within-item covariances (n, k, k), globals covariance (h, h), each pattern's ability
-    mean and variance (U,), the items' 5% and 95% quantiles (2, n, k))`` over the kept
+    mean and variance (U,), the items' 5% and 95% quantiles (2, n, k), the items'
+    constrained means and sds (2, n, k): each block's value through its transform)`` over the kept
     draws, or ``None`` where the pilot agrees with the Laplace approximation or the chains
     did not mix."""
     from engine.infer.marginal import _item_blocks
@@ -421,4 +422,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         record["not_mixed"] = [_value(int(v), n, k, names, hyper) | {
             "rhat": round(float(rhat[v]), 3)} for v in unmixed[:MAX_LISTED]]
     quantiles = np.quantile(flat, [0.05, 0.95], axis=0)  # (2, n, k): skewed items' ends
-    return (mean, g_mean, cov, g_cov, ability_mean, ability_var, quantiles), record
+    value = np.stack([np.asarray(p.constrain(flat[:, :, j]), np.float64)
+                      for j, p in enumerate(_item_blocks(spec))], axis=-1)
+    constrained = np.stack([value.mean(axis=0), value.std(axis=0, ddof=1)])
+    return (mean, g_mean, cov, g_cov, ability_mean, ability_var, quantiles, constrained), record

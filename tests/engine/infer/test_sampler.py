@@ -104,6 +104,19 @@ def test_sampled_items_and_abilities_agree_with_importance_sampling():
         z = np.abs(np.asarray(got.loc[block]) - np.asarray(ref.loc[block])) / ref_sds[block]
         assert z.max() < mc + 0.02, block
         np.testing.assert_allclose(sds[block], ref_sds[block], rtol=0.1, err_msg=block)
+    # the reported discrimination: the draws' mean and sd of exp(log a), against the
+    # log-normal moments of importance sampling's Gaussian; the difficulty's is its mean
+    drawn = info["item_constrained"]
+    np.testing.assert_allclose(drawn[0, :, 0], got.loc["difficulty"], atol=1e-5)
+    ref_table = summary_columns(spec, ref, "item", ref_cross)
+    table = summary_columns(spec, got, "item", cross, moments={"discrimination": drawn[:, :, 1]})
+    np.testing.assert_array_equal(table["discrimination_mean"], drawn[0, :, 1].astype(np.float32))
+    np.testing.assert_array_equal(table["discrimination_sd"], drawn[1, :, 1].astype(np.float32))
+    z = np.abs(table["discrimination_mean"] - ref_table["discrimination_mean"]) / ref_table[
+        "discrimination_sd"]
+    assert z.max() < mc + 0.02
+    np.testing.assert_allclose(table["discrimination_sd"], ref_table["discrimination_sd"], rtol=0.1)
+    assert (table["discrimination_mean"] > np.exp(got.loc["discrimination"])).all()  # Jensen
 
 
 def test_the_pilot_keeps_the_laplace_approximation_where_the_draws_agree_with_it():

@@ -1,6 +1,8 @@
 import jax
 import numpy as np
 import pytest
+from scipy.integrate import quad
+from scipy.special import expit
 from scipy.stats import lognorm, norm
 
 from engine.infer.guide import GuideState
@@ -26,13 +28,40 @@ def test_summaries_match_scipy_quantiles(guide):
     loc = guide.loc["discrimination"]
     np.testing.assert_allclose(items["discrimination_q95"], lognorm.ppf(0.95, sd, scale=np.exp(loc)),
                                rtol=1e-4)
-    np.testing.assert_allclose(items["discrimination_mean"], np.exp(loc), rtol=1e-6)
-    np.testing.assert_allclose(items["discrimination_sd"], np.exp(loc) * sd, rtol=1e-5)  # delta method
+    # the posterior mean and sd of the log-normal value, not exp(loc) and the delta method's
+    np.testing.assert_allclose(items["discrimination_mean"], lognorm.mean(sd, scale=np.exp(loc)),
+                               rtol=1e-6)
+    np.testing.assert_allclose(items["discrimination_sd"], lognorm.std(sd, scale=np.exp(loc)),
+                               rtol=1e-5)
+    np.testing.assert_array_equal(items["difficulty_mean"], guide.loc["difficulty"])
+    np.testing.assert_allclose(items["difficulty_sd"], np.exp(guide.log_scale["difficulty"]),
+                               rtol=1e-7)
     subjects = summarize(spec, guide, "subject")
     np.testing.assert_allclose(subjects["ability_q05"],
                                norm.ppf(0.05, guide.loc["ability"], np.exp(guide.log_scale["ability"])),
                                rtol=1e-4, atol=1e-5)
     assert Z90 == pytest.approx(norm.ppf(0.95))
+
+
+@pytest.mark.parametrize("loc, scale, rtol", [(-1.5, 0.6, 1e-4), (-3.0, 0.02, 1e-4),
+                                              (0.5, 2.0, 1e-4), (2.0, 5.0, 1e-3)])
+def test_logistic_normal_moments_match_scipy_integration(loc, scale, rtol):
+    """A guessing's reported mean and sd are E[c] and sd(c) for logit c ~ N(loc, scale^2),
+    as scipy integrates them; the interval maps the logit's quantiles. (A logit sd of 5 is
+    beyond any fitted asymptote; the rule's error grows there.)"""
+    spec = get_model("3pl", prior="vague")
+    g = GuideState({"difficulty": np.zeros(1, np.float32), "discrimination": np.zeros(1, np.float32),
+                    "guessing": np.full(1, loc, np.float32)},
+                   {"difficulty": np.zeros(1, np.float32), "discrimination": np.zeros(1, np.float32),
+                    "guessing": np.full(1, np.log(scale), np.float32)})
+    items = summarize(spec, g, "item")
+    moment = lambda k: quad(lambda z: expit(z) ** k * norm.pdf(z, loc, scale),
+                            loc - 12 * scale, loc + 12 * scale, epsabs=1e-12, limit=200)[0]
+    mean = moment(1)
+    np.testing.assert_allclose(items["guessing_mean"], mean, rtol=rtol / 5)
+    np.testing.assert_allclose(items["guessing_sd"], np.sqrt(moment(2) - mean ** 2), rtol=rtol)
+    np.testing.assert_allclose(items["guessing_q05"], expit(norm.ppf(0.05, loc, scale)), rtol=1e-5)
+    assert items["guessing_q05"][0] < items["guessing_mean"][0] < items["guessing_q95"][0]
 
 
 def test_draws_follow_the_guide(guide):
