@@ -116,23 +116,36 @@ _HERMITE = tuple(np.asarray(a, np.float32) for a in (
 
 
 @partial(jax.jit, static_argnames=("transform",))
-def _constrained(transform: str, loc, scale, low, high):
+def _through(transform: str, x):
+    """``x`` through the elementwise ``transform`` (one small program per transform and
+    shape: the read-out's moments are summed on the host, which compiles faster)."""
+    return TRANSFORMS[transform](x)
+
+
+def _constrained(transform: str, loc, scale, low, high, *scales):
     """``(mean, sd, q05, q95)`` of a block whose unconstrained value is Gaussian with
     location ``loc`` and scale ``scale``, with 90% bounds ``low``, ``high`` on the
-    unconstrained scale, through its elementwise ``transform`` (one program per transform
-    and shape). Mean and sd are the constrained value's posterior moments, by Gauss-Hermite
-    quadrature about ``transform(loc)`` (so a small sd keeps its digits in float32); the
-    bounds map exactly through the monotone transform and come from the host, as before:
-    inside the program XLA fuses ``loc - z sd`` into one rounding."""
-    constrain = TRANSFORMS[transform]
+    unconstrained scale, through its elementwise ``transform``; then the sd under each of
+    ``scales``. Mean and sd are the constrained value's posterior moments, by Gauss-Hermite
+    quadrature about ``transform(loc)`` (so a small sd keeps its digits); the bounds map
+    exactly through the monotone transform."""
     if transform == "identity":
-        return loc, scale, low, high
-    nodes, weights = (jnp.asarray(a) for a in _HERMITE)
-    centre = constrain(loc)
-    d = constrain(loc[..., None] + scale[..., None] * nodes) - centre[..., None]
-    shift = d @ weights
-    sd = jnp.sqrt(jnp.maximum((d * d) @ weights - shift * shift, 0.0))
-    return centre + shift, sd, constrain(low), constrain(high)
+        return (loc, scale, low, high) + scales
+    nodes, weights = _HERMITE
+    cols = [a[..., None] for a in (loc, low, high)] + [
+        loc[..., None] + s[..., None] * nodes for s in (scale,) + scales]
+    value = np.asarray(_through(transform, to_device(np.concatenate(cols, axis=-1))), np.float64)
+    centre, w = value[..., 0], weights.astype(np.float64)
+    out = [None, None, value[..., 1], value[..., 2]]
+    for j in range(1 + len(scales)):
+        d = value[..., 3 + j * len(nodes):3 + (j + 1) * len(nodes)] - centre[..., None]
+        shift = d @ w
+        sd = np.sqrt(np.maximum((d * d) @ w - shift * shift, 0.0))
+        if j == 0:
+            out[:2] = centre + shift, sd
+        else:
+            out.append(sd)
+    return tuple(np.asarray(a, np.float32) for a in out)
 
 
 def summarize(spec: ModelSpec, guide: GuideState, owner: str,
@@ -184,16 +197,13 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
         meanfield = np.exp(np.asarray(guide.log_scale[p.name], np.float32))
         scale = np.asarray(marginal.get(p.name, meanfield), np.float32)
         low, high = interval_90(loc, scale, (intervals or {}).get(p.name))
-        value, sd, low, high = (np.asarray(a) for a in _constrained(
-            p.transform, to_device(loc), to_device(scale), to_device(low), to_device(high)))
+        value, sd, low, high, *meanfield_sd = _constrained(
+            p.transform, loc, scale, low, high, *([meanfield] if p.name in marginal else []))
         drawn = (moments or {}).get(p.name)
         if drawn is not None:  # the sampler's own moments, where it sampled the block
             drawn = np.asarray(drawn, np.float32)
             value = np.where(np.isfinite(drawn[0]), drawn[0], value)
             sd = np.where(np.isfinite(drawn[1]), drawn[1], sd)
-        if p.name in marginal:  # the same program: the guide's own scale's sd
-            meanfield_sd = np.asarray(_constrained(p.transform, *(to_device(a) for a in (
-                loc, meanfield, loc, loc)))[1])
         keep = masks.get(p.name, 1.0)  # effective value: zero where a declared mask is zero
         # (D,) blocks get one column set per component, named by the model's skills
         labels = [""] if p.shape == () else [
@@ -206,7 +216,7 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
             cols[f"{name}_q05"] = np.asarray(pick(keep * low))
             cols[f"{name}_q95"] = np.asarray(pick(keep * high))
             if p.name in marginal:
-                cols[f"{name}_sd_meanfield"] = np.asarray(pick(keep * meanfield_sd))
+                cols[f"{name}_sd_meanfield"] = np.asarray(pick(keep * meanfield_sd[0]))
     return cols
 
 
