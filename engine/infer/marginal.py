@@ -1606,8 +1606,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     mode = x
     moments, moments_record = _importance(spec, x, g, proposal, quad, yy, mask, counts_f,
                                           settings)
-    quantiles = constrained = None  # where sampled: the items' 5% and 95% quantiles, and
-    # their constrained values' means and sds, (2, n, k) each
+    quantiles = constrained = None  # where sampled: the items' 5% and 95% quantiles (2, n,
+    # k), and their constrained values' means and sds, split R-hats and effective draws (4, n, k)
     if moments is not None:  # posterior means and covariances, not the mode's curvature
         x, g, item_cov, mean, total_var = moments
         cov = _within_item_blocks(item_cov, n, k)

@@ -79,7 +79,20 @@ def effective_draws(draws: np.ndarray) -> np.ndarray:
     ArviZ (``ess(method="mean")``) compute it: the chains' autocorrelations combined with
     the between-chain variance, summed in pairs up to the first pair that is not positive
     (Geyer's initial positive sequence), each pair capped by the one before (initial
-    monotone sequence), each chain split in halves as for R-hat."""
+    monotone sequence), each chain split in halves as for R-hat. Values are taken in
+    chunks of about ``2^22`` draws (the transforms' memory: 10,000 subjects' 4 x 1,000 NUTS
+    draws would take 1.3 GB at once)."""
+    values = int(np.prod(draws.shape[2:], dtype=np.int64))
+    chunk = max(1, (1 << 22) // max(draws.shape[0] * draws.shape[1], 1))
+    if values > chunk:
+        flat = draws.reshape(draws.shape[:2] + (values,))
+        return np.concatenate([_effective_draws(flat[:, :, i:i + chunk])
+                               for i in range(0, values, chunk)]).reshape(draws.shape[2:])
+    return _effective_draws(draws)
+
+
+def _effective_draws(draws: np.ndarray) -> np.ndarray:
+    """:func:`effective_draws` of one chunk."""
     half = draws.shape[1] // 2
     draws = np.concatenate([draws[:, :half], draws[:, half:2 * half]], axis=0)
     c, d = draws.shape[:2]
@@ -283,8 +296,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
 
     Returns ``(moments, record)``: ``moments`` is ``(item mean (n, k), globals mean (h,),
     within-item covariances (n, k, k), globals covariance (h, h), each pattern's ability
-    mean and variance (U,), the items' 5% and 95% quantiles (2, n, k), the items'
-    constrained means and sds (2, n, k): each block's value through its transform)`` over the kept
+    mean and variance (U,), the items' 5% and 95% quantiles (2, n, k), and per item value
+    the mean and sd of its constrained value (through its block's transform), its split
+    R-hat and its effective draws (4, n, k))`` over the kept
     draws, or ``None`` where the pilot agrees with the Laplace approximation or the chains
     did not mix."""
     from engine.infer.marginal import _item_blocks
@@ -424,5 +438,6 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     quantiles = np.quantile(flat, [0.05, 0.95], axis=0)  # (2, n, k): skewed items' ends
     value = np.stack([np.asarray(p.constrain(flat[:, :, j]), np.float64)
                       for j, p in enumerate(_item_blocks(spec))], axis=-1)
-    constrained = np.stack([value.mean(axis=0), value.std(axis=0, ddof=1)])
+    constrained = np.stack([value.mean(axis=0), value.std(axis=0, ddof=1),
+                            rhat[:n * k].reshape(n, k), ess[:n * k].reshape(n, k)])
     return (mean, g_mean, cov, g_cov, ability_mean, ability_var, quantiles, constrained), record

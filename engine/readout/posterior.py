@@ -180,8 +180,10 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
     and its slope; ``exp(mu)`` stays the interval's centre on the log scale). So a fit's
     columns and a sampler's (:func:`draw_summary_columns`, the draws' mean and sd) are the
     same quantities. Quantiles map the Gaussian's exactly through the monotone transform.
-    With ``moments`` (``FitResult.moments``: sampled constrained means and sds, ``(2,
-    ...)``) a block's mean and sd are those, where finite. With ``cross``
+    With ``moments`` (``FitResult.moments``: sampled constrained means and sds, split
+    R-hats and effective draws, ``(4, ...)``) a block's mean and sd are those, where
+    finite, and ``{name}_rhat`` and ``{name}_ess`` give the diagnostics (NaN where the
+    block was not sampled). With ``cross``
     (``FitResult.cross``) blocks coupled within an owner get their marginal sds
     (:func:`within_owner_scales`) and keep the guide's in ``{name}_sd_meanfield``. With
     ``intervals`` (``FitResult.intervals``: sampled 5% and 95% quantiles of the
@@ -215,6 +217,8 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
             cols[f"{name}_sd"] = np.asarray(pick(keep * sd))
             cols[f"{name}_q05"] = np.asarray(pick(keep * low))
             cols[f"{name}_q95"] = np.asarray(pick(keep * high))
+            if drawn is not None:
+                cols[f"{name}_rhat"], cols[f"{name}_ess"] = (np.asarray(pick(a)) for a in drawn[2:4])
             if p.name in marginal:
                 cols[f"{name}_sd_meanfield"] = np.asarray(pick(keep * meanfield_sd[0]))
     return cols
@@ -229,18 +233,23 @@ def summarize_draws(spec: ModelSpec, draws: dict, owner: str) -> pd.DataFrame:
 
 def draw_summary_columns(spec: ModelSpec, draws: dict, owner: str) -> dict[str, np.ndarray]:
     """:func:`summary_columns`'s table from a sampler's constrained draws ``(chains, draws,
-    *full_shape)`` per block (NUTS): posterior mean, sd and 5% / 95% quantiles of the draws.
+    *full_shape)`` per block (NUTS): posterior mean, sd and 5% / 95% quantiles of the draws,
+    and each value's split R-hat and effective draws (``_rhat``, ``_ess``: ArviZ's
+    ``rhat(method="split")`` and ``ess(method="mean")``).
     """
+    from engine.infer.sampler import effective_draws, split_rhat
+
     cols = {}
     guide = GuideState({k: np.asarray(v)[0, 0] for k, v in draws.items()}, {})
     masks = _read_out_masks(spec, guide, owner)
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:
             continue
-        d = np.asarray(draws[p.name], np.float64)
-        d = d.reshape((-1,) + d.shape[2:]) * masks.get(p.name, 1.0)
+        chained = np.asarray(draws[p.name], np.float64)
+        d = chained.reshape((-1,) + chained.shape[2:]) * masks.get(p.name, 1.0)
         q05, q95 = np.quantile(d, [0.05, 0.95], axis=0)
-        stats = {"mean": d.mean(axis=0), "sd": d.std(axis=0, ddof=1), "q05": q05, "q95": q95}
+        stats = {"mean": d.mean(axis=0), "sd": d.std(axis=0, ddof=1), "q05": q05, "q95": q95,
+                 "rhat": split_rhat(chained), "ess": effective_draws(chained)}
         labels = [""] if p.shape == () else [
             f"_{s}" for s in (spec.skills if len(spec.skills) == p.shape[0] else range(p.shape[0]))]
         for k, label in enumerate(labels):

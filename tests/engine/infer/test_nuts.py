@@ -186,6 +186,14 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path):
     assert list(idata.posterior["subject"].values[:2]) == ["s0", "s1"]
     np.testing.assert_allclose(ability.mean(("chain", "draw")).values,
                                subjects["ability_mean"], rtol=1e-4, atol=1e-5)
+    # each value's diagnostics beside its summary, as az.summary gives them
+    np.testing.assert_allclose(subjects["ability_rhat"], az.rhat(idata, method="split")[
+        "ability"].values, rtol=1e-5)
+    np.testing.assert_allclose(subjects["ability_ess"], az.ess(idata, method="mean")[
+        "ability"].values, rtol=1e-4)
+    items = pd.read_parquet(out / "items.parquet")
+    np.testing.assert_allclose(items["difficulty_rhat"], az.rhat(idata, method="split")[
+        "difficulty"].values, rtol=1e-5)
     # pairwise from the draws themselves
     a = ability.values.reshape(-1, 40)
     assert pairwise[0, 1] == pytest.approx((a[:, 0] > a[:, 1]).mean(), abs=1e-6)

@@ -41,6 +41,11 @@ def test_rhat_and_effective_draws_match_arviz():
             assert ours_r[v] == pytest.approx(float(az.rhat(x[:, :, v], method="split")), abs=1e-6)
             assert ours_e[v] == pytest.approx(float(az.ess(x[:, :, v], method="mean")), rel=1e-6)
         assert np.median(ours_e) == pytest.approx(8000 * (1 - rho) / (1 + rho), rel=0.2)
+    # many values: taken in chunks, the same numbers
+    from engine.infer.sampler import _effective_draws
+    many = _ar1(rng, 4, 1000, 0.6).repeat(200, axis=2)[..., :590] + rng.normal(size=590) * 1e-3
+    np.testing.assert_array_equal(effective_draws(many.reshape(4, 1000, 59, 10)),
+                                  _effective_draws(many).reshape(59, 10))
     apart = _ar1(rng, 4, 1000, 0.5, shift=np.array([0.0, 0.0, 0.0, 1.0]))
     assert split_rhat(apart).min() > 1.05 > split_rhat(_ar1(rng, 4, 1000, 0.5)).max()
 
@@ -110,6 +115,9 @@ def test_sampled_items_and_abilities_agree_with_importance_sampling():
     np.testing.assert_allclose(drawn[0, :, 0], got.loc["difficulty"], atol=1e-5)
     ref_table = summary_columns(spec, ref, "item", ref_cross)
     table = summary_columns(spec, got, "item", cross, moments={"discrimination": drawn[:, :, 1]})
+    np.testing.assert_array_equal(table["discrimination_rhat"], drawn[2, :, 1].astype(np.float32))
+    assert table["discrimination_rhat"].max() <= sampler["rhat_max"] + 1e-4
+    assert table["discrimination_ess"].min() >= sampler["ess_min"] - 0.1
     np.testing.assert_array_equal(table["discrimination_mean"], drawn[0, :, 1].astype(np.float32))
     np.testing.assert_array_equal(table["discrimination_sd"], drawn[1, :, 1].astype(np.float32))
     z = np.abs(table["discrimination_mean"] - ref_table["discrimination_mean"]) / ref_table[
