@@ -39,7 +39,7 @@ from engine.atomic import atomic_write
 from engine.compile_cache import compilation_cache_dir, compilation_cache_enabled
 
 __all__ = ["exported_jit", "fingerprint", "Unkeyable", "source_digest", "register_structures",
-           "compiler_options"]
+           "compiler_options", "QUICK_COMPILE"]
 
 _MAGIC = b"irt-engine exported program 1\n"
 _PACKAGE = Path(__file__).resolve().parent
@@ -202,6 +202,10 @@ def _write(path: Path, exp) -> None:
     except OSError:
         pass
 
+
+# XLA's options for a program compiled fast: little optimisation (a small program's compile
+# falls by about half; it runs slower, which matters only on large arrays)
+QUICK_COMPILE = {"xla_backend_optimization_level": 0}
 
 # XLA options for the programs compiled inside ``compiler_options(...)`` (None: XLA's own)
 _OPTIONS: contextvars.ContextVar = contextvars.ContextVar("irt_engine_xla_options", default=None)

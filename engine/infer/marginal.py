@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.errors import ModelError, SettingsError
-from engine.exported import compiler_options, exported_jit
+from engine.exported import QUICK_COMPILE, compiler_options, exported_jit
 from engine.host import to_device
 from engine.infer.guide import GuideState
 from engine.models.spec import ModelSpec
@@ -1377,7 +1377,6 @@ def _node_loglik_cells(spec, x, theta, y, mask):
     return _cell_loglik(spec, x, theta, y, mask)
 
 
-_QUICK_COMPILE = {"xla_backend_optimization_level": 0}
 _GRID_VOLUME_CELLS = 1 << 17  # adaptive nodes' cells (patterns x nodes x items) above which
 # the items' volumes are taken on a shared grid (:func:`_items_volume`)
 _QUICK_DRAW_CELLS = 1 << 25  # LSAT7's 4,000 draws x 32 patterns x 11 nodes x 5 items: 7M
@@ -1391,7 +1390,7 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     num_subjects, num_items = np.shape(y)
     cells = min(num_subjects, 2 ** min(num_items, 62)) * settings.num_nodes * num_items
     quick = cells <= settings.quick_compile_cells
-    with compiler_options(_QUICK_COMPILE if quick else None):
+    with compiler_options(QUICK_COMPILE if quick else None):
         guide, cross, info = _fit_marginal(spec, y, settings, aside, quick)
     return guide, cross, info | {"quick_compile": quick}
 
