@@ -210,7 +210,8 @@ def _quadrature_intervals(record: dict) -> str:
     if method == "sampled":
         unmixed = len(record["item_moments"]["sampler"].get("not_mixed", []))
         return ("marginal posterior (the items sampled, abilities drawn on a grid)"
-                + (f"; {unmixed} item values' chains did not mix (fit.json "
+                + (f"; {unmixed} item values' chains did not mix (items.parquet's "
+                   "*_rhat columns; fit.json "
                    "quadrature.item_moments.sampler.not_mixed)" if unmixed else ""))
     return "marginal (Louis information at the marginal mode)"
 
