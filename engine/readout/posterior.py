@@ -123,8 +123,8 @@ def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,
 # Probabilists' Gauss-Hermite rule: E[f(loc + scale Z)], Z ~ N(0, 1), for a smooth f. With
 # 64 nodes (in float64, against scipy) a log-normal's mean and sd are exact to 1e-9 for
 # scales up to 4, a logistic-normal's mean to 5e-6 at scale 5 and 3e-5 at 10.
-_HERMITE = tuple(np.asarray(a, np.float32) for a in (
-    lambda x, w: (x, w / w.sum()))(*np.polynomial.hermite_e.hermegauss(64)))
+_HERMITE = (lambda x, w: (x.astype(np.float32), w / w.sum()))(
+    *np.polynomial.hermite_e.hermegauss(64))  # float64 weights: the outer ones are 3e-49
 
 
 @partial(jax.jit, static_argnames=("transform",))
@@ -147,12 +147,14 @@ def _constrained(transform: str, loc, scale, low, high, *scales):
     cols = [a[..., None] for a in (loc, low, high)] + [
         loc[..., None] + s[..., None] * nodes for s in (scale,) + scales]
     value = np.asarray(_through(transform, to_device(np.concatenate(cols, axis=-1))), np.float64)
-    centre, w = value[..., 0], weights.astype(np.float64)
+    centre, w = value[..., 0], weights
     out = [None, None, value[..., 1], value[..., 2]]
     for j in range(1 + len(scales)):
         d = value[..., 3 + j * len(nodes):3 + (j + 1) * len(nodes)] - centre[..., None]
-        shift = d @ w
-        sd = np.sqrt(np.maximum((d * d) @ w - shift * shift, 0.0))
+        with np.errstate(invalid="ignore"):  # a value past float32's range: mean and sd inf
+            shift = d @ w
+            sd = np.sqrt(np.maximum((d * d) @ w - shift * shift, 0.0))
+        sd = np.where(np.isfinite(shift), sd, np.inf)
         if j == 0:
             out[:2] = centre + shift, sd
         else:

@@ -1,3 +1,5 @@
+import warnings
+
 import jax
 import numpy as np
 import pytest
@@ -62,6 +64,22 @@ def test_logistic_normal_moments_match_scipy_integration(loc, scale, rtol):
     np.testing.assert_allclose(items["guessing_sd"], np.sqrt(moment(2) - mean ** 2), rtol=rtol)
     np.testing.assert_allclose(items["guessing_q05"], expit(norm.ppf(0.05, loc, scale)), rtol=1e-5)
     assert items["guessing_q05"][0] < items["guessing_mean"][0] < items["guessing_q95"][0]
+
+
+def test_a_mean_past_float32s_range_is_inf_not_nan():
+    """A log discrimination with a huge sd (a fit whose covariance broke down): E[a]
+    overflows; mean and sd are reported inf, without a warning, and the interval stays
+    finite."""
+    spec = get_model("2pl", prior="vague")
+    g = GuideState({"difficulty": np.zeros(2, np.float32), "discrimination": np.zeros(2, np.float32)},
+                   {"difficulty": np.zeros(2, np.float32),
+                    "discrimination": np.log(np.array([0.5, 30.0], np.float32))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        items = summarize(spec, g, "item")
+    assert np.isfinite(items["discrimination_mean"][0]) and np.isfinite(items["discrimination_sd"][0])
+    assert items["discrimination_mean"][1] == np.inf and items["discrimination_sd"][1] == np.inf
+    assert np.isfinite(items["discrimination_q95"]).all()
 
 
 def test_draws_follow_the_guide(guide):
