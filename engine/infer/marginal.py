@@ -1681,6 +1681,11 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
     settings, memory = within_budget(settings, fit_settings.memory_budget or default_memory_budget())
     guide, cross, info = fit_marginal(spec, y, settings, aside)
     y = np.asarray(y)
+
+    def by_block(a):  # a sampled summary (m, n, k) as {block: (m, n)}; {} where not sampled
+        return {} if a is None else {p.name: a[:, :, j].astype(np.float32)
+                                     for j, p in enumerate(_item_blocks(spec))}
+
     return FitResult(
         spec=spec, guide=guide, settings=fit_settings, trace=info["trace"],
         converged=info["converged"], wall_time_s=info["wall_s"],
@@ -1694,9 +1699,4 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                    "diverged", "quick_compile", "volume_nodes")}
                    | {"memory": memory}},
         cross=cross,
-        intervals=({p.name: info["item_quantiles"][:, :, j].astype(np.float32)
-                    for j, p in enumerate(_item_blocks(spec))}
-                   if info["item_quantiles"] is not None else {}),
-        moments=({p.name: info["item_constrained"][:, :, j].astype(np.float32)
-                  for j, p in enumerate(_item_blocks(spec))}
-                 if info["item_constrained"] is not None else {}))
+        intervals=by_block(info["item_quantiles"]), moments=by_block(info["item_constrained"]))

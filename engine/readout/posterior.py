@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING
 
 import jax
@@ -120,11 +120,16 @@ def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,
     return {n: np.sqrt(cov[:, i, i]).astype(np.float32) for n, i in at.items()}
 
 
-# Probabilists' Gauss-Hermite rule: E[f(loc + scale Z)], Z ~ N(0, 1), for a smooth f. With
-# 64 nodes (in float64, against scipy) a log-normal's mean and sd are exact to 1e-9 for
-# scales up to 4, a logistic-normal's mean to 5e-6 at scale 5 and 3e-5 at 10.
-_HERMITE = (lambda x, w: (x.astype(np.float32), w / w.sum()))(
-    *np.polynomial.hermite_e.hermegauss(64))  # float64 weights: the outer ones are 3e-49
+@lru_cache(maxsize=1)
+def _hermite() -> tuple[np.ndarray, np.ndarray]:
+    """Probabilists' Gauss-Hermite rule for ``E[f(loc + scale Z)]``, ``Z ~ N(0, 1)``, a smooth
+    ``f``: float32 nodes and float64 weights summing to 1 (the outer weights are 3e-49, 0 in
+    float32). With 64 nodes (in float64, against scipy) a log-normal's mean and sd are exact
+    to 1e-9 for scales up to 4, a logistic-normal's mean to 5e-6 at scale 5 and 3e-5 at 10."""
+    from numpy.polynomial.hermite_e import hermegauss
+
+    nodes, weights = hermegauss(64)
+    return nodes.astype(np.float32), weights / weights.sum()
 
 
 @partial(jax.jit, static_argnames=("transform",))
@@ -143,22 +148,21 @@ def _constrained(transform: str, loc, scale, low, high, *scales):
     exactly through the monotone transform."""
     if transform == "identity":
         return (loc, scale, low, high) + scales
-    nodes, weights = _HERMITE
+    nodes, w = _hermite()
+    scales = (scale,) + scales
     cols = [a[..., None] for a in (loc, low, high)] + [
-        loc[..., None] + s[..., None] * nodes for s in (scale,) + scales]
+        loc[..., None] + s[..., None] * nodes for s in scales]
     value = np.asarray(_through(transform, to_device(np.concatenate(cols, axis=-1))), np.float64)
-    centre, w = value[..., 0], weights
-    out = [None, None, value[..., 1], value[..., 2]]
-    for j in range(1 + len(scales)):
-        d = value[..., 3 + j * len(nodes):3 + (j + 1) * len(nodes)] - centre[..., None]
+    centre, q = value[..., 0], len(nodes)
+    shifts, sds = [], []
+    for j in range(len(scales)):
+        d = value[..., 3 + j * q:3 + (j + 1) * q] - centre[..., None]
         with np.errstate(invalid="ignore"):  # a value past float32's range: mean and sd inf
             shift = d @ w
             sd = np.sqrt(np.maximum((d * d) @ w - shift * shift, 0.0))
-        sd = np.where(np.isfinite(shift), sd, np.inf)
-        if j == 0:
-            out[:2] = centre + shift, sd
-        else:
-            out.append(sd)
+        shifts.append(shift)
+        sds.append(np.where(np.isfinite(shift), sd, np.inf))
+    out = (centre + shifts[0], sds[0], value[..., 1], value[..., 2], *sds[1:])
     return tuple(np.asarray(a, np.float32) for a in out)
 
 
