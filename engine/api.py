@@ -271,10 +271,10 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         result.extra["compile"] = compiles.to_dict()
         if not result.converged and settings.ability_factor == "auto":
             # e.g. 2PL on 19 classifiers x 501 OpenML instances: the objective peaks near pass
-            # 40, then loses ground (fit_marginal stops there); the mean-field fit converges
+            # 25, then makes no progress (fit_marginal stops there); the mean-field fit converges
             diverged = result.extra["quadrature"].get("diverged")
-            why = (f"lost ground from iteration {diverged['best_pass']} on, stopped at "
-                   f"{diverged['at_pass']}" if diverged else f"{result.num_passes} iterations")
+            why = (f"no progress from iteration {diverged['last_progress_pass']} on, stopped "
+                   f"at {diverged['at_pass']}" if diverged else f"{result.num_passes} iterations")
             factor = factor | {"method": "gaussian", "quadrature_not_converged": (
                 f"{why}; the mean-field fit was run instead")}
     if factor["method"] != "quadrature":  # fit_source counts its own compilation

@@ -80,15 +80,16 @@ OPENML = (Path(__file__).resolve().parents[3].parent / "shared" / "data" / "open
 
 
 @pytest.mark.skipif(not OPENML.exists(), reason=f"shared data not found at {OPENML}")
-def test_a_quadrature_fit_that_loses_ground_stops_at_its_best_pass(monkeypatch):
+def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypatch):
     """The 2PL on 19 classifiers x 501 Bioresponse instances: the quadrature fit's objective
     peaks near pass 20, then fell by hundreds of nats as discriminations ran off (500
     passes, 88 s before the guard); with the globals' gradient made the Laplace objective's
-    it wanders within about 10 nats from pass 20 and peaks at pass 99 (discriminations up to
-    5.7 on 19 subjects). It stops once it has lost ground for
-    ``divergence_patience`` passes, keeps the best pass's values, is not converged, and
-    ``auto`` falls back to the mean-field fit saying why. ``auto`` runs the same (seeded,
-    deterministic) quadrature fit as the forced one: it is run once and handed to both."""
+    it wandered within about 10 nats; with the items' EM step halved as a whole until the
+    objective does not fall, it rises to pass 25 and then every step is refused. It stops
+    once it has made no progress for ``divergence_patience`` passes, keeps the best pass's
+    values, is not converged, and ``auto`` falls back to the mean-field fit saying why.
+    ``auto`` runs the same (seeded, deterministic) quadrature fit as the forced one: it is
+    run once and handed to both."""
     import pandas as pd
 
     import engine.infer.marginal as marginal
@@ -110,19 +111,19 @@ def test_a_quadrature_fit_that_loses_ground_stops_at_its_best_pass(monkeypatch):
     diverged = forced.extra["quadrature"]["diverged"]
     patience = MarginalSettings().divergence_patience
     assert not forced.converged and diverged is not None
-    assert diverged["at_pass"] - diverged["best_pass"] >= patience
-    assert forced.num_passes == diverged["at_pass"] - 1 < 200  # far from max_iter's 500
+    assert diverged["at_pass"] - diverged["last_progress_pass"] >= patience
+    assert diverged["best_pass"] >= diverged["last_progress_pass"]
+    assert forced.num_passes == diverged["at_pass"] - 1 < 100  # far from max_iter's 500
     elbos = [row["elbo"] for row in forced.trace]
     assert diverged["best_objective"] == max(elbos)
-    assert elbos[-1] < diverged["best_objective"] - 1.0
-    # the hyper-parameters' EM update is kept only where the objective does not fall: before,
-    # single passes lost 25-135 nats here (pass 27: -5,899.7 -> -6,034.4)
+    # the items' and the hyper-parameters' EM steps are kept only where the objective does
+    # not fall: before, single passes lost 25-135 nats here (pass 27: -5,899.7 -> -6,034.4),
+    # and with the hyper-parameters' step checked, up to 10; now only the nodes' re-adaptation
+    # between passes moves it (0.001 here)
     drops = -np.diff(elbos)
-    assert drops.max() < 60.0
-    # the values reported are the best pass's: their objective is the best one, not the last
-    assert forced.extra["quadrature"]["log_marginal_posterior"] > elbos[-1] + 1.0
+    assert drops.max() < 0.1
     auto = fit(y, "2pl", FitSettings(seed=0, progress=False)).extra["ability_factor"]
     assert len(runs) == 1  # the same quadrature fit: same model, data and settings
     assert auto["method"] == "gaussian"
     assert auto["quadrature_not_converged"].startswith(
-        f"lost ground from iteration {diverged['best_pass']} on")
+        f"no progress from iteration {diverged['last_progress_pass']} on")
