@@ -361,6 +361,29 @@ def _item_values(spec, x, theta, y, mask, w):
     return jnp.einsum("uq,uqn->n", w, _cell_loglik(spec, x, theta, y, mask))
 
 
+# the pooled blocks' information floor per value (an sd of about 3 on the unconstrained
+# scale): ``-1/2 log |det|`` grows without bound as an item's information passes through
+# singular; a 4PL at 50 x 1,000 (50 responses per item, its likelihood not log-concave) ran
+# items to that pole, and its EM steps over it lost up to 36 nats a pass or, halved, were
+# refused from pass 22 on. A hard floor (no gradient below it) left a cusp that items sat on,
+# every step off it refused (from pass 47 on); the floor is smooth.
+_VOLUME_FLOOR = 0.1
+
+
+def _volume_of_det(det, p: int):
+    """``-1/2 log(c (1 + softplus(det / c)))``, ``c = _VOLUME_FLOOR ** p``: ``-1/2 log det``
+    less ``c / (2 det)`` where ``det >> c``, smooth, and at most ``-1/2 log c`` (a singular
+    or indefinite information)."""
+    c = _VOLUME_FLOOR ** p
+    return -0.5 * (np.log(c) + jnp.log1p(jax.nn.softplus(det / c)))
+
+
+def _log_volume(info):
+    """One item's volume from its pooled information ``(p, p)`` (traced): ``-1/2 log det``,
+    smoothly floored (:func:`_volume_of_det`)."""
+    return _volume_of_det(jnp.linalg.det(info), info.shape[0])
+
+
 @exported_jit(static_argnames=("spec", "with_grad"))
 def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
     """Each item's log posterior volume ``-1/2 log det A_i`` ``(n,)``: ``A_i`` is item
@@ -382,8 +405,7 @@ def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
                 return jnp.sum(ww * ll) + sum(p.prior.log_prob(v[j], env)
                                               for j, p in enumerate(blocks))
 
-            info = -jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)]
-            return -0.5 * jnp.linalg.slogdet(info)[1]
+            return _log_volume(-jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)])
 
         return jax.vmap(one, in_axes=(0, 1, 1))(xx, y, mask)
 
@@ -469,8 +491,7 @@ def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True):
                 return a1n @ l1[:, 0] + a0n @ l0[:, 0] + sum(
                     p.prior.log_prob(v[j], env) for j, p in enumerate(blocks))
 
-            info = -jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)]
-            return -0.5 * jnp.linalg.slogdet(info)[1]
+            return _log_volume(-jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)])
 
         return jax.vmap(item)(xx, b1.T, b0.T)
 
@@ -698,9 +719,9 @@ def _augmented(info: np.ndarray, cross: np.ndarray, g_hess: np.ndarray) -> np.nd
 
 def _volume_variances(spec: ModelSpec, info: np.ndarray) -> np.ndarray:
     """Each item value's variance ``(n, k)`` as the items' volume (:func:`_item_volume`)
-    sees it: the diagonal of the inverse of the pooled blocks' information, signed (where
-    that information is not positive definite, ``-1/2 log |det|``'s derivative keeps the
-    sign), zero in the blocks with a fixed prior (no global moves their curvature). With
+    sees it: the diagonal of the inverse of the pooled blocks' information, scaled down
+    towards zero where the volume is floored (:func:`_log_volume`), and zero in the blocks
+    with a fixed prior (no global moves their curvature). With
     these the globals' EM objective (:func:`_expected_log_prior`) has the Laplace
     objective's gradient in the globals. The whole item's conditional variances did not:
     a 3PL's took the guessing's uncertainty into the pooled blocks' (the inverse of the
@@ -712,7 +733,16 @@ def _volume_variances(spec: ModelSpec, info: np.ndarray) -> np.ndarray:
     out = np.zeros(info.shape[:2])
     if pooled.size:
         sub = info[:, pooled[:, None], pooled[None, :]]
-        out[:, pooled] = np.diagonal(np.linalg.pinv(sub), axis1=1, axis2=2)
+        # d vol / d A = -1/2 f(det) det A^-1 (:func:`_log_volume`), f -> 1 / det far above
+        # the floor: the variances are f(det) times the adjugate's diagonal
+        c = _VOLUME_FLOOR ** pooled.size
+        det = np.linalg.det(sub)
+        z = det / c
+        f = np.exp(-np.logaddexp(0.0, -z)) / (c * (1.0 + np.logaddexp(0.0, z)))
+        keep = [np.delete(np.arange(pooled.size), j) for j in range(pooled.size)]
+        minors = np.stack([np.linalg.det(sub[:, r[:, None], r[None, :]]) if r.size
+                           else np.ones(len(sub)) for r in keep], -1)  # adj(A)'s diagonal
+        out[:, pooled] = f[:, None] * minors
     return out
 
 
@@ -1553,8 +1583,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             if hyper:  # each item's volume moves with every item's step (through the
                 # abilities' weights), so the per-item checks do not bound the whole step: a
                 # 4PL at 50 x 1,000 lost up to 36 nats in some passes and never settled. The
-                # step is halved as a whole until the objective does not fall.
-                for _half in range(4):
+                # step is halved as a whole until the objective does not fall; there the
+                # objective along the step peaked near 1/64 of it (+8.9 nats; at 1/8, -51)
+                for _half in range(10):
                     if objective_at(x_em, g) >= objective - _F32_EPS * abs(objective):
                         break
                     x_em = x + 0.5 * (x_em - x)

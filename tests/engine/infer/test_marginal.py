@@ -336,7 +336,9 @@ def _numeric_gradient(volume, x, eps=1e-5):
 def _numpy_volumes(x, g, theta, base, yy, mask, counts):
     """Each 2PL item's -1/2 log det of its expected information (weights on the nodes
     ``theta`` ``(U, Q)``, log prior + rule weight ``base``) plus its pooled normal priors'
-    precisions, the Hessian written out cell by cell."""
+    precisions, the Hessian written out cell by cell, floored as ``_log_volume`` floors it."""
+    from engine.infer.marginal import _VOLUME_FLOOR
+
     a, b = np.exp(x[:, 1]), x[:, 0]
     p = 1 / (1 + np.exp(-a[None, None] * (theta[:, :, None] - b[None, None])))
     ll = (stats.bernoulli.logpmf(yy[:, None, :], p) * mask[:, None, :]).sum(-1) + base
@@ -351,7 +353,8 @@ def _numpy_volumes(x, g, theta, base, yy, mask, counts):
                       [0.0, np.sum(w * (-q * d_la * d_la + r * d_la))]])
         h[1, 0] = h[0, 1]
         h -= np.diag([np.exp(g[1]), np.exp(g[3])])  # the pooled normal priors' precisions
-        out.append(-0.5 * np.linalg.slogdet(-h)[1])
+        c = _VOLUME_FLOOR ** 2  # -1/2 log det, smoothly floored (two of the five indefinite)
+        out.append(-0.5 * (np.log(c) + np.log1p(np.logaddexp(0.0, np.linalg.det(-h) / c))))
     return np.array(out)
 
 
@@ -384,6 +387,48 @@ def test_item_volume_matches_numpy_and_its_gradient(limit):
                                rtol=1e-9)
     assert one[1] is None
     np.testing.assert_allclose(one[0], vol, rtol=1e-12)
+
+
+def test_item_volume_is_floored_smoothly_where_the_information_is_near_singular():
+    """A pooled block's volume is ``-1/2 log det`` of its information within ``c / det`` where
+    the determinant is far above ``c = _VOLUME_FLOOR ** p``, and at most ``-1/2 log c``
+    everywhere, smooth (unfloored it grew without bound at a singular information, and a
+    4PL's items ran there; a hard floor left a cusp they sat on). The globals' EM objective
+    sees the same: ``_volume_variances`` is the volume's derivative in the blocks' prior
+    precisions (``d vol / d u_j``, ``A = D + diag(u)``), times -2."""
+    import jax
+    import jax.numpy as jnp
+
+    from engine.infer.marginal import _VOLUME_FLOOR, _log_volume, _volume_variances
+
+    spec = get_model("2pl", prior="population")  # both item blocks pooled
+    c = _VOLUME_FLOOR ** 2
+    infos = np.array([[[4.0, 1.0], [1.0, 3.0]],  # positive definite, det 11
+                      [[30.0, 2.0], [2.0, 12.0]],  # det 356
+                      [[2.0, 3.0], [3.0, 1.0]],  # indefinite (det -7)
+                      [[0.05, 0.0], [0.0, 0.1]],  # det 0.005, below c
+                      [[1.0, 0.0], [0.0, 0.0]]])  # singular
+    rng = np.random.default_rng(3)
+    random = rng.normal(size=(200, 2, 2)) * rng.uniform(0.01, 3, size=(200, 1, 1))
+    random = random + np.swapaxes(random, 1, 2)
+    with jax.enable_x64(True):
+        vol = np.array([float(_log_volume(jnp.asarray(a))) for a in infos])
+        vol_random = np.array([float(_log_volume(jnp.asarray(a))) for a in random])
+
+        def volume_in_u(u, d):  # the volume of A = D + diag(u)
+            return _log_volume(jnp.asarray(d) + jnp.diag(u))
+
+        grads = np.array([np.asarray(jax.grad(volume_in_u)(jnp.zeros(2), a)) for a in infos])
+    det = np.linalg.det(infos)
+    np.testing.assert_allclose(vol[:2], -0.5 * np.log(det[:2]), atol=0, rtol=0.01)
+    assert np.all(np.abs(vol[:2] + 0.5 * np.log(det[:2])) < c / det[:2])
+    top = -0.5 * np.log(c)
+    assert np.all(np.isfinite(vol)) and np.all(vol <= top + 1e-12)
+    assert np.all(np.isfinite(vol_random)) and np.all(vol_random <= top + 1e-12)
+    assert top - 0.5 < vol[2] <= top  # indefinite: near the floor's value
+    assert vol[3] < vol[4] <= top  # the volume rises smoothly to the floor
+    np.testing.assert_allclose(_volume_variances(spec, infos), -2.0 * grads, rtol=1e-9,
+                               atol=1e-12)
 
 
 def test_pooled_prior_keeps_the_scale_where_items_outnumber_subjects():
