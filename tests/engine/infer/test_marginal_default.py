@@ -85,7 +85,8 @@ def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypa
     peaks near pass 20, then fell by hundreds of nats as discriminations ran off (500
     passes, 88 s before the guard); with the globals' gradient made the Laplace objective's
     it wandered within about 10 nats; with the items' EM step halved as a whole until the
-    objective does not fall, it rises to pass 25 and then every step is refused. It stops
+    objective does not fall, it rises by ever smaller amounts (with four halvings every step
+    was refused from pass 26 on). It stops
     once it has made no progress for ``divergence_patience`` passes, keeps the best pass's
     values, is not converged, and ``auto`` falls back to the mean-field fit saying why.
     ``auto`` runs the same (seeded, deterministic) quadrature fit as the forced one: it is
@@ -113,7 +114,9 @@ def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypa
     assert not forced.converged and diverged is not None
     assert diverged["at_pass"] - diverged["last_progress_pass"] >= patience
     assert diverged["best_pass"] >= diverged["last_progress_pass"]
-    assert forced.num_passes == diverged["at_pass"] - 1 < 100  # far from max_iter's 500
+    # with the whole step halved up to ten times it creeps on by fractions of a nat and stops
+    # at pass 212
+    assert forced.num_passes == diverged["at_pass"] - 1 < 300  # short of max_iter's 500
     elbos = [row["elbo"] for row in forced.trace]
     assert diverged["best_objective"] == max(elbos)
     # the items' and the hyper-parameters' EM steps are kept only where the objective does
