@@ -1512,6 +1512,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
+
     def objective_at(xx, gg) -> float:  # the marginal log posterior at items xx, globals gg
         _, _, marg = quad.posterior(spec, xx, yy, mask)
         value = counts_f @ marg + _total_prior(spec, xx, gg, _item_prior(spec, xx, gg)[0])
