@@ -1521,6 +1521,19 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                                    route)[0].sum()
         return float(value)
 
+    def backtracked(step, tries: int, trial_at):
+        """The first of ``step``, ``step / 2``, ... (at most ``tries``) whose trial values
+        ``trial_at(step)`` -> ``(items, globals)`` do not lower this pass's objective by more
+        than float32's resolution of it (the cells' log-likelihoods are float32: at 1e-9
+        the signed 2PL at 200 x 400 had its Newton steps refused by rounding from the 10th
+        iteration on and crept by EM steps for 60 more; 27 iterations now, same answer);
+        None where none does."""
+        for _half in range(tries):
+            if objective_at(*trial_at(step)) >= objective - _F32_EPS * abs(objective):
+                return step
+            step = 0.5 * step
+        return None
+
     for it in range(settings.max_iter):
         t_it = time.perf_counter()
         x_before, g_before = x, g
@@ -1563,18 +1576,13 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             else:
                 step = _marginal_newton(info_mat, grad.reshape(-1), settings.max_step)
             # halved under pooled priors, where the volume's curvature (left out) matters
-            tries = 0 if step is None else 4 if hyper else 1
-            for _half in range(tries):
-                trial, trial_g = x + step[:n * k].reshape(n, k), g + step[n * k:]
-                # accepted unless it lowers the objective by more than float32's resolution
-                # of it (the cells' log-likelihoods are float32): at 1e-9 the signed 2PL at
-                # 200 x 400 had its Newton steps refused by rounding from the 10th iteration
-                # on and crept by EM steps for 60 more (27 iterations now, same answer)
-                if objective_at(trial, trial_g) >= objective - _F32_EPS * abs(objective):
-                    x, g, moved, newton_steps = trial, trial_g, True, newton_steps + 1
-                    full_step = float(np.abs(step).max())
-                    break
-                step = 0.5 * step
+            def joint_trial(s):  # the items and globals moved by the joint step s
+                return x + s[:n * k].reshape(n, k), g + s[n * k:]
+
+            step = backtracked(step, 0 if step is None else 4 if hyper else 1, joint_trial)
+            if step is not None:
+                (x, g), moved, newton_steps = joint_trial(step), True, newton_steps + 1
+                full_step = float(np.abs(step).max())
         if not moved:
             volume = ((lambda trial: _items_volume(spec, trial, quad, yy, mask, counts_f, g,
                                                    settings, False, route)[0])
@@ -1586,12 +1594,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                 # 4PL at 50 x 1,000 lost up to 36 nats in some passes and never settled. The
                 # step is halved as a whole until the objective does not fall; there the
                 # objective along the step peaked near 1/64 of it (+8.9 nats; at 1/8, -51)
-                for _half in range(10):
-                    if objective_at(x_em, g) >= objective - _F32_EPS * abs(objective):
-                        break
-                    x_em = x + 0.5 * (x_em - x)
-                else:
-                    x_em = x
+                kept = backtracked(x_em - x, 10, lambda s: (x + s, g))
+                x_em = x if kept is None else x + kept
             x = x_em
         if hyper and not moved:  # an EM step on the hyper-parameters
             g_new = _update_globals(spec, x, _volume_variances(spec, -hess), g,
