@@ -763,13 +763,19 @@ def _move_in_sds(spec: ModelSpec, x_before: np.ndarray, x: np.ndarray, g_before:
     whatever its size on the parameter scale; the caller also asks the objective's change
     to stay under 1e-3 and the moves to stay small in two passes running. Conditional sds
     are at most the marginal ones, so this is the stricter reading. An item whose
-    information is singular or not positive definite has no sd to measure by: its move
-    counts as infinite."""
+    information is singular or not positive definite has no joint sd to measure by: each of
+    its values is measured by its sd given the item's other values too, ``1 / sqrt`` of the
+    diagonal (stricter again), and a value whose diagonal is not positive counts as an
+    infinite move (a 4PL at 50 x 1,000: most items' information indefinite at the mode,
+    every pass an infinite move, so the fit could end only through moves under 1e-3)."""
     eig = np.linalg.eigvalsh(info)  # (n, k)
     flat = eig.min(axis=-1) <= 1e-8 * np.abs(eig).max(axis=-1)
     var = _conditional_variances(info)
+    diag = np.diagonal(info, axis1=1, axis2=2)
+    given_rest = np.where(diag > 0, 1.0 / np.where(diag > 0, diag, 1.0), np.inf)
+    var = np.where(flat[:, None], given_rest, var)
     moves = [np.abs(x - x_before) / np.maximum(np.sqrt(var), 1e-12)]
-    moves[0][flat] = np.inf
+    moves[0][np.isinf(var) & (x != x_before)] = np.inf
     if g.size:
         _, _, g_hess = _hyper_terms(spec, to_device(x, jnp.float32), to_device(var, jnp.float32),
                                     to_device(g, jnp.float32))
@@ -1565,7 +1571,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             x, g = best[1], best[2]
             break
         full_step = float(np.abs(_newton_direction(grad, hess, settings.max_step)).max())
-        moved = False
+        moved = refused = False
         if joint and it >= 2:
             info_mat, _ = _louis(spec, x, theta, w, counts_f, yy, mask, hess, True, settings)
             if hyper:  # items and hyper-parameters in one step: they move together
@@ -1595,7 +1601,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                 # step is halved as a whole until the objective does not fall; there the
                 # objective along the step peaked near 1/64 of it (+8.9 nats; at 1/8, -51)
                 kept = backtracked(x_em - x, 10, lambda s: (x + s, g))
-                x_em = x if kept is None else x + kept
+                x_em, refused = (x, True) if kept is None else (x + kept, False)
             x = x_em
         if hyper and not moved:  # an EM step on the hyper-parameters
             g_new = _update_globals(spec, x, _volume_variances(spec, -hess), g,
@@ -1620,7 +1626,10 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         change = abs(objective - previous) if previous is not None else np.inf
         previous = objective
         small = change < max(settings.tol * abs(objective), 1e-3)
-        within_sd = small and _move_in_sds(spec, x_before, x, g_before, g, -hess) < 0.05
+        # a refused step moves nothing and proves nothing: the ascent direction lost ground
+        # even at 1/1,024 of it (the 4PL above, on the volume floor's knee)
+        within_sd = (small and not refused
+                     and _move_in_sds(spec, x_before, x, g_before, g, -hess) < 0.05)
         if it >= 2 and small and (full_step < 1e-3 or (within_sd and settled)):
             converged = True
             break
@@ -1659,7 +1668,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     mode = x
     moments, moments_record = _importance(spec, x, g, proposal, quad, yy, mask, counts_f,
                                           settings)
-    quantiles = constrained = None  # where sampled: the items' 5% and 95% quantiles (2, n,
+    sampled = quantiles = constrained = None  # where sampled: the items' 5% and 95% quantiles (2, n,
     # k), and their constrained values' means and sds, split R-hats and effective draws (4, n, k)
     if moments is not None:  # posterior means and covariances, not the mode's curvature
         x, g, item_cov, mean, total_var = moments
@@ -1667,14 +1676,26 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         g_cov = item_cov[n * k:, n * k:]
         sd = np.sqrt(total_var)
         moments_record["abilities"] = "importance"
-    else:  # sampled where the Laplace approximation departs from the posterior
-        sampled, moments_record["sampler"] = (
-            _sampled(spec, x, g, cov, g_cov, quad, yy, mask, counts_f, settings) if converged
-            else (None, {"method": "laplace", "because": "the fit did not converge"}))
-        if sampled is not None:
-            x, g, cov, g_cov, mean, total_var, quantiles, constrained = sampled
-            sd = np.sqrt(total_var)
-            moments_record |= {"method": "sampled", "abilities": "sampled"}
+    elif converged:  # sampled where the Laplace approximation departs from the posterior
+        sampled, moments_record["sampler"] = _sampled(spec, x, g, cov, g_cov, quad, yy, mask,
+                                                      counts_f, settings)
+    elif diverged is not None:  # the mode search stalled (a 4PL at 50 x 1,000: no progress
+        # from pass 56 on, most items' information indefinite): a Laplace approximation at a
+        # point that is not the mode is no reference, so the posterior is sampled from the
+        # best pass whatever its pilot shows, and read out only where its chains mix
+        sampled, moments_record["sampler"] = _sampled(
+            spec, x, g, cov, g_cov, quad, yy, mask, counts_f,
+            replace(settings, sampler_check_laplace=False))
+        moments_record["sampler"]["started_at"] = (
+            f"the best pass ({diverged['best_pass']}) of a mode search that made no progress "
+            f"from pass {diverged['last_progress_pass']} on")
+    else:
+        sampled, moments_record["sampler"] = None, {"method": "laplace",
+                                                    "because": "the fit did not converge"}
+    if sampled is not None:
+        x, g, cov, g_cov, mean, total_var, quantiles, constrained = sampled
+        sd = np.sqrt(total_var)
+        moments_record |= {"method": "sampled", "abilities": "sampled"}
     if moments_record["method"] == "laplace":  # the abilities over the items' Laplace
         averaged, record = _laplace_abilities(spec, x, g, proposal, quad, yy, mask, counts_f,
                                               settings)
@@ -1710,7 +1731,10 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     for i, p in enumerate(hyper):
         loc[p.name] = np.asarray(g[i], np.float32)
         log_scale[p.name] = np.asarray(np.log(g_sd[i]), np.float32)
-    info = {"trace": trace, "converged": converged, "num_patterns": int(num_patterns),
+    # converged: the read-outs' computation converged, the mode search's or, where that
+    # stalled, the sampler's chains mixed (``mode_converged`` says which)
+    info = {"trace": trace, "converged": converged or sampled is not None,
+            "mode_converged": converged, "num_patterns": int(num_patterns),
             "patterns_padded_to": int(U),
             "num_nodes": Q, "joint_item_covariance": joint, "newton_steps": newton_steps,
             "log_marginal_posterior": float(counts_f @ log_marg + total_prior),
@@ -1750,7 +1774,7 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                "quadrature": {k: info[k] for k in (
                    "num_patterns", "patterns_padded_to", "num_nodes", "joint_item_covariance",
                    "newton_steps", "log_marginal_posterior", "item_moments", "set_aside",
-                   "diverged", "quick_compile", "volume_nodes")}
+                   "diverged", "mode_converged", "quick_compile", "volume_nodes")}
                    | {"memory": memory}},
         cross=cross,
         intervals=by_block(info["item_quantiles"]), moments=by_block(info["item_constrained"]))

@@ -171,3 +171,33 @@ def test_an_item_nobody_answered_stays_put_and_a_broken_covariance_is_mended():
     factor = _factor(blocks)
     assert np.isfinite(factor).all()
     np.testing.assert_allclose(factor[0] @ factor[0].T, [[1.5, 1.5], [1.5, 1.5]], atol=1e-6)
+
+
+def test_a_stalled_mode_search_is_sampled_from_its_best_pass():
+    """A mode search that stops for want of progress (here forced: every pass must gain all
+    of the objective, so it stops after two) reports no Laplace approximation at a point
+    that is not the mode: the posterior is sampled from its best pass whatever the pilot
+    finds, the fit counts as converged where the chains mix (``mode_converged`` false), and
+    its means and sds are those sampled from the converged mode, within Monte Carlo error."""
+    y = _middling_2pl()
+    spec = get_model("2pl", prior="population")
+    ref, _, ref_info = fit_marginal(spec, y, MarginalSettings(importance_max_params=0, **_SHORT))
+    assert ref_info["mode_converged"] and ref_info["item_moments"]["method"] == "sampled"
+    short = {k: v for k, v in _SHORT.items() if k != "sampler_check_laplace"}
+    got, _, info = fit_marginal(spec, y, MarginalSettings(
+        importance_max_params=0, tol=1.0, divergence_patience=2, **short))
+    assert info["diverged"]["at_pass"] == 3 and not info["mode_converged"]
+    record = info["item_moments"]
+    assert record["method"] == "sampled" and info["converged"]
+    assert "best pass" in record["sampler"]["started_at"] and "pilot" in record["sampler"]
+    sampler = record["sampler"]
+    assert sampler["rhat_max"] < 1.05
+    ref_mode, mode = ref_info["item_mode"], info["item_mode"]
+    ref_sd = np.sqrt(np.diagonal(ref_info["item_covariance"], axis1=1, axis2=2))
+    assert (np.abs(mode - ref_mode) / ref_sd).max() > 0.1  # started away from the mode
+    mc = 3.5 / np.sqrt(min(sampler["ess_min"], ref_info["item_moments"]["sampler"]["ess_min"]))
+    for j, block in enumerate(("difficulty", "discrimination")):
+        z = np.abs(np.asarray(got.loc[block]) - np.asarray(ref.loc[block])) / ref_sd[:, j]
+        assert z.max() < np.sqrt(2) * mc + 0.02, block
+        np.testing.assert_allclose(np.exp(got.log_scale[block]), np.exp(ref.log_scale[block]),
+                                   rtol=0.15, err_msg=block)
