@@ -353,8 +353,8 @@ def _numpy_volumes(x, g, theta, base, yy, mask, counts):
                       [0.0, np.sum(w * (-q * d_la * d_la + r * d_la))]])
         h[1, 0] = h[0, 1]
         h -= np.diag([np.exp(g[1]), np.exp(g[3])])  # the pooled normal priors' precisions
-        c = _VOLUME_FLOOR ** 2  # -1/2 log det, smoothly floored (two of the five indefinite)
-        out.append(-0.5 * (np.log(c) + np.log1p(np.logaddexp(0.0, np.linalg.det(-h) / c))))
+        c = _VOLUME_FLOOR ** 2  # -1/2 log |det|, smoothly floored (two of the five indefinite)
+        out.append(-0.5 * np.log(np.sqrt(np.linalg.det(-h) ** 2 + c ** 2)))
     return np.array(out)
 
 
@@ -390,10 +390,12 @@ def test_item_volume_matches_numpy_and_its_gradient(limit):
 
 
 def test_item_volume_is_floored_smoothly_where_the_information_is_near_singular():
-    """A pooled block's volume is ``-1/2 log det`` of its information within ``c / det`` where
-    the determinant is far above ``c = _VOLUME_FLOOR ** p``, and at most ``-1/2 log c``
-    everywhere, smooth (unfloored it grew without bound at a singular information, and a
-    4PL's items ran there; a hard floor left a cusp they sat on). The globals' EM objective
+    """A pooled block's volume is ``-1/2 log |det|`` of its information within
+    ``c^2 / det^2`` where the determinant is far from ``c = _VOLUME_FLOOR ** p`` on either
+    side, and at most ``-1/2 log c`` everywhere, smooth (unfloored it grew without bound at
+    a singular information, and a 4PL's items ran there; a hard floor left a cusp they sat
+    on; a floor that capped every indefinite information trapped a 2PL's items far from the
+    mode, where their informations are indefinite). The globals' EM objective
     sees the same: ``_volume_variances`` is the volume's derivative in the blocks' prior
     precisions (``d vol / d u_j``, ``A = D + diag(u)``), times -2."""
     import jax
@@ -420,13 +422,15 @@ def test_item_volume_is_floored_smoothly_where_the_information_is_near_singular(
 
         grads = np.array([np.asarray(jax.grad(volume_in_u)(jnp.zeros(2), a)) for a in infos])
     det = np.linalg.det(infos)
-    np.testing.assert_allclose(vol[:2], -0.5 * np.log(det[:2]), atol=0, rtol=0.01)
-    assert np.all(np.abs(vol[:2] + 0.5 * np.log(det[:2])) < c / det[:2])
+    far = np.abs(det) > 1.0  # positive definite and indefinite alike: -1/2 log |det|
+    np.testing.assert_allclose(vol[far], -0.5 * np.log(np.abs(det[far])), atol=0, rtol=0.01)
+    assert np.all(np.abs(vol[far] + 0.5 * np.log(np.abs(det[far]))) < c ** 2 / det[far] ** 2)
+    assert far[:3].all() and vol[2] == pytest.approx(-0.5 * np.log(7.0), rel=1e-6)
     top = -0.5 * np.log(c)
     assert np.all(np.isfinite(vol)) and np.all(vol <= top + 1e-12)
     assert np.all(np.isfinite(vol_random)) and np.all(vol_random <= top + 1e-12)
-    assert top - 0.5 < vol[2] <= top  # indefinite: near the floor's value
-    assert vol[3] < vol[4] <= top  # the volume rises smoothly to the floor
+    assert vol[3] < vol[4] == pytest.approx(top)  # the volume rises smoothly to the floor
+    assert vol[3] == pytest.approx(-0.5 * np.log(np.hypot(0.005, c)), rel=1e-9)
     np.testing.assert_allclose(_volume_variances(spec, infos), -2.0 * grads, rtol=1e-9,
                                atol=1e-12)
 
