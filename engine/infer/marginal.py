@@ -1630,7 +1630,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         previous = objective
         small = change < max(settings.tol * abs(objective), 1e-3)
         # a refused step moves nothing and proves nothing: the ascent direction lost ground
-        # even at 1/1,024 of it (the 4PL above, on the volume floor's knee)
+        # even at 1/1,024 of it (a 4PL at 50 x 1,000 from pass 57 on)
         within_sd = (small and not refused
                      and _move_in_sds(spec, x_before, x, g_before, g, -hess) < 0.05)
         if it >= 2 and small and (full_step < 1e-3 or (within_sd and settled)):
@@ -1671,8 +1671,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     mode = x
     moments, moments_record = _importance(spec, x, g, proposal, quad, yy, mask, counts_f,
                                           settings)
-    sampled = quantiles = constrained = None  # where sampled: the items' 5% and 95% quantiles (2, n,
-    # k), and their constrained values' means and sds, split R-hats and effective draws (4, n, k)
+    # where sampled: the sampler's moments, the items' 5% and 95% quantiles (2, n, k), and
+    # their constrained values' means and sds, split R-hats and effective draws (4, n, k)
+    sampled = quantiles = constrained = None
     if moments is not None:  # posterior means and covariances, not the mode's curvature
         x, g, item_cov, mean, total_var = moments
         cov = _within_item_blocks(item_cov, n, k)
