@@ -252,6 +252,8 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
            "truths": truths, "passes": res.num_passes,
            "converged": bool(res.converged), "wall_s": wall, "blocks": {},
            "ability_factor": res.extra["ability_factor"]["method"]}
+    if "quadrature_not_converged" in res.extra["ability_factor"]:  # auto's fallback, and why
+        out["quadrature_not_converged"] = res.extra["ability_factor"]["quadrature_not_converged"]
     moments = res.extra.get("quadrature", {}).get("item_moments", {})
     if moments:  # how the items' intervals were obtained (and the sampler's diagnostics)
         sampler = moments.get("sampler") or {}

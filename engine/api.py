@@ -275,6 +275,9 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
             diverged = result.extra["quadrature"].get("diverged")
             why = (f"no progress from iteration {diverged['last_progress_pass']} on, stopped "
                    f"at {diverged['at_pass']}" if diverged else f"{result.num_passes} iterations")
+            sampler = result.extra["quadrature"]["item_moments"].get("sampler") or {}
+            if diverged and "started_at" in sampler:  # sampled from its best pass: not kept
+                why += f"; sampled from there, not kept: {sampler.get('because', 'not mixed')}"
             factor = factor | {"method": "gaussian", "quadrature_not_converged": (
                 f"{why}; the mean-field fit was run instead")}
     if factor["method"] != "quadrature":  # fit_source counts its own compilation

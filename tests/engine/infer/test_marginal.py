@@ -517,31 +517,6 @@ def test_a_barely_identified_pooled_fit_converges_at_its_objectives_top():
     assert objective[-1] >= max(objective) - 1e-3
 
 
-def test_moves_are_measured_in_sds_where_an_items_information_is_indefinite():
-    """An item whose information is positive definite: its moves in the sds of the inverse's
-    diagonal. An indefinite one (most 4PL items at 50 x 1,000): each value in its sd given
-    the item's other values, ``1 / sqrt`` of the diagonal, and a value with no positive
-    curvature that moves counts as infinite; one that stays put does not."""
-    from engine.infer.marginal import _move_in_sds
-
-    spec = get_model("2pl")
-    pd = np.array([[4.0, 1.0], [1.0, 2.0]])
-    indefinite = np.array([[4.0, 3.0], [3.0, 1.0]])  # eigenvalues 5.9 and -0.9
-    no_curvature = np.array([[4.0, 0.0], [0.0, -1.0]])
-    info = np.stack([pd, indefinite, no_curvature])
-    before, none = np.zeros((3, 2)), np.zeros(0)
-    pd_sd = np.sqrt(np.diag(np.linalg.inv(pd)))
-    step = np.zeros((3, 2))
-    step[0] = 0.01 * pd_sd
-    step[1] = [0.02 / 2.0, 0.03 / 1.0]  # 0.02 and 0.03 of the sds 1/sqrt(4), 1/sqrt(1)
-    step[2, 0] = 0.04 / 2.0
-    assert _move_in_sds(spec, before, step, none, none, info) == pytest.approx(0.04)
-    step[0] = 0.2 * pd_sd  # the largest move wins
-    assert _move_in_sds(spec, before, step, none, none, info) == pytest.approx(0.2)
-    step[2, 1] = 1e-6  # the value without curvature moves
-    assert _move_in_sds(spec, before, step, none, none, info) == np.inf
-
-
 def test_abilities_over_the_items_laplace_draws_match_importance_sampling():
     """Where the items' posterior is too long for importance sampling, the abilities are
     averaged over item draws from its Laplace approximation. On a 1PL of 30 x 150 both
