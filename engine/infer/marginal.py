@@ -381,6 +381,12 @@ def _volume_of_det(det, p: int):
     return -0.5 * jnp.log(jnp.hypot(det, _VOLUME_FLOOR ** p))
 
 
+def _volume_slope(det, p: int):
+    """``d vol / d det`` of :func:`_volume_of_det` times ``-2``: ``det / (det^2 + c^2)``,
+    ``1 / det`` far from the floor (numpy)."""
+    return det / np.hypot(det, _VOLUME_FLOOR ** p) ** 2
+
+
 def _log_volume(info):
     """One item's volume from its pooled information ``(p, p)`` (traced): ``-1/2 log det``,
     smoothly floored (:func:`_volume_of_det`)."""
@@ -737,11 +743,9 @@ def _volume_variances(spec: ModelSpec, info: np.ndarray) -> np.ndarray:
     out = np.zeros(info.shape[:2])
     if pooled.size:
         sub = info[:, pooled[:, None], pooled[None, :]]
-        # d vol / d A = -1/2 f(det) adj(A)' (:func:`_log_volume`), f = det / (det^2 + c^2),
-        # 1 / det far from the floor: the variances are f(det) times the adjugate's diagonal
-        c = _VOLUME_FLOOR ** pooled.size
-        det = np.linalg.det(sub)
-        f = det / np.hypot(det, c) ** 2
+        # d vol / d A = -1/2 f(det) adj(A)' (:func:`_log_volume`, f: :func:`_volume_slope`):
+        # the variances are f(det) times the adjugate's diagonal
+        f = _volume_slope(np.linalg.det(sub), pooled.size)
         keep = [np.delete(np.arange(pooled.size), j) for j in range(pooled.size)]
         minors = np.stack([np.linalg.det(sub[:, r[:, None], r[None, :]]) if r.size
                            else np.ones(len(sub)) for r in keep], -1)  # adj(A)'s diagonal
@@ -1676,19 +1680,18 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         g_cov = item_cov[n * k:, n * k:]
         sd = np.sqrt(total_var)
         moments_record["abilities"] = "importance"
-    elif converged:  # sampled where the Laplace approximation departs from the posterior
-        sampled, moments_record["sampler"] = _sampled(spec, x, g, cov, g_cov, quad, yy, mask,
-                                                      counts_f, settings)
-    elif diverged is not None:  # the mode search stalled (a 4PL at 50 x 1,000: no progress
-        # from pass 56 on, most items' information indefinite): a Laplace approximation at a
-        # point that is not the mode is no reference, so the posterior is sampled from the
-        # best pass whatever its pilot shows, and read out only where its chains mix
+    elif converged or diverged is not None:  # sampled where the Laplace approximation
+        # departs from the posterior; where the mode search stalled (a 4PL at 50 x 1,000: no
+        # progress from pass 56 on, most items' information indefinite) a Laplace
+        # approximation at a point that is not the mode is no reference, so the posterior is
+        # sampled from the best pass whatever its pilot shows, and read out where it mixes
         sampled, moments_record["sampler"] = _sampled(
             spec, x, g, cov, g_cov, quad, yy, mask, counts_f,
-            replace(settings, sampler_check_laplace=False))
-        moments_record["sampler"]["started_at"] = (
-            f"the best pass ({diverged['best_pass']}) of a mode search that made no progress "
-            f"from pass {diverged['last_progress_pass']} on")
+            settings if converged else replace(settings, sampler_check_laplace=False))
+        if not converged:
+            moments_record["sampler"]["started_at"] = (
+                f"the best pass ({diverged['best_pass']}) of a mode search that made no "
+                f"progress from pass {diverged['last_progress_pass']} on")
     else:
         sampled, moments_record["sampler"] = None, {"method": "laplace",
                                                     "because": "the fit did not converge"}
