@@ -31,6 +31,7 @@ construction.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass, replace
 
@@ -341,6 +342,22 @@ def _node_loglik(spec, x, theta, y, mask):
     return jnp.sum(_cell_loglik(spec, x, theta, y, mask), axis=-1)
 
 
+def _value_grad_hessian(f, argnum: int = 0):
+    """``f``'s value, gradient and Hessian in argument ``argnum`` (traced), from one
+    forward-over-reverse pass: the value and gradient ride along as the Hessian's
+    auxiliary outputs. Three separate transforms traced ``f`` three times (LSAT7's
+    cold fit: exporting the three programs that use this took 0.37 s, 0.51 s before)."""
+    def grad_and_aux(*args):
+        value, grad = jax.value_and_grad(f, argnum)(*args)
+        return grad, (value, grad)
+
+    def terms(*args):
+        hess, (value, grad) = jax.jacfwd(grad_and_aux, argnum, has_aux=True)(*args)
+        return value, grad, hess
+
+    return terms
+
+
 @exported_jit(static_argnames=("spec",))
 def _item_terms(spec, x, theta, y, mask, w):
     """Expected complete-data log-likelihood of each item under node weights ``w`` ``(U, Q)``
@@ -349,10 +366,7 @@ def _item_terms(spec, x, theta, y, mask, w):
         ll = _cell_loglik(spec, xn[None, :], theta, yn[:, None], mn[:, None])[..., 0]
         return jnp.sum(w * ll)
 
-    value = jax.vmap(per_item, in_axes=(0, 1, 1))(x, y, mask)
-    grad = jax.vmap(jax.grad(per_item), in_axes=(0, 1, 1))(x, y, mask)
-    hess = jax.vmap(jax.hessian(per_item), in_axes=(0, 1, 1))(x, y, mask)
-    return value, grad, hess
+    return jax.vmap(_value_grad_hessian(per_item), in_axes=(0, 1, 1))(x, y, mask)
 
 
 @exported_jit(static_argnames=("spec",))
@@ -621,8 +635,8 @@ def _item_prior_terms(spec, x, g):
     def lp(xn):  # one item's log prior given the globals, xn (k,)
         return sum(p.prior.log_prob(xn[j], env) for j, p in enumerate(blocks))
 
-    return (jax.vmap(lp)(x), jax.vmap(jax.grad(lp))(x),
-            jax.vmap(lambda xn: jnp.diag(jax.hessian(lp)(xn)))(x))
+    value, grad, hess = jax.vmap(_value_grad_hessian(lp))(x)
+    return value, grad, jnp.diagonal(hess, axis1=1, axis2=2)
 
 
 def _item_prior(spec: ModelSpec, x: np.ndarray, g: np.ndarray):
@@ -659,8 +673,7 @@ def _prior_value(spec, x, g):
 @exported_jit(static_argnames=("spec",))
 def _hyper_terms(spec, x, v, g):
     """:func:`_expected_log_prior` with its gradient ``(h,)`` and Hessian ``(h, h)`` in ``g``."""
-    value, grad = jax.value_and_grad(_expected_log_prior, 3)(spec, x, v, g)
-    return value, grad, jax.hessian(_expected_log_prior, 3)(spec, x, v, g)
+    return _value_grad_hessian(functools.partial(_expected_log_prior, spec), 2)(x, v, g)
 
 
 @exported_jit(static_argnames=("spec",))
