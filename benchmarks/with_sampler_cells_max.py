@@ -1,0 +1,25 @@
+"""``bench_coverage.py`` with the quadrature fit's ``sampler_cells_max`` set (issue 16, part 2).
+
+The item sampler's cost bound (``MarginalSettings.sampler_cells_max``, 2e10 cells) decides
+at 50 x 1,000 which asymptote-model fits are sampled and which report the Laplace
+approximation. This runs ``bench_coverage.py`` (its arguments after the bound) with the
+default fit's bound replaced, to measure what a larger one gives:
+
+    python benchmarks/with_sampler_cells_max.py 5e10 --models 3pl --shapes 50x1000 \
+        --seeds 1 --first-seed 3 --prior default --out results/x.json
+"""
+
+import runpy
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import engine.infer.marginal as marginal  # noqa: E402
+
+bound = float(sys.argv[1])
+marginal.fit_marginal_result.__defaults__ = (
+    replace(marginal.MarginalSettings(), sampler_cells_max=bound), None)
+sys.argv = ["bench_coverage.py"] + sys.argv[2:]
+runpy.run_path(str(Path(__file__).resolve().parent / "bench_coverage.py"), run_name="__main__")
