@@ -18,7 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import engine.infer.marginal as marginal  # noqa: E402
 
-bound = float(sys.argv[1])
+try:
+    bound = float(sys.argv[1])
+except (IndexError, ValueError):
+    sys.exit(f"usage: the bound (cells, e.g. 5e10) first, then bench_coverage.py's "
+             f"arguments\n{__doc__}")
 marginal.fit_marginal_result.__defaults__ = (
     replace(marginal.MarginalSettings(), sampler_cells_max=bound), None)
 sys.argv = ["bench_coverage.py"] + sys.argv[2:]
