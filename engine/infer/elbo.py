@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from engine.infer.linear import (make_linear_block_terms, make_linear_observation_terms,
                                  supports_linear)
-from engine.infer.terms import Terms, add_terms, cross_pairs, scale_terms
+from engine.infer.terms import Terms, add_terms, cross_pairs, scale_terms, value_grad_hessian
 from engine.models.spec import ModelSpec
 
 __all__ = ["Terms", "make_block_terms", "make_observation_terms", "make_log_likelihood",
@@ -51,12 +51,7 @@ def _make_cell(spec: ModelSpec, with_hessian: bool, frozen: frozenset = frozense
         if not with_hessian:
             return jax.value_and_grad(f)(free)
 
-        def grad_with_aux(xc):
-            v, g = jax.value_and_grad(f)(xc)
-            return g, (v, g)
-
-        # One forward-over-reverse trace gives value, gradient and Hessian together.
-        h, (v, g) = jax.jacfwd(grad_with_aux, has_aux=True)(free)
+        v, g, h = value_grad_hessian(f)(free)
         return (v, g, {n: _diag(h[n][n], shapes[n]) for n in names},
                 {f"{a}|{b}": h[a][b] for a, b in pairs})
 

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from engine.errors import ModelError
-from engine.infer.terms import Terms, cross_pairs
+from engine.infer.terms import Terms, cross_pairs, value_grad_hessian
 from engine.models.spec import ModelSpec, ParamSpec
 
 __all__ = ["make_linear_block_terms", "make_linear_observation_terms", "supports_linear"]
@@ -169,12 +169,7 @@ def _make_terms(spec: ModelSpec, num_subjects: int, num_items: int, with_hessian
         if not with_hessian:
             return (*jax.value_and_grad(cell)(q, y, m), None)
 
-        def grad_aux(qq):
-            v, g = jax.value_and_grad(cell)(qq, y, m)
-            return g, (v, g)
-
-        h, (v, g) = jax.jacfwd(grad_aux, has_aux=True)(q)
-        return v, g, h
+        return value_grad_hessian(cell)(q, y, m)
 
     def terms(z, subject_idx, item_idx, y):
         idx = {"subject": subject_idx, "item": item_idx}

@@ -43,6 +43,7 @@ from engine.errors import ModelError, SettingsError
 from engine.exported import QUICK_COMPILE, compiler_options, exported_jit
 from engine.host import to_device
 from engine.infer.guide import GuideState
+from engine.infer.terms import value_grad_hessian
 from engine.models.spec import ModelSpec
 from engine.rows import all_distinct, identical_rows
 
@@ -342,22 +343,6 @@ def _node_loglik(spec, x, theta, y, mask):
     return jnp.sum(_cell_loglik(spec, x, theta, y, mask), axis=-1)
 
 
-def _value_grad_hessian(f, argnum: int = 0):
-    """``f``'s value, gradient and Hessian in argument ``argnum`` (traced), from one
-    forward-over-reverse pass: the value and gradient ride along as the Hessian's
-    auxiliary outputs. Three separate transforms traced ``f`` three times (LSAT7's
-    cold fit: exporting the three programs that use this took 0.37 s, 0.51 s before)."""
-    def grad_and_aux(*args):
-        value, grad = jax.value_and_grad(f, argnum)(*args)
-        return grad, (value, grad)
-
-    def terms(*args):
-        hess, (value, grad) = jax.jacfwd(grad_and_aux, argnum, has_aux=True)(*args)
-        return value, grad, hess
-
-    return terms
-
-
 @exported_jit(static_argnames=("spec",))
 def _item_terms(spec, x, theta, y, mask, w):
     """Expected complete-data log-likelihood of each item under node weights ``w`` ``(U, Q)``
@@ -366,7 +351,7 @@ def _item_terms(spec, x, theta, y, mask, w):
         ll = _cell_loglik(spec, xn[None, :], theta, yn[:, None], mn[:, None])[..., 0]
         return jnp.sum(w * ll)
 
-    return jax.vmap(_value_grad_hessian(per_item), in_axes=(0, 1, 1))(x, y, mask)
+    return jax.vmap(value_grad_hessian(per_item), in_axes=(0, 1, 1))(x, y, mask)
 
 
 @exported_jit(static_argnames=("spec",))
@@ -635,7 +620,7 @@ def _item_prior_terms(spec, x, g):
     def lp(xn):  # one item's log prior given the globals, xn (k,)
         return sum(p.prior.log_prob(xn[j], env) for j, p in enumerate(blocks))
 
-    value, grad, hess = jax.vmap(_value_grad_hessian(lp))(x)
+    value, grad, hess = jax.vmap(value_grad_hessian(lp))(x)
     return value, grad, jnp.diagonal(hess, axis1=1, axis2=2)
 
 
@@ -673,7 +658,7 @@ def _prior_value(spec, x, g):
 @exported_jit(static_argnames=("spec",))
 def _hyper_terms(spec, x, v, g):
     """:func:`_expected_log_prior` with its gradient ``(h,)`` and Hessian ``(h, h)`` in ``g``."""
-    return _value_grad_hessian(functools.partial(_expected_log_prior, spec), 2)(x, v, g)
+    return value_grad_hessian(functools.partial(_expected_log_prior, spec), 2)(x, v, g)
 
 
 @exported_jit(static_argnames=("spec",))

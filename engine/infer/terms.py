@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from engine.exported import register_structures
 from engine.models.spec import ModelSpec
 
-__all__ = ["Terms", "add_terms", "scale_terms", "cross_pairs", "terms_shapes"]
+__all__ = ["Terms", "add_terms", "scale_terms", "cross_pairs", "terms_shapes",
+           "value_grad_hessian"]
 
 
 class Terms(NamedTuple):
@@ -31,6 +32,23 @@ class Terms(NamedTuple):
 
 
 register_structures(Terms)  # exported programs take and return them
+
+
+def value_grad_hessian(f, argnum: int = 0):
+    """``f``'s value, gradient and Hessian in argument ``argnum`` (traced), from one
+    forward-over-reverse pass: the value and gradient ride along as the Hessian's
+    auxiliary outputs. Three separate transforms traced ``f`` three times (LSAT7's
+    cold fit: exporting the marginal fit's three programs that use this took 0.37 s,
+    0.51 s before)."""
+    def grad_and_aux(*args):
+        value, grad = jax.value_and_grad(f, argnum)(*args)
+        return grad, (value, grad)
+
+    def terms(*args):
+        hess, (value, grad) = jax.jacfwd(grad_and_aux, argnum, has_aux=True)(*args)
+        return value, grad, hess
+
+    return terms
 
 
 def add_terms(a: Terms, b: Terms) -> Terms:

@@ -284,29 +284,6 @@ def test_quadrature_refused_where_it_does_not_apply():
         "gaussian"
 
 
-def test_value_gradient_and_hessian_from_one_pass_match_closed_form():
-    """logsumexp(v) + c'v: gradient softmax(v) + c, Hessian diag(p) - p p' (closed form),
-    in the second of two arguments, vmapped over rows as the item programs use it."""
-    import jax
-    import jax.numpy as jnp
-    from engine.infer.marginal import _value_grad_hessian
-
-    rng = np.random.default_rng(3)
-    c, v = rng.normal(size=4), rng.normal(size=(6, 4))
-
-    def f(cc, vv):
-        return jax.scipy.special.logsumexp(vv) + cc @ vv
-
-    value, grad, hess = jax.vmap(_value_grad_hessian(f, 1), in_axes=(None, 0))(
-        jnp.asarray(c), jnp.asarray(v))
-    p = np.exp(v - v.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    np.testing.assert_allclose(value, np.log(np.exp(v).sum(1)) + v @ c, rtol=1e-5)
-    np.testing.assert_allclose(grad, p + c, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(hess, np.einsum("ij,jk->ijk", p, np.eye(4))
-                               - p[:, :, None] * p[:, None, :], atol=1e-6)
-
-
 def test_hyper_parameter_step_matches_scipy():
     """The EM step on a pooled block's N(mu, 1/u) (mu ~ N(0, 3^2), u ~ Gamma(1, 1)) reaches
     the maximum of the items' expected log prior plus the hyper-prior, found by scipy."""
