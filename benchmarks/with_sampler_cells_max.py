@@ -23,7 +23,13 @@ try:
 except (IndexError, ValueError):
     sys.exit(f"usage: the bound (cells, e.g. 5e10) first, then bench_coverage.py's "
              f"arguments\n{__doc__}")
+# the default fit passes no MarginalSettings: fit_marginal_result's default ``settings``
+# (its first default, checked here so that a changed signature fails loudly) is replaced
+defaults = marginal.fit_marginal_result.__defaults__
+if not (defaults and isinstance(defaults[0], marginal.MarginalSettings)):
+    sys.exit("fit_marginal_result's first default is no longer its MarginalSettings: "
+             "update this script")
 marginal.fit_marginal_result.__defaults__ = (
-    replace(marginal.MarginalSettings(), sampler_cells_max=bound), None)
+    replace(defaults[0], sampler_cells_max=bound), *defaults[1:])
 sys.argv = ["bench_coverage.py"] + sys.argv[2:]
 runpy.run_path(str(Path(__file__).resolve().parent / "bench_coverage.py"), run_name="__main__")
