@@ -107,7 +107,9 @@ class MarginalSettings:
         (fit.json ``item_moments.sampler.not_mixed`` lists them). 0 chains turns it off.
         ``sampler_grid_max``: the most points of the shared grid; ``sampler_values``: the
         kept draws are thinned to this many item values a chain; ``sampler_cells_max``:
-        larger fits keep the Laplace approximation (3PL 1,000 x 50: 4e9 cells, 10-25 s).
+        larger fits keep the Laplace approximation (3PL 1,000 x 50: 4e9 cells, 10-25 s; at
+        50 x 1,000 the 3PL's seeds need up to 2.6e10 cells, 150-270 s of sampling; at
+        2e10 the bound, not the fit, decided which of them were sampled).
     laplace_draws : where neither importance sampling nor the sampler is kept, the abilities'
         posterior moments are averaged over this many item draws from the Laplace
         approximation (within ``importance_cells_max`` cells; at least 50 draws, else the
@@ -155,7 +157,7 @@ class MarginalSettings:
     sampler_grid_max: int = 256
     sampler_check_laplace: bool = True
     sampler_unmixed_share: float = 0.05
-    sampler_cells_max: int = 20_000_000_000
+    sampler_cells_max: int = 50_000_000_000
     bucket_patterns: bool = True
     quick_compile_cells: int = 1 << 20
 
