@@ -946,7 +946,21 @@ def _covariance(info: np.ndarray, joint: bool) -> np.ndarray:
         cov = np.linalg.inv(info)
         return 0.5 * (cov + np.swapaxes(cov, -1, -2))
     except np.linalg.LinAlgError:
-        return np.linalg.pinv(info)
+        return _symmetric_pinv(info)
+
+
+def _symmetric_pinv(a: np.ndarray, rcond: float = 1e-15) -> np.ndarray:
+    """``np.linalg.pinv`` of symmetric matrices ``(..., d, d)`` by their eigendecomposition
+    (the singular values are the eigenvalues' magnitudes; the same cutoff, ``rcond`` times
+    the largest): ``eigh`` instead of an SVD. The 3PL's joint information at 50 x 1,000
+    (3,004 x 3,004) is not positive definite after its mode search stalls, and its two
+    pseudo-inverses took 200 of a 713 s six-pass profile; on such a matrix ``eigh`` took 35 s
+    against the SVD's 160 s (one core shared three ways)."""
+    a = 0.5 * (a + np.swapaxes(a, -1, -2))
+    w, v = np.linalg.eigh(a)
+    cut = rcond * np.abs(w).max(axis=-1, keepdims=True)
+    inv = np.where(np.abs(w) > cut, 1.0 / np.where(w == 0, 1.0, w), 0.0)
+    return (v * inv[..., None, :]) @ np.swapaxes(v, -1, -2)
 
 
 def _em_step(spec, x, g, theta, yy, mask, wc, grad, hess, base, settings,

@@ -201,6 +201,25 @@ def test_memory_budget_sets_chunks_not_results():
     assert not tiny.extra["quadrature"]["joint_item_covariance"]
 
 
+def test_symmetric_pseudo_inverse_is_numpys():
+    """The eigendecomposition's pseudo-inverse (the joint information's where it is not
+    positive definite) is ``np.linalg.pinv``'s on symmetric matrices that are singular and
+    indefinite, one and batched."""
+    from engine.infer.marginal import _symmetric_pinv
+
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((4, 30, 30))
+    w, v = np.linalg.eigh(b + np.swapaxes(b, 1, 2))
+    w[:, :3] = 0.0  # singular
+    a = (v * w[:, None, :]) @ np.swapaxes(v, 1, 2)
+    assert (np.linalg.eigvalsh(a).min(axis=1) < -1e-3).all()  # indefinite
+    np.testing.assert_allclose(_symmetric_pinv(a), np.linalg.pinv(a), atol=1e-10)
+    np.testing.assert_allclose(_symmetric_pinv(a[0]), np.linalg.pinv(a[0]), atol=1e-10)
+    # the cutoff drops the zero eigenvalues: rank 27, and a A+ A = A
+    assert np.linalg.matrix_rank(_symmetric_pinv(a[1])) == 27
+    np.testing.assert_allclose(a[1] @ _symmetric_pinv(a[1]) @ a[1], a[1], atol=1e-10)
+
+
 def test_marginal_recovers_simulated_2pl():
     """Seeded recovery at a short-test shape: estimates near the truth, intervals that cover."""
     y, theta, b, a = _simulate(1500, 10, seed=7)
