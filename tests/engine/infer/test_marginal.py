@@ -780,6 +780,50 @@ def test_rounds_pooled_against_the_mixture_of_their_proposals_recover_a_known_po
     np.testing.assert_allclose((centred * w[:, None]).T @ centred, cov, atol=0.1)
 
 
+@pytest.mark.parametrize("model", ["1pl", "2pl", "3pl", "4pl", "feas"])
+def test_grid_volume_gradients_match_the_hessians_pullback(model):
+    """The shared grid's volumes and their gradients (second derivatives by two forward
+    passes, one reverse pass through them; and the compile-bound fit's pullback through
+    ``jax.hessian``) against ``jax.vjp`` through the volumes as ``jax.hessian`` gives them,
+    written here, in float64, for every binary model's pooled blocks, at items, globals
+    and weights away from zero."""
+    import jax
+    import jax.numpy as jnp
+
+    from engine.infer.marginal import (_grid_curves, _grid_item_volume, _item_blocks,
+                                       _log_volume, _pooled_blocks)
+
+    spec = get_model(model, prior="population")
+    rng = np.random.default_rng(7)
+    k, h = len(_item_blocks(spec)), len(spec.by_owner("global"))
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.normal(size=(7, k)) * 0.4)
+        g = jnp.asarray(rng.normal(size=h) * 0.2)
+        grid = jnp.linspace(-3.0, 3.0, 17)
+        a1, a0 = (jnp.asarray(rng.random((17, 7)) * 3) for _ in range(2))
+        vol, gx, g1, g0 = _grid_item_volume.fn(spec, x, g, grid, a1, a0, with_grad=True)
+        blocks, pooled = _item_blocks(spec), _pooled_blocks(spec)
+        env = {p.name: p.constrain(g[i]) for i, p in enumerate(spec.by_owner("global"))}
+
+        def volumes(xx, b1, b0):
+            def one(xn, b1n, b0n):
+                def log_post(v):
+                    c1, c0 = _grid_curves(spec, v[None, :], grid)
+                    return b1n @ c1[:, 0] + b0n @ c0[:, 0] + sum(
+                        p.prior.log_prob(v[j], env) for j, p in enumerate(blocks))
+                return _log_volume(-jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)])
+            return jax.vmap(one)(xx, b1.T, b0.T)
+
+        ref, pullback = jax.vjp(volumes, x, a1, a0)
+        want = (ref, *pullback(jnp.ones_like(ref)))
+        small = _grid_item_volume.fn(spec, x, g, grid, a1, a0, with_grad=True, small=True)
+        alone = _grid_item_volume.fn(spec, x, g, grid, a1, a0, with_grad=False)[0]
+        for got in ((vol, gx, g1, g0), small, (alone,)):
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
+        assert np.abs(np.asarray(gx)).max() > 1e-3  # a gradient that is there
+
+
 @pytest.mark.parametrize("model", ["3pl", "4pl"])
 def test_asymptote_models_item_volume_gradient_on_both_routes(model):
     """The pooled blocks' volume of a 3PL and a 4PL item (asymptotes not pooled, their
