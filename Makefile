@@ -19,7 +19,7 @@ test: $(VENV)/.installed
 		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } \
 		>/dev/null 2>&1; } || \
 		echo "note: chromium not installed; the report's browser test will be skipped"
-	$(PY) -m pytest -q -rs -n 2 --dist loadfile  # -rs: each skip with its reason
+	$(PY) -m pytest -q -rs -n 2 --dist loadfile --durations=25  # -rs: each skip with its reason; the 25 slowest tests
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_core.py
