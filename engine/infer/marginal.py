@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import jax
@@ -125,6 +126,9 @@ class MarginalSettings:
         iterations are too small for the optimised code to gain. A call of the importance
         draws over more than ``_QUICK_DRAW_CELLS`` cells is compiled optimised all the same
         (`ability`, 1,280 x 21 x 16: 427M cells a call). 0 turns it off.
+    quick_compile_passes : such a fit that runs this many passes compiles its programs
+        optimised from there on (19 OpenML classifiers x 501 instances: 100 passes or more,
+        a pass 0.45 s at level 0; LSAT7 takes 9 passes, `ability` 7).
     """
 
     num_nodes: int = 21
@@ -160,6 +164,7 @@ class MarginalSettings:
     sampler_cells_max: int = 50_000_000_000
     bucket_patterns: bool = True
     quick_compile_cells: int = 1 << 20
+    quick_compile_passes: int = 20
 
 
 # Peak bytes per chunk cell. Measured on a 2,000 x 200 2PL: score chunks of 4M cells instead
@@ -394,8 +399,8 @@ def _log_volume(info):
     return _volume_of_det(jnp.linalg.det(info), info.shape[0])
 
 
-@exported_jit(static_argnames=("spec", "with_grad"))
-def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
+@exported_jit(static_argnames=("spec", "with_grad", "small"))
+def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True, small=False):
     """Each item's log posterior volume ``-1/2 log det A_i`` ``(n,)``: ``A_i`` is item
     ``i``'s expected complete-data information under the node weights ``w`` ``(U, Q)``
     (pattern counts folded in) plus its prior's, given the globals ``g``, in its pooled
@@ -403,26 +408,91 @@ def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True):
     mode's log density. Blocks with a fixed prior (an asymptote's logit-uniform) stay at
     the mode: their information vanishes at the boundary, where the volume would grow
     without bound (a 3PL's guessing ran off to 0 and the fit never settled). With
-    ``with_grad`` also the gradients of their sum in ``x`` ``(n, k)`` and in ``w``."""
+    ``with_grad`` also the gradients of their sum in ``x`` ``(n, k)`` and in ``w``.
+
+    The information's entries are the cells' second derivatives by two forward-mode
+    derivatives, as on the shared grid (:func:`_pooled_volume`): 19 x 501 OpenML 2PL on 21
+    nodes, optimised code: a call 4 ms without the gradients against 34 ms through
+    ``jax.hessian``. ``small``: the volumes (and their pullback) through ``jax.hessian``,
+    whose programs compile faster, for a compile-bound fit."""
     env = _env(spec, g)
     blocks = _item_blocks(spec)
     pooled = _pooled_blocks(spec)
 
-    def volumes(xx, ww):
-        def one(xn, yn, mn):  # one item: xn (k,), yn / mn (U,)
-            def log_post(v):
-                ll = _cell_loglik(spec, v[None, :], theta, yn[:, None], mn[:, None])[..., 0]
-                return jnp.sum(ww * ll) + sum(p.prior.log_prob(v[j], env)
-                                              for j, p in enumerate(blocks))
+    def terms(yn, mn):  # one item's cells' log-likelihoods (U, Q) and log prior at v (k,)
+        def at(v):
+            ll = _cell_loglik(spec, v[None, :], theta, yn[:, None], mn[:, None])[..., 0]
+            return ll, sum(p.prior.log_prob(v[j], env) for j, p in enumerate(blocks))
+        return at
 
-            return _log_volume(-jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)])
+    if small:
+        def volumes(xx, ww):
+            def one(xn, yn, mn):  # one item: xn (k,), yn / mn (U,)
+                def log_post(v):
+                    ll, prior = terms(yn, mn)(v)
+                    return jnp.sum(ww * ll) + prior
 
-        return jax.vmap(one, in_axes=(0, 1, 1))(xx, y, mask)
+                return _log_volume(-jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)])
+
+            return jax.vmap(one, in_axes=(0, 1, 1))(xx, y, mask)
+
+        if not with_grad:
+            return volumes(x, w), None, None
+        vol, pullback = jax.vjp(volumes, x, w)
+        return (vol, *pullback(jnp.ones_like(vol)))
+
+    def one(xn, yn, mn):
+        return _pooled_volume(terms(yn, mn), xn, (w,), pooled, with_grad)
 
     if not with_grad:
-        return volumes(x, w), None, None
-    vol, pullback = jax.vjp(volumes, x, w)
-    return (vol, *pullback(jnp.ones_like(vol)))
+        return jax.vmap(one, in_axes=(0, 1, 1))(x, y, mask), None, None
+    vol, gx, (gw,) = jax.vmap(one, in_axes=(0, 1, 1))(x, y, mask)
+    return vol, gx, gw.sum(axis=0)
+
+
+def _pooled_volume(terms, v, weights, pooled, with_grad: bool):
+    """One item's volume ``-1/2 log det A`` (traced) at its values ``v`` ``(k,)``, where its
+    log posterior is ``sum_i <weights_i, T_i(v)> + prior(v)`` and ``terms(v)`` gives
+    ``(T_1, ..., prior)``, each ``T_i`` of ``weights_i``'s shape (the cells' log-likelihoods
+    on the nodes, or the curves on a grid). ``A`` is minus the pooled blocks' second
+    derivatives, each two forward-mode derivatives (along ``e_l``, then ``e_j``, pooled
+    ``j <= l``) of the terms. With ``with_grad`` also the gradients of the volume in ``v``
+    (one reverse pass through those second derivatives) and in each ``weights_i`` (the
+    volume's derivative in each second derivative times the terms'): ``(vol, gv, (gw_1,
+    ...))``; the volume alone otherwise.
+
+    The reverse-mode pullback through ``jax.hessian`` that this replaces took 3-8x as long a
+    call (1,000 items, 256 grid points, an idle core: 3PL 0.94 s against 0.11 s, 2PL 0.134
+    against 0.044 s; the volumes alone 0.038 against 0.011 s and 0.006 against 0.002 s).
+    The two agree to float64's rounding (tested); in float32 this is the nearer to
+    float64's (3PL: volumes within 4e-6 against 7e-5)."""
+    npool = pooled.size
+    if npool == 0:  # no pooled block: the volume of an empty information, a constant
+        vol = _log_volume(jnp.zeros((0, 0), v.dtype))
+        return vol if not with_grad else (vol, jnp.zeros_like(v),
+                                          tuple(jnp.zeros_like(wt) for wt in weights))
+    eye = jnp.eye(v.shape[0], dtype=v.dtype)
+    pairs = [(a, b) for a in range(npool) for b in range(a, npool)]
+
+    def second(vv):  # each pair's second derivative of every term, each (r, *its shape)
+        outs = [_second_derivative(terms, vv, eye[pooled[a]], eye[pooled[b]]) for a, b in pairs]
+        return tuple(jnp.stack(o) for o in zip(*outs))
+
+    def volume_of(d):  # the volume from the log posterior's second derivatives d (r,)
+        r = {pair: d[i] for i, pair in enumerate(pairs)}
+        info = jnp.stack([jnp.stack([r[min(a, b), max(a, b)] for b in range(npool)])
+                          for a in range(npool)])
+        return _log_volume(-info)
+
+    def combined(ts):  # sum_i <weights_i, T_i''> + prior'' for each pair (r,)
+        return sum(jnp.tensordot(t, wt, axes=wt.ndim) for t, wt in zip(ts[:-1], weights)) + ts[-1]
+
+    if not with_grad:
+        return volume_of(combined(second(v)))
+    ts, pullback = jax.vjp(second, v)
+    vol, dv = jax.value_and_grad(volume_of)(combined(ts))
+    (gv,) = pullback(tuple(jnp.tensordot(dv, wt, axes=0) for wt in weights) + (dv,))
+    return vol, gv, tuple(jnp.tensordot(dv, t, axes=1) for t in ts[:-1])
 
 
 @exported_jit(static_argnames=("spec",))
@@ -437,7 +507,8 @@ def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad:
     """The items' volumes (:func:`_item_volume`) at items ``x`` on the nodes ``theta``, in
     chunks of items of about ``limit`` cells, and the gradient of their sum ``(n, k)``
     (None unless ``with_grad``), in float64 numpy. ``one_program``: the volumes alone come
-    from the program with the gradients too (one program to compile, not two).
+    from the program with the gradients too, in its quickly compiled form (``small``: one
+    program to compile, not two).
 
     The gradient follows the abilities' posterior weights as the items move: along the
     scale, an item's information changes only through them. The weights' cotangent from
@@ -456,7 +527,7 @@ def _volume(spec, x, theta, log_base, y, mask, counts, g, limit: int, with_grad:
     for sl in chunks:
         v, gx, gw = _item_volume(spec, to_device(x[sl], dtype), th, to_device(y[:, sl]),
                                  to_device(mask[:, sl]), w, gj,
-                                 with_grad=with_grad or one_program)
+                                 with_grad=with_grad or one_program, small=one_program)
         vol[sl] = np.asarray(v, np.float64)
         if with_grad:
             grad[sl], dw = np.asarray(gx, np.float64), dw + np.asarray(gw, np.float64)
@@ -491,18 +562,10 @@ def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True, small=False):
     curvature takes ``G`` cells, not ``U Q``. With ``with_grad`` also the gradients of the
     volumes' sum in ``x`` ``(n, k)``, ``a1`` and ``a0``.
 
-    The pooled blocks' information is read from the log posterior's second derivatives
-    ``H_jl`` (pooled ``j <= l``), each two forward-mode derivatives (along ``e_l``, then
-    ``e_j``) of the curves on the grid and of the prior. For the gradients one reverse pass
-    through those gives the volume's gradient in the item, and the volume's derivative in
-    each second derivative, times the curves', its gradient in ``a1``, ``a0``. The
-    reverse-mode pullback through ``jax.hessian`` that this replaces took 3-8x as long a
-    call (1,000 items, 256 points, an idle core: 3PL 0.94 s against 0.11 s, 2PL 0.134
-    against 0.044 s; the volumes alone 0.038 against 0.011 s and 0.006 against 0.002 s).
-    The two agree to float64's rounding (tested); in float32 the new one is the nearer to
-    float64's (3PL: volumes within 4e-6 against 7e-5). ``small``: that pullback all the
-    same, whose program compiles faster (`ability`'s shape at XLA's level 0: 1.33 against
-    1.83 s), for a compile-bound fit."""
+    The information from two forward-mode derivatives of the curves on the grid and of the
+    prior (:func:`_pooled_volume`). ``small``: the gradients by a pullback through
+    ``jax.hessian``, whose program compiles faster (`ability`'s shape at XLA's level 0: 1.33
+    against 1.83 s), for a compile-bound fit."""
     env = _env(spec, g)
     blocks = _item_blocks(spec)
     pooled = _pooled_blocks(spec)
@@ -514,34 +577,15 @@ def _grid_item_volume(spec, x, g, grid, a1, a0, with_grad=True, small=False):
         l1, l0 = _grid_curves(spec, v[None, :], grid)
         return l1[:, 0], l0[:, 0]
 
-    n, npool = x.shape[0], pooled.size
-    if npool == 0:  # no pooled block: the volume of an empty information, a constant
-        vol = jnp.full((n,), _log_volume(jnp.zeros((0, 0), x.dtype)))
-        return (vol, None, None, None) if not with_grad else (
-            vol, jnp.zeros_like(x), jnp.zeros_like(a1), jnp.zeros_like(a0))
-    eye = jnp.eye(x.shape[1], dtype=x.dtype)
-    pairs = [(a, b) for a in range(npool) for b in range(a, npool)]  # over pooled blocks
-
-    def second(v):  # each pair's second derivative: the curves' (r, G), the prior's (r,)
-        outs = [_second_derivative(lambda vv: (*curves(vv), log_prior(vv)), v,
-                                   eye[pooled[a]], eye[pooled[b]]) for a, b in pairs]
-        return tuple(jnp.stack(o) for o in zip(*outs))
-
-    def volume_of(d):  # the volume from the log posterior's second derivatives d (r,)
-        r = {pair: d[i] for i, pair in enumerate(pairs)}
-        info = jnp.stack([jnp.stack([r[min(a, b), max(a, b)] for b in range(npool)])
-                          for a in range(npool)])
-        return _log_volume(-info)
+    def terms(v):
+        return (*curves(v), log_prior(v))
 
     def volume(xn, a1n, a0n):
-        t1, t0, tp = second(xn)
-        return volume_of(t1 @ a1n + t0 @ a0n + tp)
+        return _pooled_volume(terms, xn, (a1n, a0n), pooled, False)
 
     def with_gradients(xn, a1n, a0n):
-        (t1, t0, tp), pullback = jax.vjp(second, xn)
-        vol, dv = jax.value_and_grad(volume_of)(t1 @ a1n + t0 @ a0n + tp)
-        (gx,) = pullback((dv[:, None] * a1n, dv[:, None] * a0n, dv))
-        return vol, gx, dv @ t1, dv @ t0
+        vol, gx, (g1, g0) = _pooled_volume(terms, xn, (a1n, a0n), pooled, True)
+        return vol, gx, g1, g0
 
     if not with_grad:
         return jax.vmap(volume)(x, a1.T, a0.T), None, None, None
@@ -599,14 +643,24 @@ class _VolumeRoute:
     """Where a fit takes its items' volumes (:func:`_items_volume`). ``shared``: on one
     shared ability grid where :class:`_DrawNodes` takes one for the fit's nodes, a new grid
     reaching further and finer by ``slack``; each pattern's adaptive nodes otherwise.
-    ``one_program``: every call runs the program with the gradients, so that a compile-bound
-    fit compiles one program, not two. ``grid``: the last grid, kept while it still spans
-    and resolves the patterns' posteriors (a grid of a new size is a new program)."""
+    ``one_program``: the first that many calls run one program, the one with the gradients
+    (its quickly compiled form, through ``jax.hessian``), so that a compile-bound fit
+    compiles one program, not two; later calls run the faster two. LSAT7's fit makes 25
+    calls and `ability`'s 21; 19 OpenML classifiers x 501 instances made 2,105 in 100
+    passes, each 52 ms with the gradients at XLA's level 0 where 2,005 needed none.
+    ``grid``: the last grid, kept while it still spans and resolves the patterns' posteriors
+    (a grid of a new size is a new program)."""
 
     shared: bool = False
     slack: float = 0.1
-    one_program: bool = False
+    one_program: int = 0
     grid: "_DrawNodes | None" = None
+    calls: int = 0
+
+    def single(self) -> bool:
+        """Whether this call runs the one program (and counts the call)."""
+        self.calls += 1
+        return self.calls <= self.one_program
 
     def record(self, num_nodes: int) -> dict:
         if self.shared and self.grid is not None:
@@ -627,9 +681,10 @@ def _items_volume(spec, x, quad, y, mask, counts, g, settings: MarginalSettings,
     if route.shared:
         nodes = route.grid = _DrawNodes(spec, quad, counts, settings.num_nodes, route.grid,
                                         route.slack)
+    single = route.single()
     if nodes is None or not nodes.shared:
         return _volume(spec, x, *quad.log_base(spec), y, mask, counts, g, settings.cell_chunk,
-                       with_grad, dtype, route.one_program)
+                       with_grad, dtype, single)
     y1 = np.asarray(y, np.float64) * mask
     y0 = np.asarray(mask, np.float64) - y1
     grid, xj = to_device(nodes.theta, dtype), to_device(x, dtype)
@@ -638,13 +693,12 @@ def _items_volume(spec, x, quad, y, mask, counts, g, settings: MarginalSettings,
     w = soft * counts[:, None]
     a1, a0 = w.T @ y1, w.T @ y0  # (G, n): weighted ones and zeros at each grid point
     # the program with the gradients only where they are asked for or the fit is
-    # compile-bound (``route.one_program``: one program fewer to compile, `ability` cold
-    # 0.33 s): at 50 x 1,000 on 256 points a 3PL's call took 0.94 s with them, 0.038 s
-    # without (a 2PL's 0.134 and 0.006 s), and 108 of a pass's 115 calls need none
+    # compile-bound (``single``: one program fewer to compile, `ability` cold 0.33 s): at
+    # 50 x 1,000 on 256 points a 3PL's call took 0.94 s with them, 0.038 s without (a 2PL's
+    # 0.134 and 0.006 s), and 108 of a pass's 115 calls need none
     vol, gx, g1, g0 = _grid_item_volume(spec, xj, to_device(g, dtype), grid,
                                         to_device(a1, dtype), to_device(a0, dtype),
-                                        with_grad=with_grad or route.one_program,
-                                        small=route.one_program)
+                                        with_grad=with_grad or single, small=single)
     vol = np.asarray(vol, np.float64)
     if not with_grad:
         return vol, None
@@ -1491,6 +1545,7 @@ def _node_loglik_cells(spec, x, theta, y, mask):
 
 _GRID_VOLUME_CELLS = 1 << 17  # adaptive nodes' cells (patterns x nodes x items) above which
 # the items' volumes are taken on a shared grid (:func:`_items_volume`)
+_ONE_PROGRAM_CALLS = 60  # a compile-bound fit's volume calls that run one program
 _QUICK_DRAW_CELLS = 1 << 25  # LSAT7's 4,000 draws x 32 patterns x 11 nodes x 5 items: 7M
 
 
@@ -1502,14 +1557,20 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
     num_subjects, num_items = np.shape(y)
     cells = min(num_subjects, 2 ** min(num_items, 62)) * settings.num_nodes * num_items
     quick = cells <= settings.quick_compile_cells
-    with compiler_options(QUICK_COMPILE if quick else None):
-        guide, cross, info = _fit_marginal(spec, y, settings, aside, quick)
+    with contextlib.ExitStack() as options:
+        options.enter_context(compiler_options(QUICK_COMPILE if quick else None))
+
+        def optimise():  # XLA's own optimisation for the programs compiled from here on
+            options.enter_context(compiler_options(None))
+
+        guide, cross, info = _fit_marginal(spec, y, settings, aside, quick, optimise)
     return guide, cross, info | {"quick_compile": quick}
 
 
 def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                   aside: tuple[np.ndarray, np.ndarray] | None,
-                  quick: bool = False) -> tuple[GuideState, dict, dict]:
+                  quick: bool = False,
+                  optimise: Callable[[], None] = lambda: None) -> tuple[GuideState, dict, dict]:
     """Fit ``spec`` to binary responses ``y`` (int8 ``(s, n)``, -1 missing) by marginal MAP.
 
     Each iteration takes the E-step (posterior weights on every pattern's nodes), then a
@@ -1579,6 +1640,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     g = np.array([p.init if np.isscalar(p.init) else 0.0 for p in hyper], np.float64)
     quad = _Quadrature(Q, U, settings.cell_chunk)
     trace, converged, previous, newton_steps, settled = [], False, None, 0, False
+    optimised_from = None  # the pass from which a quickly compiled fit compiles optimised
     best, diverged = (-np.inf, x, g, 0), None  # (objective, items, hyper-parameters, pass)
     mark = (-np.inf, 0)  # (objective, pass) of the last pass that made progress
     # the items' volumes: on a shared grid unless the adaptive nodes are few enough that the
@@ -1590,7 +1652,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     # 104 points at 0.5); a longer test's calls cost more on a finer grid (200 x 400: 7.1 s
     # fit at 0.1, 10.3 s at 0.5)
     route = _VolumeRoute(shared=num_patterns * Q * n > _GRID_VOLUME_CELLS,
-                         slack=0.5 if quick else 0.1, one_program=quick)
+                         slack=0.5 if quick else 0.1,
+                         one_program=_ONE_PROGRAM_CALLS if quick else 0)
     for _ in range(3):  # place the nodes before the first M-step
         theta, w, _ = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
@@ -1618,6 +1681,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
 
     for it in range(settings.max_iter):
         t_it = time.perf_counter()
+        if quick and it == settings.quick_compile_passes:
+            optimise()  # a quickly compiled fit that runs long: optimised code from here on
+            optimised_from = it + 1
         x_before, g_before = x, g
         theta, w, log_marg = quad.posterior(spec, x, yy, mask)
         prior_val, prior_grad, prior_hess = _item_prior(spec, x, g)
@@ -1818,7 +1884,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
             "item_quantiles": quantiles, "item_constrained": constrained,
             "volume_nodes": route.record(Q) if hyper else None,
-            "diverged": diverged, "wall_s": time.perf_counter() - t0}
+            "diverged": diverged, "optimised_from_pass": optimised_from,
+            "wall_s": time.perf_counter() - t0}
     return GuideState(loc, log_scale), cross, info
 
 
@@ -1850,7 +1917,8 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                "quadrature": {k: info[k] for k in (
                    "num_patterns", "patterns_padded_to", "num_nodes", "joint_item_covariance",
                    "newton_steps", "log_marginal_posterior", "item_moments", "set_aside",
-                   "diverged", "mode_converged", "quick_compile", "volume_nodes")}
+                   "diverged", "mode_converged", "quick_compile", "optimised_from_pass",
+                   "volume_nodes")}
                    | {"memory": memory}},
         cross=cross,
         intervals=by_block(info["item_quantiles"]), moments=by_block(info["item_constrained"]))

@@ -636,6 +636,45 @@ def test_a_short_test_compiles_quickly_and_fits_the_same():
                                                                abs=1e-3)
 
 
+def test_a_quickly_compiled_fit_that_runs_long_compiles_optimised_from_then_on(monkeypatch):
+    """A quickly compiled fit runs its programs at XLA's level 0 for its first
+    ``quick_compile_passes`` passes and optimised from there (fit.json's
+    ``optimised_from_pass``); the items' volumes come from one program (with the gradients,
+    through ``jax.hessian``) for the first ``_ONE_PROGRAM_CALLS`` calls, from the two faster
+    ones after. Read from the options and arguments each program is called with."""
+    import engine.exported as exported
+    import engine.infer.marginal as marginal
+    from engine.exported import QUICK_COMPILE
+
+    seen, volumes, real_prior, real_volume = [], [], marginal._item_prior, marginal._volume
+
+    def item_prior(*args):
+        seen.append(exported._OPTIONS.get())
+        return real_prior(*args)
+
+    def volume(*args, **kwargs):
+        volumes.append((args[9], kwargs.get("one_program", args[11] if len(args) > 11 else None)))
+        return real_volume(*args, **kwargs)
+
+    monkeypatch.setattr(marginal, "_item_prior", item_prior)
+    monkeypatch.setattr(marginal, "_volume", volume)
+    monkeypatch.setattr(marginal, "_ONE_PROGRAM_CALLS", 4)
+    y = _simulate(200, 6, 3)[0]
+    spec = get_model("2pl", prior="population")
+    settings = MarginalSettings(quick_compile_passes=2, max_iter=6)
+    info = fit_marginal(spec, y, settings)[2]
+    assert info["quick_compile"] is True and info["optimised_from_pass"] == 3
+    quick = tuple(sorted(QUICK_COMPILE.items()))
+    assert seen[0] == quick and seen[-1] is None and set(seen) == {quick, None}
+    assert [single for _, single in volumes[:4]] == [True] * 4
+    assert len(volumes) > 4 and not any(single for _, single in volumes[4:])
+    assert any(not with_grad for with_grad, _ in volumes[4:])
+    short = fit_marginal(spec, y, MarginalSettings(quick_compile_passes=500, max_iter=6))[2]
+    assert short["optimised_from_pass"] is None
+    assert fit_marginal(spec, y, MarginalSettings(quick_compile_cells=0, quick_compile_passes=2,
+                                                  max_iter=6))[2]["optimised_from_pass"] is None
+
+
 def test_volume_route_is_read_from_the_cells_and_both_routes_fit_alike(monkeypatch):
     """Under pooled priors the items' volumes are taken on each pattern's adaptive nodes
     where those hold at most ``_GRID_VOLUME_CELLS`` cells (300 x 8: 256 patterns x 21 nodes x
@@ -822,6 +861,53 @@ def test_grid_volume_gradients_match_the_hessians_pullback(model):
             for a, b in zip(got, want):
                 np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
         assert np.abs(np.asarray(gx)).max() > 1e-3  # a gradient that is there
+
+
+@pytest.mark.parametrize("model", ["1pl", "2pl", "3pl", "4pl", "feas"])
+def test_node_volume_gradients_match_the_hessians_pullback(model):
+    """The volumes on each pattern's adaptive nodes and their gradients in the items and the
+    node weights (forward-mode second derivatives; and the compile-bound fit's pullback
+    through ``jax.hessian``) against ``jax.vjp`` through the volumes as ``jax.hessian``
+    gives them, written here, in float64, with some cells unanswered."""
+    import jax
+    import jax.numpy as jnp
+
+    from engine.infer.marginal import _cell_loglik, _item_blocks, _item_volume, _log_volume, \
+        _pooled_blocks
+
+    spec = get_model(model, prior="population")
+    rng = np.random.default_rng(8)
+    k, h = len(_item_blocks(spec)), len(spec.by_owner("global"))
+    U, Q, n = 5, 7, 6
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.normal(size=(n, k)) * 0.4)
+        g = jnp.asarray(rng.normal(size=h) * 0.2)
+        theta = jnp.asarray(rng.normal(size=(U, Q)))
+        y = jnp.asarray((rng.random((U, n)) < 0.5).astype(np.float64))
+        mask = jnp.asarray((rng.random((U, n)) < 0.8).astype(np.float64))
+        w = jnp.asarray(rng.random((U, Q)) * 2)
+        blocks, pooled = _item_blocks(spec), _pooled_blocks(spec)
+        env = {p.name: p.constrain(g[i]) for i, p in enumerate(spec.by_owner("global"))}
+
+        def volumes(xx, ww):
+            def one(xn, yn, mn):
+                def log_post(v):
+                    ll = _cell_loglik(spec, v[None, :], theta, yn[:, None], mn[:, None])[..., 0]
+                    return jnp.sum(ww * ll) + sum(p.prior.log_prob(v[j], env)
+                                                  for j, p in enumerate(blocks))
+                return _log_volume(-jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)])
+            return jax.vmap(one, in_axes=(0, 1, 1))(xx, y, mask)
+
+        ref, pullback = jax.vjp(volumes, x, w)
+        want = (ref, *pullback(jnp.ones_like(ref)))
+        forward = _item_volume.fn(spec, x, theta, y, mask, w, g, with_grad=True)
+        small = _item_volume.fn(spec, x, theta, y, mask, w, g, with_grad=True, small=True)
+        alone = _item_volume.fn(spec, x, theta, y, mask, w, g, with_grad=False)[0]
+        for got in (forward, small, (alone,)):
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-11)
+        assert np.abs(np.asarray(forward[1])).max() > 1e-3  # gradients that are there
+        assert np.abs(np.asarray(forward[2])).max() > 1e-3
 
 
 @pytest.mark.parametrize("model", ["3pl", "4pl"])
