@@ -338,12 +338,16 @@ def main(argv: list[str] | None = None) -> int:
         return _write(Path(args.out), {"machine": _machine(), "seeds": args.seeds, **recorded,
                                        "mirt_only": True, "runs": runs, "table": table}, table)
     runs = []
+    each = Path(args.out).with_suffix(".runs.jsonl")  # every run as it ends (a long run's
+    each.unlink(missing_ok=True)  # seeds are not lost with its process)
     for m in models:
         for s in shapes:
             for seed in seeds:
                 runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior, args.nuts,
                                     args.mirt_timeout, truths, args.mirt_guessing_beta))
                 r = runs[-1]
+                with each.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
                 exact = ({b: round(v, 3) for b, v in r["nuts"].items() if b in _BLOCKS}
                          if "nuts" in r else None)
                 how = r.get("item_moments", {})
