@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="1pl,2pl")
     ap.add_argument("--prior", default="population",
                     choices=["population", "vague", "hierarchical", "default"],
-                    help="default: each model's own (population for 1PL/2PL, vague otherwise)")
+                    help="default: each model's own (population for the binary models)")
     ap.add_argument("--mirt", default=None, metavar="PYTHON",
                     help="the bench venv's python: add mirt's Wald-interval coverage")
     ap.add_argument("--mirt-only", action="store_true",
