@@ -106,7 +106,10 @@ class MarginalSettings:
         as many where some split R-hat is over ``sampler_rhat_max``) and the draws' moments
         are reported where at most ``sampler_unmixed_share`` of the values are over it
         (fit.json ``item_moments.sampler.not_mixed`` lists them). 0 chains turns it off.
-        ``sampler_grid_max``: the most points of the shared grid; ``sampler_values``: the
+        ``sampler_grid_max``: the most points of the shared grid (a 4PL's stalled mode
+        search at 50 x 1,000 needed 261, one subject's wide posterior at 4.5 setting the
+        span: at 256 its abilities fell back to the mean-field fit; the cost is bounded by
+        ``sampler_cells_max`` all the same); ``sampler_values``: the
         kept draws are thinned to this many item values a chain; ``sampler_cells_max``:
         larger fits keep the Laplace approximation (3PL 1,000 x 50: 4e9 cells, 10-25 s; at
         50 x 1,000 the 3PL's seeds need up to 2.6e10 cells, 150-270 s of sampling; at
@@ -158,7 +161,7 @@ class MarginalSettings:
     sampler_item_steps: int = 10
     sampler_rhat_max: float = 1.1
     sampler_values: int = 4_000_000
-    sampler_grid_max: int = 256
+    sampler_grid_max: int = 320
     sampler_check_laplace: bool = True
     sampler_unmixed_share: float = 0.05
     sampler_cells_max: int = 50_000_000_000
