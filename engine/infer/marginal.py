@@ -418,8 +418,7 @@ def _item_volume(spec, x, theta, y, mask, w, g, with_grad=True, small=False):
     501 items, optimised code: a 2PL call 1.0 ms without the gradients against 2.1 ms
     through ``jax.hessian``, 29 against 42 ms with them; a 3PL's 81 against 380 ms with
     them, but 15.8 against 12.3 ms without. ``small``: the volumes (and their pullback)
-    through ``jax.hessian``,
-    whose programs compile faster, for a compile-bound fit."""
+    through ``jax.hessian``, whose programs compile faster, for a compile-bound fit."""
     env = _env(spec, g)
     blocks = _item_blocks(spec)
     pooled = _pooled_blocks(spec)

@@ -854,11 +854,8 @@ def test_grid_volume_gradients_match_the_hessians_pullback(model):
                 return _log_volume(-jax.hessian(log_post)(xn)[np.ix_(pooled, pooled)])
             return jax.vmap(one)(xx, b1.T, b0.T)
 
-        def reference(xx, b1, b0):
-            ref, pullback = jax.vjp(volumes, xx, b1, b0)
-            return (ref, *pullback(jnp.ones_like(ref)))
-
-        want = reference(x, a1, a0)  # eager: compiled, the 4PL's took twice as long
+        ref, pullback = jax.vjp(volumes, x, a1, a0)  # eager: compiled, the 4PL's took
+        want = (ref, *pullback(jnp.ones_like(ref)))  # twice as long
         small = _grid_item_volume.fn(spec, x, g, grid, a1, a0, with_grad=True, small=True)
         alone = _grid_item_volume.fn(spec, x, g, grid, a1, a0, with_grad=False)[0]
         for each in ((vol, gx, g1, g0), small, (alone,)):
