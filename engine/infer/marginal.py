@@ -750,10 +750,14 @@ def _item_prior(spec: ModelSpec, x: np.ndarray, g: np.ndarray):
         spec, to_device(x, jnp.float32), to_device(g, jnp.float32)))
 
 
-def _log_prior(spec, x, g):
-    """The whole log prior of items ``x`` ``(n, k)`` and globals ``g`` ``(h,)`` (traced)."""
+def _log_prior(spec, x, g, weights=None):
+    """The whole log prior of items ``x`` ``(n, k)`` and globals ``g`` ``(h,)`` (traced).
+    ``weights`` ``(n,)``: each item's terms weighted (0 leaves an item out: its values
+    integrated out of the prior, as where nobody answered it and it is held still)."""
     env = _env(spec, g)
-    items = sum(jnp.sum(p.prior.log_prob(x[:, j], env)) for j, p in enumerate(_item_blocks(spec)))
+    w = 1.0 if weights is None else weights
+    items = sum(jnp.sum(w * p.prior.log_prob(x[:, j], env))
+                for j, p in enumerate(_item_blocks(spec)))
     return items + sum(p.prior.log_prob(g[i], {}) for i, p in enumerate(spec.by_owner("global")))
 
 

@@ -202,3 +202,36 @@ def test_a_stalled_mode_search_is_sampled_from_its_best_pass():
         assert z.max() < np.sqrt(2) * mc + 0.02, block
         np.testing.assert_allclose(np.exp(got.log_scale[block]), np.exp(ref.log_scale[block]),
                                    rtol=0.15, err_msg=block)
+
+
+def test_items_nobody_answered_leave_a_pooled_prior_as_if_they_were_not_there():
+    """Under pooled priors an item nobody answered has only its prior, so it integrates out:
+    the other items' and the pool's posterior are those of the data without it. Held still
+    at one value with its prior terms counted, six such items pinned the pool's precision
+    to them and halved the answered items' sds (the 2PL's SBC at 30 x 20, where a quarter of
+    the items are set aside as constant, failed on it). The sampler's means and sds with
+    six unanswered columns added match its own without them, within Monte Carlo error,
+    the pool's hyper-parameters too."""
+    y = _middling_2pl(300)
+    spec = get_model("2pl", prior="population")
+    settings = MarginalSettings(importance_max_params=0, **_SHORT)
+    ref, _, ref_info = fit_marginal(spec, y, settings)
+    padded = np.concatenate([y, np.full((len(y), 6), -1, np.int8)], axis=1)
+    got, _, info = fit_marginal(spec, padded, settings)
+    for i in (ref_info, info):
+        assert i["item_moments"]["method"] == "sampled"
+    ess = min(ref_info["item_moments"]["sampler"]["ess_min"],
+              info["item_moments"]["sampler"]["ess_min"])
+    mc = np.sqrt(2) * 3.5 / np.sqrt(ess)  # two runs' Monte Carlo error, in posterior sds
+    for block in ("difficulty", "discrimination"):
+        ref_sd = np.exp(np.asarray(ref.log_scale[block], np.float64))
+        sd = np.exp(np.asarray(got.log_scale[block], np.float64))[:5]
+        z = np.abs(np.asarray(got.loc[block])[:5] - np.asarray(ref.loc[block])) / ref_sd
+        assert z.max() < mc + 0.05, block
+        np.testing.assert_allclose(sd, ref_sd, rtol=0.2, err_msg=block)
+    # the pools' locations and log precisions (held items: the locations' sds 0.41 and 0.46
+    # of these, the log precisions 1.3 and 1.3 sds off)
+    for name in ("mu_difficulty", "u_difficulty", "mu_discrimination", "u_discrimination"):
+        ref_sd, sd = (float(np.exp(g.log_scale[name])) for g in (ref, got))
+        assert abs(float(got.loc[name]) - float(ref.loc[name])) < (mc + 0.05) * ref_sd, name
+        assert 0.75 < sd / ref_sd < 1.33, name
