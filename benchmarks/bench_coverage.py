@@ -192,7 +192,8 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     R-hat and wall time: the exact posterior's own calibration, beside the fit's. With the
     variational ``fit`` also ``agreement``: per block, ``|fit mean - NUTS mean| / NUTS sd``
     (median, max) and the sd ratio fit / NUTS (min, median, max), comparing the columns
-    ``items.parquet`` / ``subjects.parquet`` report (constrained scale)."""
+    ``items.parquet`` / ``subjects.parquet`` report (constrained scale), and for item blocks
+    each item's four values (``per_item``)."""
     import engine
     from engine.readout.posterior import draw_summary_columns, summary_columns
 
@@ -230,6 +231,10 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
                     "sd_ratio_max": float(np.max(ratio)),
                     "share_sd_ratio_in_0.8_1.25": float(np.mean((ratio >= 0.8) & (ratio <= 1.25))),
                     "mean_signed_z": float(np.mean((fm - nm) / ns))}
+                if owner == "item":  # each item's values, to read a disagreement item by item
+                    out["agreement"][block]["per_item"] = {
+                        "fit_mean": fm.tolist(), "fit_sd": fs.tolist(),
+                        "nuts_mean": nm.tolist(), "nuts_sd": ns.tolist()}
     return out
 
 
