@@ -1675,7 +1675,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         theta, w, _ = quad.posterior(spec, x, yy, mask)
         quad.adapt(theta, w)
 
-    vol_on = bool(hyper) and settings.volume_from_pass == 0
+    vol_on = False  # the items' volumes in the objective (from ``volume_from_pass`` on)
 
     def objective_at(xx, gg) -> float:  # the marginal log posterior at items xx, globals gg
         _, _, marg = quad.posterior(spec, xx, yy, mask)
@@ -1704,8 +1704,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             optimise()  # a quickly compiled fit that runs long: optimised code from here on
             optimised_from = it + 1
         x_before, g_before = x, g
-        if hyper and not vol_on and it == settings.volume_from_pass:
-            vol_on = True  # the objective changes: progress is counted afresh
+        vol_on = bool(hyper) and it >= settings.volume_from_pass
+        if vol_on and it == settings.volume_from_pass and it > 0:
+            # the objective changes: progress is counted afresh
             best, mark, previous = (-np.inf, x, g, it), (-np.inf, it), None
         theta, w, log_marg = quad.posterior(spec, x, yy, mask)
         prior_val, prior_grad, prior_hess = _item_prior(spec, x, g)
@@ -1795,7 +1796,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         # even at 1/1,024 of it (a 4PL at 50 x 1,000 from pass 57 on)
         within_sd = (small and not refused
                      and _move_in_sds(spec, x_before, x, g_before, g, -hess) < 0.05)
-        if it >= 2 and small and (full_step < 1e-3 or (within_sd and settled)):
+        # not before the volumes (and the pool's hyper-parameters) have entered
+        if (it >= 2 and small and (vol_on or not hyper)
+                and (full_step < 1e-3 or (within_sd and settled))):
             converged = True
             break
         settled = within_sd  # a move within 5% of an sd counts in two passes running

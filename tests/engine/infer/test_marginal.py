@@ -1010,9 +1010,7 @@ def test_items_volumes_from_the_fourth_pass_keep_a_small_leaderboard_off_their_p
     search stalled (``divergence_patience``) 20 nats below the mode. With the volumes from
     the fourth pass (the default) it converges, higher, and the first three passes say
     they left the volumes out."""
-    rng = np.random.default_rng(3)
-    theta, b, a = rng.normal(size=24), rng.normal(size=120), np.exp(rng.normal(0.0, 0.3, 120))
-    y = (rng.random((24, 120)) < 1 / (1 + np.exp(-a * (theta[:, None] - b)))).astype(np.int8)
+    y = _simulate(24, 120, seed=3)[0]
     spec = get_model("2pl", prior="population")
     off = dict(sampler_chains=0)  # the item moments are not what this compares
     _, _, stuck = fit_marginal(spec, y, MarginalSettings(volume_from_pass=0, **off))
@@ -1022,3 +1020,8 @@ def test_items_volumes_from_the_fourth_pass_keep_a_small_leaderboard_off_their_p
     assert info["mode_converged"] and info["diverged"] is None
     assert [row["items_volume"] for row in info["trace"][:4]] == [False] * 3 + [True]
     assert info["log_marginal_posterior"] > stuck["log_marginal_posterior"] + 10
+    # a fit that settles before the volumes enter does not stop there: the pool has not moved
+    _, _, late = fit_marginal(spec, _simulate(300, 5, seed=0)[0],
+                              MarginalSettings(volume_from_pass=30, **off))
+    assert late["mode_converged"] and len(late["trace"]) > 30
+    assert late["trace"][-1]["items_volume"]
