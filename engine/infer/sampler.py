@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from engine.exported import exported_jit
 from engine.models.spec import ModelSpec
 
 __all__ = ["sample_items", "split_rhat", "effective_draws"]
@@ -173,15 +174,23 @@ def _symmetry_moves(spec: ModelSpec, names: list[str], hyper: list[str]):
     return out
 
 
-def _program(spec: ModelSpec, grid, log_base, y1, y0, counts, rows, moves, steps: int,
-             thin: int, item_steps: int, complete: bool):
-    """The jitted chains: ``run(keys, x, g, chol, g_chol, sym_sd) -> (x, g, (draws of x, of
-    g, acceptance rates), (sums of each pattern's ability mean and second moment))`` for
-    ``steps`` kept sweeps, each after ``thin - 1`` more, vmapped over chains. ``complete``:
-    every pattern answers every item (``y0 = 1 - y1``), which saves two matrix products."""
+@exported_jit(static_argnames=("spec", "steps", "thin", "item_steps", "complete"))
+def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: bool, data,
+            keys, x, g, chol, g_chol, sym_sd):
+    """The chains: ``(x, g, (draws of x, of g, acceptance rates), (sums of each pattern's
+    ability mean and second moment))`` after ``steps`` kept sweeps, each after ``thin - 1``
+    more, vmapped over chains (``keys``, ``x``, ``g``). ``complete``: every pattern answers
+    every item (``y0 = 1 - y1``), which saves two matrix products.
+
+    ``data`` is ``(grid (G,), log_base (G,), y1 (U, n), y0 (U, n), counts (U,), rows (S,),
+    row_weight (S,), moves)``: arguments, not constants of the program, so that another data
+    set of the same (bucketed) sizes runs the same program, in this process or from the
+    compilation cache. ``rows`` is each subject's pattern, padded to a bucketed count with
+    rows of weight 0."""
     from engine.infer.marginal import (_env, _grid_curves, _grid_log_weights, _item_blocks,
                                        _log_prior, _pattern_moments)
 
+    grid, log_base, y1, y0, counts, rows, row_weight, moves = data
     blocks = _item_blocks(spec)
     n, G = y1.shape[1], grid.shape[0]
     U = y1.shape[0]
@@ -238,13 +247,13 @@ def _program(spec: ModelSpec, grid, log_base, y1, y0, counts, rows, moves, steps
         idx = jnp.minimum(jnp.sum(cdf[rows] < u[:, None], axis=1), G - 1)
         if by_subject:  # fewer subjects than grid points: each item at each subject's
             at_theta = grid[idx][:, None]  # ability (50 x 1,000: 50 cells an item, not 160)
-            ones, zeros = y1[rows], y0[rows]
+            ones, zeros = y1[rows] * row_weight[:, None], y0[rows] * row_weight[:, None]
 
             def item_ll(xx):
                 one, zero = _grid_curves(spec, xx, at_theta[:, 0])
                 return jnp.sum(ones * one + zeros * zero, axis=0)
         else:  # each pattern's subjects counted at their grid points
-            at = jnp.zeros((U, G), y1.dtype).at[rows, idx].add(1.0)
+            at = jnp.zeros((U, G), y1.dtype).at[rows, idx].add(row_weight)
             n1 = at.T @ y1  # (G, n)
             n0 = (at.sum(axis=0)[:, None] - n1) if complete else at.T @ y0
 
@@ -289,7 +298,7 @@ def _program(spec: ModelSpec, grid, log_base, y1, y0, counts, rows, moves, steps
                                               (x, g, zero, zero, 0), jax.random.split(key, steps))
         return x, g, out, (s1, s2)
 
-    return jax.jit(jax.vmap(chain, in_axes=(0, 0, 0, None, None, None)))
+    return jax.vmap(chain, in_axes=(0, 0, 0, None, None, None))(keys, x, g, chol, g_chol, sym_sd)
 
 
 def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.ndarray,
@@ -308,6 +317,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     R-hat and its effective draws (4, n, k))`` over the kept
     draws, or ``None`` where the pilot agrees with the Laplace approximation or the chains
     did not mix."""
+    from engine.infer.fit import bucket_size
     from engine.infer.marginal import _item_blocks
 
     t0 = time.perf_counter()
@@ -319,8 +329,12 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     chains, warmup, keep = settings.sampler_chains, settings.sampler_warmup, settings.sampler_draws
     whole = np.rint(counts).astype(np.int64)
     rows = np.repeat(np.arange(len(counts)), np.maximum(whole, 0))
+    row_weight = np.ones(bucket_size(len(rows)))
+    row_weight[len(rows):] = 0.0  # padding: counted nowhere
+    rows = np.concatenate([rows, np.zeros(len(row_weight) - len(rows), rows.dtype)])
     f32 = partial(jnp.asarray, dtype=jnp.float32)
-    args = (f32(grid), f32(log_base), f32(y1), f32(y0), f32(counts), jnp.asarray(rows),
+    data = (f32(grid), f32(log_base), f32(y1), f32(y0), f32(counts),
+            jnp.asarray(rows, jnp.int32), f32(row_weight),
             tuple((f32(mi), f32(gi)) for _, mi, gi in moves))
     # kept draws thinned to at most sampler_values item values a chain
     thin = max(1, int(np.ceil(keep * (n * k + h) / settings.sampler_values)))
@@ -331,9 +345,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     calls = -(-max(keep // thin, 2) // chunk)
     keep = calls * chunk
     complete = bool(np.all(y1 + y0 == 1.0))
-    warm_program = _program(spec, *args, chunk, 1, settings.sampler_item_steps, complete)
-    keep_program = (warm_program if thin == 1 else
-                    _program(spec, *args, chunk, thin, settings.sampler_item_steps, complete))
+    warm_program = partial(_chains, spec, chunk, 1, settings.sampler_item_steps, complete, data)
+    keep_program = partial(_chains, spec, chunk, thin, settings.sampler_item_steps, complete,
+                           data)
 
     rng = np.random.default_rng(seed)
     # items nobody answered (set aside as constant) stay at their values: only their prior
@@ -360,7 +374,10 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     def call(program):
         out = program(next(keys), f32(xs), f32(gs), f32(scale * shape_chol),
                       f32(g_scale * g_shape), f32(sym_sd))
-        return out[0], out[1], tuple(np.asarray(a, np.float64) for a in out[2]), out[3]
+        # back on the host: every call then gets uncommitted arrays alike (a committed
+        # argument would make JAX compile the exported program a second time)
+        return (np.asarray(out[0]), np.asarray(out[1]),
+                tuple(np.asarray(a, np.float64) for a in out[2]), out[3])
 
     phase, lap_sd = [], np.sqrt(np.maximum(np.diagonal(item_cov, axis1=1, axis2=2), 1e-24))
     for i in range(WARMUP_CALLS):
