@@ -12,7 +12,12 @@ the 308 subjects who answered 11111.
     python benchmarks/bench_marginal.py [--data lsat7,2000x12] [--no-nuts] [--out PATH]
         [--nuts-cache DIR] [--nuts-samples N] [--marginal-nuts results/nuts-marginal.json]
         [--prior vague|hierarchical|population] [--nuts-only] [--nuts-warmup N] [--nuts-chains N]
-        [--model 1pl|2pl]
+        [--model 1pl|2pl] [--signed --negative 0.1] [--laplace]
+
+``--signed`` fits the 2PL with ``signed_discrimination`` (and NUTS of the same model), on
+simulated data with ``--negative`` of the items' discriminations flipped; ``--laplace`` adds
+the quadrature fit with the item sampler off (``sampler_chains=0``: the Laplace
+approximation at the marginal mode), to show what the sampler changes.
 
 ``--nuts-samples`` sets NUTS's draws per chain (1,000 by default, as ``fit --method nuts``);
 ``--marginal-nuts`` also compares the items with ``nuts_marginal.py``'s long runs on the
@@ -42,7 +47,7 @@ OPENML = Path("/work/shared/data/openml_classifiers/responses_items_x_subjects.p
 MIRT_QUOTED = {"item": [3, 5], "a": [1.70, 0.74], "a_se": [0.32, 0.15]}
 
 
-def _load(name: str, seed: int = 0, model: str = "2pl") -> np.ndarray:
+def _load(name: str, seed: int = 0, model: str = "2pl", negative: float = 0.0) -> np.ndarray:
     if name == "lsat7":
         import pandas as pd
 
@@ -58,6 +63,12 @@ def _load(name: str, seed: int = 0, model: str = "2pl") -> np.ndarray:
             raise SystemExit(f"{OPENML}: no dataset {dataset!r}")
         return rows.iloc[:, 3:].to_numpy().T.astype(np.int8)
     s, n = (int(v) for v in name.split("x"))
+    if negative:  # the 2PL with a share of the discriminations flipped
+        sim = simulate_2pl(s, n, seed=seed)
+        rng = np.random.default_rng(seed + 1_000)
+        a = sim["discrimination"] * np.where(rng.random(n) < negative, -1.0, 1.0)
+        p = 1 / (1 + np.exp(-a * (sim["ability"][:, None] - sim["difficulty"])))
+        return (rng.random(p.shape) < p).astype(np.int8)
     return (simulate_1pl if model == "1pl" else simulate_2pl)(s, n, seed=seed)["responses"]
 
 
@@ -79,7 +90,8 @@ def _reference(res) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
                     samples: int = 1000, prior: str = "population",
-                    warmup: int = 500, chains: int = 4, model: str = "2pl") -> tuple[dict, dict]:
+                    warmup: int = 500, chains: int = 4, model: str = "2pl",
+                    options: dict | None = None) -> tuple[dict, dict]:
     """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
     saved it: the sampler is the expensive part, and a changed fit is compared again for
     free."""
@@ -91,6 +103,7 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
     tag = ("" if samples == 1000 else f"-{samples}") + ("" if prior == "vague" else f"-{prior}")
     tag += ("" if warmup == 500 else f"-w{warmup}") + ("" if chains == 4 else f"-c{chains}")
     tag += "" if model == "2pl" else f"-{model}"
+    tag += "".join(f"-{k}{v}" for k, v in sorted((options or {}).items()))
     path = cache / f"nuts-{name.replace(':', '_')}{tag}.npz" if cache else None
     if path is not None and path.exists():
         z = np.load(path)
@@ -98,7 +111,7 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
         return ({b: (z[f"{b}/mean"], z[f"{b}/sd"]) for b in blocks},
                 json.loads(str(z["record"])) | {"from_cache": str(path)})
     t = time.perf_counter()
-    res = engine.api.fit_nuts(y, model=model, prior=prior,
+    res = engine.api.fit_nuts(y, model=model, prior=prior, model_options=options,
                               settings=NutsSettings(num_samples=samples, num_warmup=warmup,
                                                     num_chains=chains))
     ref = _reference(res)
@@ -136,33 +149,51 @@ def _agreement(res, ref: dict) -> dict:
 
 def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 1000,
             marginal: dict | None = None, prior: str = "population", nuts_only: bool = False,
-            warmup: int = 500, chains: int = 4, model: str = "2pl") -> dict:
+            warmup: int = 500, chains: int = 4, model: str = "2pl", negative: float = 0.0,
+            signed: bool = False, laplace: bool = False) -> dict:
     import engine
 
-    y = _load(name, model=model)
-    out = {"data": name, "model": model, "shape": list(y.shape), "prior": prior, "fits": {}}
+    y = _load(name, model=model, negative=negative)
+    options = {"signed_discrimination": True} if signed else None
+    out = {"data": name, "model": model, "shape": list(y.shape), "prior": prior, "fits": {},
+           "negative": negative, "model_options": options}
     if nuts_only:
         out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup, chains,
-                                              model)[1]
+                                              model, options)[1]
         return out
     fits = {}
     for label, factor in (("auto", "auto"), ("gaussian", "gaussian")):
         t = time.perf_counter()
-        fits[label] = engine.fit(y, model=model, prior=prior,
+        fits[label] = engine.fit(y, model=model, prior=prior, model_options=options,
                                  settings=engine.FitSettings(ability_factor=factor))
         out["fits"][label] = {"wall_s": time.perf_counter() - t,
                               "method": fits[label].extra["ability_factor"]["method"]}
+        moments = fits[label].extra.get("quadrature", {}).get("item_moments", {})
+        if moments:
+            out["fits"][label]["item_moments"] = {
+                k: moments.get(k) for k in ("method", "because")} | {
+                "sampler": {k: (moments.get("sampler") or {}).get(k)
+                            for k in ("method", "pilot", "rhat_max", "ess_min", "seconds")}}
+    if laplace:  # the quadrature fit with the item sampler off
+        from engine.infer.marginal import MarginalSettings, fit_marginal_result
+        from engine.models import get_model
+
+        t = time.perf_counter()
+        spec = get_model(model, prior=prior, **(options or {}))
+        fits["laplace"] = fit_marginal_result(spec, y, engine.FitSettings(),
+                                              MarginalSettings(sampler_chains=0))
+        out["fits"]["laplace"] = {"wall_s": time.perf_counter() - t, "method": "quadrature"}
     if nuts:
         ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup,
-                                                   chains, model)
-        for label in ("auto", "gaussian"):
+                                                   chains, model, options)
+        for label in fits:
             out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref)
     if marginal and name in marginal:
         items = {b: (np.asarray(v["mean"]), np.asarray(v["sd"])) for b, v in marginal[name].items()
                  if isinstance(v, dict) and "mean" in v}
         for label in ("auto", "gaussian"):
             out["fits"][label]["vs_marginal_nuts"] = _agreement(fits[label], items)
-    if name == "lsat7" and model == "2pl":
+    if name == "lsat7" and model == "2pl" and not signed:
         table = {}
         for label, res in fits.items():
             sds = _scales(res)
@@ -200,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prior", default="population", choices=["population", "vague", "hierarchical"])
     ap.add_argument("--nuts-only", action="store_true",
                     help="only run (and cache) the NUTS references")
+    ap.add_argument("--signed", action="store_true", help="the 2PL's signed discrimination")
+    ap.add_argument("--negative", type=float, default=0.0,
+                    help="share of simulated discriminations flipped to negative")
+    ap.add_argument("--laplace", action="store_true",
+                    help="also the quadrature fit with the item sampler off")
     ap.add_argument("--out", default=str(HERE / "results" / "marginal.json"))
     args = ap.parse_args(argv)
     marginal = json.loads(args.marginal_nuts.read_text()) if args.marginal_nuts else None
@@ -207,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.data.split(","):
         runs.append(measure(name, not args.no_nuts, args.nuts_cache, args.nuts_samples, marginal,
                             args.prior, args.nuts_only, args.nuts_warmup, args.nuts_chains,
-                            args.model))
+                            args.model, args.negative, args.signed, args.laplace))
         print(json.dumps(runs[-1], indent=1), flush=True)
     out = Path(args.out)
     out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
