@@ -121,11 +121,15 @@ def _effective_draws(draws: np.ndarray) -> np.ndarray:
     return np.where(var_plus > 0, ess, float(c * d)).reshape(draws.shape[2:])
 
 
-def _against_laplace(dx: np.ndarray, mode: np.ndarray, sd: np.ndarray, names: list[str]) -> dict:
+def _against_laplace(dx: np.ndarray, mode: np.ndarray, sd: np.ndarray, names: list[str],
+                     answered: np.ndarray) -> dict:
     """Per item block, the median distance of the draws' means ``dx`` ``(chains, draws, n, k)``
     from the mode in Laplace sds ``sd`` ``(n, k)``, and the median ratio of their sds to
-    those; ``agrees`` where every block is within ``LAPLACE_SHIFT`` and ``LAPLACE_SD``."""
-    flat = dx.reshape(-1, *dx.shape[2:])
+    those, over the ``answered`` items ``(n,)`` bool (items nobody answered stay put: counted,
+    they made the medians 0 where most items were set aside, and such a pilot never agreed);
+    ``agrees`` where every block is within ``LAPLACE_SHIFT`` and ``LAPLACE_SD``."""
+    flat = dx.reshape(-1, *dx.shape[2:])[:, answered]
+    mode, sd = mode[answered], sd[answered]
     shift = np.median(np.abs(flat.mean(axis=0) - mode) / sd, axis=0)
     ratio = np.median(flat.std(axis=0) / sd, axis=0)
     with np.errstate(divide="ignore"):  # a ratio of 0 (chains that never moved) disagrees
@@ -388,7 +392,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         dx, dg, stats = (np.concatenate(a, axis=1) for a in zip(*phase))
         phase = []
         if i == PHASE_ENDS[2]:  # the pilot: do its draws depart from the Laplace approximation?
-            pilot = _against_laplace(dx, x, lap_sd, names)
+            pilot = _against_laplace(dx, x, lap_sd, names, answered)
             record["pilot"] = pilot
             if settings.sampler_check_laplace and pilot["agrees"]:
                 return None, record | {"method": "laplace", "because": (
