@@ -21,6 +21,7 @@ deserialize, is exported again, never run.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -224,6 +225,12 @@ def compiler_options(options: dict | None):
         _OPTIONS.reset(token)
 
 
+# programs kept in a process per decorated function (least recently used dropped): a fit
+# uses a few shapes of each; a long-lived worker fitting data sets of many shapes (simulation-
+# based calibration, Ray trials) must not keep them all
+MAX_PROGRAMS = 8
+
+
 class _ExportedJit:
     """``jax.jit(fn, static_argnames=...)`` whose traced programs are kept on disk."""
 
@@ -238,7 +245,10 @@ class _ExportedJit:
         self.names = [p.name for p in parameters]
         self.dynamic_names = [n for n in self.names if n not in static_argnames]
         self.defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
-        self.programs: dict = {}  # in-process: (static values, argument types) -> callable
+        # in-process: (static values, argument types) -> callable, the most recently used
+        # MAX_PROGRAMS kept (a compiled program holds hundreds of memory mappings: kept
+        # without bound, 150 of the sampler's in one process exhausted the kernel's 65,530)
+        self.programs: collections.OrderedDict = collections.OrderedDict()
         self.plain: dict = {None: self.jitted}  # compiler options -> plain jax.jit
         functools.update_wrapper(self, fn)
 
@@ -263,6 +273,10 @@ class _ExportedJit:
         program = self.programs.get(memo)
         if program is None:
             program = self.programs[memo] = self._program(static, dynamic, tree, types, options)
+            while len(self.programs) > MAX_PROGRAMS:
+                self.programs.popitem(last=False)  # the least recently used: freed
+        else:
+            self.programs.move_to_end(memo)
         return program(*dynamic)
 
     def _program(self, static: tuple, dynamic: list, tree, types,

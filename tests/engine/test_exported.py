@@ -197,3 +197,33 @@ def test_programs_without_linear_algebra_kernels_leave_scipy_unimported(tmp_path
                 np.testing.assert_allclose(got["factor"], np.linalg.cholesky(a), rtol=1e-5)
                 assert got["scipy_after_lapack"] is True, round_
     assert len(list((tmp_path / "cache" / "traces").iterdir())) == 2
+
+
+def test_a_long_lived_process_keeps_the_most_recent_programs_only(tmp_path, monkeypatch):
+    """A compiled program holds the process's memory mappings: the item sampler's about 430
+    (measured with ``/proc/self/maps``). Kept for every shape, a process that fits data sets
+    of many shapes (simulation-based calibration: about 150 of the sampler's) ran out of the
+    kernel's 65,530 and died. The most recently used ``MAX_PROGRAMS`` of each function are
+    kept; the others are dropped and freed."""
+    import gc
+    import weakref
+
+    from engine.exported import MAX_PROGRAMS
+    from engine.infer.marginal import _node_loglik
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE", "1")
+    spec = get_model("2pl", prior="vague")
+    np.asarray(_node_loglik(spec, *_node_inputs(U=8)))
+    oldest = weakref.ref(_node_loglik.programs[next(reversed(_node_loglik.programs))])
+    for U in range(9, 9 + 2 * MAX_PROGRAMS):  # a new shape each time
+        np.asarray(_node_loglik(spec, *_node_inputs(U=U)))
+        assert len(_node_loglik.programs) <= MAX_PROGRAMS
+    gc.collect()
+    assert oldest() is None  # dropped and freed
+    # one used again stays: it becomes the most recent, and nothing is compiled for it
+    keys = list(_node_loglik.programs)
+    again = _node_loglik.programs[keys[0]]
+    np.asarray(_node_loglik(spec, *_node_inputs(U=9 + MAX_PROGRAMS)))
+    assert list(_node_loglik.programs) == keys[1:] + keys[:1]
+    assert _node_loglik.programs[keys[0]] is again
