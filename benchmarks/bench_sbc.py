@@ -12,13 +12,13 @@ N(0, 10^6).)
 
 Item draws use what ``items.parquet`` reports (the within-item marginal sd), abilities the
 guide's factor, both as Gaussians on the unconstrained scale. Items whose simulated
-responses are all alike ("constant") are fitted as unobserved (prior only), as every fit
-does.
+responses are all alike ("constant") are set aside by the fit (prior only) and read out
+under the pool reweighted by them (``engine.infer.marginal._set_aside_posteriors``).
 
     python benchmarks/bench_sbc.py --reps 200 --prior population --out benchmarks/results/sbc_population.json
 
 ``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, the same
-priors, constant items as ``fit_nuts`` treats them): one compiled sampler per
+priors, constant items as ``fit_nuts`` treats them: with their data under pooled priors): one compiled sampler per
 model and shape (the data is its argument), 2 chains; each block's draws are thinned by
 its bulk ESS (stride ``ceil(draws / ESS)``) so the ranked draws are close to independent,
 and the rank among the ``m`` thinned draws is mapped to ``0..L`` as
@@ -93,7 +93,7 @@ def _nuts_ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int
     """One replicate's ranks among thinned NUTS draws (see the module docstring)."""
     import warnings
 
-    from engine.api import _constant_items, response_stats
+    from engine.api import nuts_responses, response_stats
     from engine.infer.nuts import sample_nuts
     from engine.models.registry import get_model
 
@@ -103,8 +103,7 @@ def _nuts_ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int
     t, y, rng = _simulate(model, prior, s, n, rep)
     spec = get_model(model, prior=prior)
     constant = np.ptp(y, axis=0) == 0
-    y_fit = y.copy()  # constant items set aside where fit_nuts sets them aside
-    y_fit[:, _constant_items(y, response_stats(y), "binary", spec, ())] = -1
+    y_fit = nuts_responses(y, response_stats(y), "binary", spec)  # as fit_nuts samples them
     draws, _ = sample_nuts(spec, y_fit, settings.replace(seed=rep), sampler=sampler)
     pos = {k: np.asarray(v) for k, v in draws.position.items()}
     out = {"converged": bool(draws.diverging.sum() == 0), "constant_share": float(constant.mean()),

@@ -420,3 +420,20 @@ def test_mcse_of_the_sd_is_arviz_own():
         assert np.isfinite(value).all() and (value > 0).all()
         if ref is not None:
             np.testing.assert_allclose(value, np.asarray(ref[name].values), rtol=1e-12)
+
+
+def test_nuts_samples_constant_items_with_their_data_under_pooled_priors_only():
+    """Under pooled priors NUTS samples every item with its data (the exact posterior, in
+    which items answered alike widen their pool); under fixed vague priors it sets them
+    aside as the default fit does, since their values would run far out."""
+    from engine.api import nuts_responses, response_stats
+
+    y = np.random.default_rng(0).integers(0, 2, (30, 6)).astype(np.int8)
+    y[:, 1], y[:, 4] = 1, 0
+    y[::3, 1] = -1
+    for model in ("1pl", "2pl"):
+        assert nuts_responses(y, response_stats(y), "binary",
+                              get_model(model, prior="population")) is y
+        aside = nuts_responses(y, response_stats(y), "binary", get_model(model, prior="vague"))
+        assert (aside[:, [1, 4]] == -1).all()
+        np.testing.assert_array_equal(np.delete(aside, [1, 4], 1), np.delete(y, [1, 4], 1))
