@@ -1504,8 +1504,9 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
                           pool: tuple | None = None, num_draws: int = 1024, seed: int = 0):
     """Posterior mean ``(m, k)`` and covariance ``(m, k, k)`` of items the fit set aside,
     from their responses ``aside`` ``(S, m)`` (-1 missing) against the fitted abilities:
-    each item's values on a grid spanning 6 prior sds about the pooled prior's location,
-    its likelihood integrated over each pattern's ability posterior (nodes ``theta``
+    each item's values on a grid (:func:`_set_aside_axis`: dense over 6 sds about the
+    fitted pool's location, geometric beyond), its likelihood integrated over each
+    pattern's ability posterior (nodes ``theta``
     ``(U, Q)``, or ``(1, Q)`` shared by every pattern, and weights ``w`` ``(U, Q)``;
     ``inverse`` maps subjects to patterns). The abilities do not see these items, as in the
     fit; the items see the abilities' uncertainty.
