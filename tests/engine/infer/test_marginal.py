@@ -641,10 +641,12 @@ def test_set_aside_items_move_the_pool_they_are_read_under():
              + stats.gamma.logpdf(np.exp(pts[:, 1]), u_prior.shape_, scale=1 / u_prior.rate)
              + pts[:, 1])  # the log precision's density
     prior = stats.norm.logpdf(_B[None, :], pts[:, :1], np.exp(-0.5 * pts[:, 1:]))  # (P, B)
-    fitted = prior[:, None, :] + (-0.5 * lam[:, 0] * _B ** 2 + h * _B)[None]  # (P, 10, B)
-    top = fitted.max(axis=2, keepdims=True)
-    log_fitted = (np.log(integrate.trapezoid(np.exp(fitted - top), _B, axis=2))
-                  + top[:, :, 0]).sum(1)
+    log_fitted = 0.0
+    for lam_i, h_i in zip(lam[:, 0, 0], h[:, 0]):  # one item at a time: (P, B) each
+        fitted = prior + (-0.5 * lam_i * _B ** 2 + h_i * _B)[None]
+        top = fitted.max(axis=1, keepdims=True)
+        log_fitted = log_fitted + np.log(integrate.trapezoid(np.exp(fitted - top), _B, axis=1)) \
+            + top[:, 0]
     cond = prior[:, None, :] + lik[None, :, :]  # (P, 3, B)
     top = cond.max(axis=2, keepdims=True)
     dens = np.exp(cond - top)
