@@ -43,6 +43,7 @@ from simulate import simulate_1pl, simulate_2pl  # noqa: E402
 
 LSAT7 = Path("/work/shared/data/psych_human_r/lsat7.parquet")
 OPENML = Path("/work/shared/data/openml_classifiers/responses_items_x_subjects.parquet")
+NLU = Path("/work/shared/data/nlu/responses_items_x_subjects.parquet")
 # issue 16: R mirt's 2PL on LSAT7 (marginal ML, Oakes standard errors), items 3 and 5
 MIRT_QUOTED = {"item": [3, 5], "a": [1.70, 0.74], "a_se": [0.32, 0.15]}
 
@@ -62,6 +63,15 @@ def _load(name: str, seed: int = 0, model: str = "2pl", negative: float = 0.0) -
         if rows.empty:
             raise SystemExit(f"{OPENML}: no dataset {dataset!r}")
         return rows.iloc[:, 3:].to_numpy().T.astype(np.int8)
+    if name.startswith("nlu:"):  # one test set's leaderboard of the 18 final (``_best``) checkpoints
+        import pandas as pd
+
+        dataset = name.split(":", 1)[1]
+        df = pd.read_parquet(NLU)
+        rows = df[df["dataset"] == dataset]
+        if rows.empty:
+            raise SystemExit(f"{NLU}: no dataset {dataset!r}")
+        return rows[[c for c in df.columns if c.endswith("_best")]].to_numpy().T.astype(np.int8)
     s, n = (int(v) for v in name.split("x"))
     if negative:  # the 2PL with a share of the discriminations flipped
         sim = simulate_2pl(s, n, seed=seed)
@@ -128,7 +138,9 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
     return ref, record
 
 
-def _agreement(res, ref: dict) -> dict:
+def _agreement(res, ref: dict, constant: np.ndarray | None = None) -> dict:
+    """Per block, the fit against the reference; with ``constant`` (a mask over items), the
+    items every subject answered alike also on their own, under ``<block>:constant``."""
     out = {}
     sds = _scales(res)
     for block in ("ability", "difficulty", "discrimination"):
@@ -137,6 +149,12 @@ def _agreement(res, ref: dict) -> dict:
         ref_loc, ref_sd = ref[block]
         z = np.abs(np.asarray(res.guide.loc[block], np.float64) - ref_loc) / ref_sd
         ratio = sds[block] / ref_sd
+        if block != "ability" and constant is not None and constant.any():
+            out[f"{block}:constant"] = {
+                "median_abs_z": float(np.median(z[constant])), "max_abs_z": float(z[constant].max()),
+                "median_sd_ratio": float(np.median(ratio[constant])),
+                "sd_ratio_range": [float(ratio[constant].min()), float(ratio[constant].max())],
+                "of": int(constant.sum())}
         out[block] = {"median_abs_z": float(np.median(z)), "max_abs_z": float(z.max()),
                       "median_sd_ratio": float(np.median(ratio)),
                       "sd_ratio_range": [float(ratio.min()), float(ratio.max())],
@@ -154,8 +172,10 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
     import engine
 
     y = _load(name, model=model, negative=negative)
+    constant = (y == y[0]).all(axis=0)  # complete matrices: every subject answered alike
     options = {"signed_discrimination": True} if signed else None
     out = {"data": name, "model": model, "shape": list(y.shape), "prior": prior, "fits": {},
+           "constant_items": int(constant.sum()),
            "negative": negative, "model_options": options}
     if nuts_only:
         out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup, chains,
@@ -187,7 +207,7 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
         ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup,
                                                    chains, model, options)
         for label in fits:
-            out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref)
+            out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref, constant)
     if marginal and name in marginal:
         items = {b: (np.asarray(v["mean"]), np.asarray(v["sd"])) for b, v in marginal[name].items()
                  if isinstance(v, dict) and "mean" in v}
@@ -218,7 +238,8 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="lsat7,2000x12",
-                    help="comma-separated: lsat7, SxN (simulated, of --model) or openml:<dataset>")
+                    help="comma-separated: lsat7, SxN (simulated, of --model), openml:<dataset> "
+                         "or nlu:<dataset> (the 18 final checkpoints)")
     ap.add_argument("--no-nuts", action="store_true")
     ap.add_argument("--nuts-cache", type=Path, default=None,
                     help="directory keeping each data set's NUTS summary (reused when present)")

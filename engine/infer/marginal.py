@@ -1179,6 +1179,40 @@ def _grid_draw_moments(spec, xs, gs, grid, log_base, y1, y0):
     return jax.lax.map(one, (xs, gs), batch_size=batch)
 
 
+@exported_jit(static_argnames=("spec",))
+def _grid_draw_aside(spec, xs, gs, grid, log_base, y1, y0, a_grid, a_log_dv, n1, n0):
+    """:func:`_grid_draw_moments` with items the fit set aside integrated out on their own
+    grid ``a_grid`` ``(B, k)`` (``a_log_dv`` ``(B,)``: its log volumes), against each draw's
+    ability posteriors: item ``j``'s likelihood given a draw is
+    ``L_j = ∫ p(v | g) prod_u E_u[P(1 | theta, v)]^n1_ju E_u[P(0 | theta, v)]^n0_ju dv``,
+    ``E_u`` over pattern ``u``'s ability posterior on the shared grid given the draw's
+    items, ``n1``, ``n0`` ``(m, U)`` its patterns' ones and zeros. This is each pattern's
+    marginal likelihood with the item in it, divided by the one without, so the draw's
+    log prior gains ``sum_j log L_j``: exact for one such item, and for several where
+    given the abilities their likelihoods do not overlap (abilities do not see one such
+    item through another). Also returns each set-aside item's posterior mean ``(D, m, k)``
+    and second moments ``(D, m, k, k)`` given the draw."""
+    blocks = _item_blocks(spec)
+    curves = [jnp.nan_to_num(jnp.exp(c)) for c in _grid_curves(spec, a_grid, grid)]  # (G, B)
+
+    def one(xg):
+        x, g = xg
+        lw = _grid_log_weights(spec, x, grid, log_base, y1, y0)  # (U, G)
+        soft = jax.nn.softmax(lw, axis=1)
+        data = sum(n @ jnp.log(jnp.maximum(soft @ c, 1e-37)) for n, c in zip((n1, n0), curves))
+        env = _env(spec, g)
+        t = data + a_log_dv + sum(p.prior.log_prob(a_grid[:, j], env)
+                                  for j, p in enumerate(blocks))  # (m, B)
+        log_l = jax.nn.logsumexp(t, axis=1)
+        r = jnp.exp(t - log_l[:, None])
+        return (_log_prior(spec, x, g) + jnp.sum(log_l), *_pattern_moments(lw, grid),
+                r @ a_grid, jnp.einsum("mb,bi,bj->mij", r, a_grid, a_grid))
+
+    per_draw = max(y1.shape[0] * (grid.shape[0] + a_grid.shape[0]) + n1.shape[0] * a_grid.shape[0], 1)
+    batch = max(1, min(xs.shape[0], _DRAW_BATCH_CELLS // per_draw))
+    return jax.lax.map(one, (xs, gs), batch_size=batch)
+
+
 class _DrawNodes:
     """Where the abilities are integrated while item draws are weighted: one shared,
     evenly spaced grid, or each pattern's adaptive Gauss-Hermite nodes.
@@ -1250,9 +1284,17 @@ class _DrawNodes:
                              to_device(y0, dtype))
         return np.asarray(soft, np.float64), y1, y0
 
-    def moments(self, spec, xs: np.ndarray, item_shape: tuple[int, int], y, mask):
+    def aside_cells(self, num_patterns: int, aside: "_SetAsideGrid") -> int:
+        """What integrating the set-aside items out costs a draw, in cells as
+        :meth:`cells_per_draw` counts them (:func:`_grid_draw_aside`)."""
+        G, (B, k), m = self.theta.shape[-1], aside.grid.shape, aside.n1.shape[0]
+        return num_patterns * G * B // self.GEMM_PER_CELL + 2 * num_patterns * B + m * B * (1 + k * k)
+
+    def moments(self, spec, xs: np.ndarray, item_shape: tuple[int, int], y, mask,
+                aside: "_SetAsideGrid | None" = None):
         """:func:`_draw_moments` (float64) of draws ``xs`` ``(D, n k + h)``: the items'
-        values flattened, then the globals'."""
+        values flattened, then the globals'. With ``aside`` (on the shared grid only),
+        :func:`_grid_draw_aside`: the set-aside items integrated out, and their moments."""
         n, k = item_shape
         items = to_device(xs[:, :n * k].reshape(len(xs), n, k), jnp.float32)
         hyper = to_device(xs[:, n * k:], jnp.float32)
@@ -1260,7 +1302,15 @@ class _DrawNodes:
         # (`ability`: 1,895 draws x 1,280 patterns x 44 grid points, 0.43 s against 1.4 s)
         heavy = len(xs) * self.cells_per_draw(*np.shape(y)) > _QUICK_DRAW_CELLS
         with compiler_options(None) if heavy else contextlib.nullcontext():
-            if self.shared:
+            if aside is not None:
+                y1 = np.asarray(y, np.float32) * mask
+                out = _grid_draw_aside(
+                    spec, items, hyper, to_device(self.theta, jnp.float32),
+                    to_device(self.log_base, jnp.float32), to_device(y1),
+                    to_device(np.asarray(mask, np.float32) - y1),
+                    to_device(aside.grid, jnp.float32), to_device(aside.log_dv, jnp.float32),
+                    to_device(aside.n1, jnp.float32), to_device(aside.n0, jnp.float32))
+            elif self.shared:
                 y1 = np.asarray(y, np.float32) * mask
                 out = _grid_draw_moments(spec, items, hyper, to_device(self.theta, jnp.float32),
                                          to_device(self.log_base, jnp.float32), to_device(y1),
@@ -1278,7 +1328,8 @@ def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
     return np.stack([full_cov[i * k:(i + 1) * k, i * k:(i + 1) * k] for i in range(n)])
 
 
-def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalSettings):
+def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalSettings,
+                aside: "_SetAsideGrid | None" = None, start: tuple | None = None):
     """Posterior moments of the items (with the globals ``g`` after them, where there are
     any) and abilities by self-normalised importance sampling from the Laplace approximation
     ``N((x, g), spread^2 full_cov)`` (Ionides' truncated weights), or ``(None, record)``
@@ -1312,18 +1363,32 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     # the fit's (placed at the same posterior mean and sd): the same cells buy more draws
     nodes = _DrawNodes(spec, quad, counts, Q)
     record["nodes"] = nodes.record
+    per_draw_cells = nodes.cells_per_draw(U, n)
+    if aside is not None:  # the set-aside items integrated out of every draw, where the
+        # shared grid holds and the draws stay within the cells
+        extra = nodes.aside_cells(U, aside) if nodes.shared else 0
+        if nodes.shared and draws * (per_draw + extra) <= settings.importance_cells_max:
+            per_draw_cells += extra
+            record["set_aside"] = "integrated out of each draw"
+        else:
+            aside = None
+            record["set_aside"] = ("left out: " + ("no shared ability grid" if not nodes.shared
+                                                   else f"{extra} cells a draw"))
     more = min(settings.importance_draws,
-               settings.importance_cells_max // max(nodes.cells_per_draw(U, n), 1))
+               settings.importance_cells_max // max(per_draw_cells, 1))
     rng = np.random.default_rng(0)
     centre, cov = np.concatenate([x.reshape(-1), g]).astype(np.float64), full_cov
+    if start is not None and aside is not None:  # the first proposal about the pool with
+        centre, cov = start  # the set-aside items in it (:func:`_pool_proposal`)
     result, used, why = None, 0, None
     pool = []  # each round's draws, log densities, ability moments and proposal
 
-    def draw(count, centre, factor):  # draws, log posterior, log proposal (up to a constant)
-        z = rng.standard_normal((count, d))  # and the abilities' moments
-        xs = centre + z @ factor.T
-        lp, lm, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
-        return xs, lm @ counts + lp, -0.5 * (z ** 2).sum(axis=1), m1, m2
+    def draw(count, centre, factor):  # draws, log posterior, log proposal (up to a constant),
+        z = rng.standard_normal((count, d))  # the abilities' moments, and the set-aside
+        xs = centre + z @ factor.T  # items' (none: (count, 0))
+        lp, lm, m1, m2, *more_moments = nodes.moments(spec, xs, (n, k), y, mask, aside)
+        a1, a2 = more_moments or (np.zeros((count, 0)), np.zeros((count, 0)))
+        return xs, lm @ counts + lp, -0.5 * (z ** 2).sum(axis=1), m1, m2, a1, a2
 
     for round_ in (1, 2, 3):
         why = None  # the reason this round stopped short, if it does
@@ -1332,20 +1397,20 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         except np.linalg.LinAlgError:
             why = f"round {round_}: covariance not positive definite"
             break
-        xs, logp, logq, m1, m2 = draw(draws, centre, spread * chol)
+        xs, logp, logq, m1, m2, a1, a2 = draw(draws, centre, spread * chol)
         w, ess = _truncated_weights(logp - logq)
         if ess < settings.importance_target_ess and more > len(xs) and np.isfinite(ess):
             # short of the target: more draws from the same proposal, where the shared
             # grid makes them cheap enough
-            xs, logp, logq, m1, m2 = (np.concatenate(pair) for pair in zip(
-                (xs, logp, logq, m1, m2), draw(more - len(xs), centre, spread * chol)))
+            xs, logp, logq, m1, m2, a1, a2 = (np.concatenate(pair) for pair in zip(
+                (xs, logp, logq, m1, m2, a1, a2), draw(more - len(xs), centre, spread * chol)))
             w, ess = _truncated_weights(logp - logq)
         if not np.isfinite(logp - logq).all():
             why = f"round {round_}: a draw had no finite density"
             break
         draws = len(xs)
-        pool.append((xs, logp, m1, m2, centre, spread * chol))
-        moments = _weighted_moments(w, xs, m1, m2, n, k)
+        pool.append((xs, logp, m1, m2, centre, spread * chol, a1, a2))
+        moments = _weighted_moments(w, xs, m1, m2, n, k, a1, a2)
         mean, weighted_cov = np.concatenate([moments[0].reshape(-1), moments[1]]), moments[2]
         enough = ess >= max(200.0, settings.importance_min_ess * draws)
         record["rounds"].append({"draws": int(draws), "effective_draws": round(ess, 1),
@@ -1370,8 +1435,8 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         record["pooled"] = {"draws": int(len(xs)), "effective_draws": round(ess, 1),
                             "used": False}
         if ess > record["rounds"][used - 1]["effective_draws"]:
-            m1, m2 = (np.concatenate([r[i] for r in pool]) for i in (2, 3))
-            result = _weighted_moments(w, xs, m1, m2, n, k)
+            m1, m2, a1, a2 = (np.concatenate([r[i] for r in pool]) for i in (2, 3, 6, 7))
+            result = _weighted_moments(w, xs, m1, m2, n, k, a1, a2)
             record["pooled"]["used"] = True
     # the moments are the last kept round's, or all rounds' pooled where that keeps more
     # effective draws; a later round that stopped short says why
@@ -1379,15 +1444,22 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         {"later_round_failed": why} if why and round_ > used else {})
 
 
-def _weighted_moments(w, xs, m1, m2, n: int, k: int) -> tuple[np.ndarray, ...]:
+def _weighted_moments(w, xs, m1, m2, n: int, k: int, a1=None, a2=None) -> tuple:
     """Weighted draws ``xs`` ``(D, n k + h)`` as ``_importance``'s result: the items' mean
-    ``(n, k)``, the globals' ``(h,)``, the draws' covariance ``(n k + h, n k + h)``, and
-    each pattern's ability mean and variance over them (``m1``, ``m2`` ``(D, U)``)."""
+    ``(n, k)``, the globals' ``(h,)``, the draws' covariance ``(n k + h, n k + h)``, each
+    pattern's ability mean and variance over them (``m1``, ``m2`` ``(D, U)``), and the
+    set-aside items' mean ``(m, k)`` and covariance ``(m, k, k)`` from their moments
+    given each draw (``a1`` ``(D, m, k)``, ``a2`` ``(D, m, k, k)``; ``None`` where there
+    are none)."""
     mean = w @ xs
     centred = xs - mean
     ability_mean = w @ m1
+    aside = None
+    if a1 is not None and a1.size:
+        a_mean = np.einsum("d,dmk->mk", w, a1)
+        aside = (a_mean, np.einsum("d,dmij->mij", w, a2) - a_mean[:, :, None] * a_mean[:, None, :])
     return (mean[:n * k].reshape(n, k), mean[n * k:], (centred * w[:, None]).T @ centred,
-            ability_mean, np.maximum(w @ m2 - ability_mean ** 2, 1e-24))
+            ability_mean, np.maximum(w @ m2 - ability_mean ** 2, 1e-24), aside)
 
 
 def _pooled_weights(pool: list) -> tuple[np.ndarray, np.ndarray, float]:
@@ -1404,7 +1476,7 @@ def _pooled_weights(pool: list) -> tuple[np.ndarray, np.ndarray, float]:
     logp = np.concatenate([r[1] for r in pool])
     total = len(xs)
     log_q = []
-    for _, _, _, _, centre, factor in pool:
+    for centre, factor in (r[4:6] for r in pool):
         z = np.linalg.solve(factor, (xs - centre).T)  # (d, D)
         log_q.append(-0.5 * (z ** 2).sum(axis=0) - np.log(np.abs(np.diag(factor))).sum())
     share = np.log([len(r[0]) / total for r in pool])[:, None]
@@ -1508,16 +1580,127 @@ def _proposal_off(centre, proposal_cov, mean, cov, settings: MarginalSettings) -
                 or (np.abs(mean - centre) > settings.importance_refit_shift * sd0).any())
 
 
+class _SetAsideGrid:
+    """Items the fit set aside, on a fixed grid of their values: each one's likelihood
+    against the fitted abilities, and what it says about the globals.
+
+    Each item's responses ``aside`` ``(S, m)`` (-1 missing) are integrated over each
+    pattern's ability posterior (nodes ``theta`` ``(U, Q)``, or ``(1, Q)`` shared by every
+    pattern, weights ``w`` ``(U, Q)``; ``inverse`` maps subjects to patterns) at every point
+    of a grid (:func:`_set_aside_axis`: dense over 6 sds about the pool's location under
+    ``g``, where the items' likelihoods turn, geometric beyond, out to 1,000 of its sds).
+    A grid spread evenly over the draws' priors missed that turn once the pool's sd ran to
+    hundreds, and the draws then drifted without bound (2PL 100 x 8 with five of eight
+    items constant).
+
+    :meth:`terms` gives ``sum_j log L_j(g)`` for draws of the globals, ``L_j(g)`` the
+    item's likelihood integrated over its prior under ``g``: the factor these items add to
+    the globals' posterior. :meth:`read_out` averages each item's grid posterior over
+    weighted draws of the globals."""
+
+    def __init__(self, spec, g, theta, w, inverse, aside: np.ndarray, limit: int):
+        self.spec, self.blocks = spec, _item_blocks(spec)
+        self.globals_ = spec.by_owner("global")
+        k = len(self.blocks)
+        th = to_device(theta, jnp.float32)
+        U = w.shape[0]
+        aside = np.asarray(aside)
+        n1 = np.stack([np.bincount(inverse, weights=(c == 1), minlength=U)[:U] for c in aside.T])
+        n0 = np.stack([np.bincount(inverse, weights=(c == 0), minlength=U)[:U] for c in aside.T])
+        self.n1, self.n0 = n1, n0  # (m, U): each item's ones and zeros per pattern
+        axes, log_da = [], []
+        for loc, prec in self.priors(np.asarray(g, np.float64)[None, :])[0]:
+            axis = _set_aside_axis(float(loc[0]), float(prec[0]) ** -0.5, {1: 121, 2: 41}[k])
+            axes.append(axis)
+            log_da.append(np.log(np.gradient(axis)))  # trapezoid weights
+        self.grid = np.stack([a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")], -1)
+        self.log_dv = sum(a.reshape(-1) for a in np.meshgrid(*log_da, indexing="ij"))  # (G,)
+        shared = theta.shape[0] == 1 < w.shape[0]  # every pattern on one grid: a matrix product
+        log_p = {}
+        for r in (0, 1):  # log P(y = r | pattern u, item at grid point) (U, G)
+            parts = []
+            for sl in _chunks(theta.shape[0], theta.shape[1], len(self.grid), limit):
+                gx = to_device(self.grid[sl], jnp.float32)
+                ones = np.ones((theta.shape[0], gx.shape[0]), np.float32)  # on the host: no
+                ll = np.asarray(_node_loglik_cells(spec, gx, th, to_device(r * ones),  # program
+                                                   to_device(ones)), np.float64)  # per chunk
+                top = ll.max(axis=1, keepdims=True)
+                if shared:
+                    parts.append(top[0] + np.log(w @ np.exp(ll[0] - top[0])))
+                else:
+                    parts.append(top[:, 0] + np.log(np.einsum("uq,uqg->ug", w, np.exp(ll - top))))
+            # a point whose likelihood is not finite (a = e^300 overflows float32) drops out
+            log_p[r] = np.nan_to_num(np.concatenate(parts, axis=1), nan=-1e30, neginf=-1e30,
+                                     posinf=-1e30)
+        data = n1 @ log_p[1] + n0 @ log_p[0]  # (m, G) each item's log likelihood on the grid
+        data = np.where(data > -1e29, data, -np.inf)
+        top = data.max(axis=1, keepdims=True)
+        self.lik = np.exp(data - np.where(np.isfinite(top), top, 0.0))  # scaled per item
+
+    def priors(self, draws):
+        """Each item block's prior ``(loc, prec)`` under each draw of the globals ``(M, h)``,
+        and which draws are usable: one far in a proposal's tail whose precision overflows
+        (or is 0) is not."""
+        with np.errstate(over="ignore"):
+            env = {p.name: _host_constrain(p, draws[:, i]) for i, p in enumerate(self.globals_)}
+        priors = [tuple(np.broadcast_to(np.asarray(v, np.float64), len(draws))
+                        for v in p.prior.normal_params(env)) for p in self.blocks]
+        ok = np.all([np.isfinite(loc) & np.isfinite(prec) & (prec > 0) & (prec < 1e300)
+                     for loc, prec in priors], axis=0)
+        return [(np.where(ok, loc, 0.0), np.where(ok, prec, 1.0)) for loc, prec in priors], ok
+
+    def terms(self, draws):
+        """``(sum_j log L_j (M,), up to a constant, -inf where a draw is unusable; each
+        draw's log prior on the grid (M, G) less its maximum (M, 1); each L_j (M, m),
+        scaled)``, and the priors, for draws of the globals ``(M, h)``."""
+        priors, usable = self.priors(draws)
+        lp = self.log_dv + sum(0.5 * np.log(prec[:, None] / (2 * np.pi))
+                               - 0.5 * prec[:, None] * (self.grid[None, :, j] - loc[:, None]) ** 2
+                               for j, (loc, prec) in enumerate(priors))  # (M, G)
+        lp = np.where(usable[:, None], lp, -np.inf)
+        p_top = np.where(usable[:, None], lp.max(axis=1, keepdims=True), 0.0)
+        overlap = np.exp(lp - p_top) @ self.lik.T  # (M, m): each L_j(g_d), scaled
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            value = (np.log(overlap) + p_top).sum(axis=1)
+        return np.where(np.isfinite(value) & usable, value, -np.inf), (lp, p_top, overlap), priors
+
+    def read_out(self, draws, wts, parts=None):
+        """Each item's posterior mean ``(m, k)`` and covariance ``(m, k, k)``: its grid
+        posterior averaged over the globals' draws ``(M, h)`` with weights ``wts`` ``(M,)``
+        (``sum_d W_d p_d(grid) L_j / L_j(g_d)``), and which items got a finite, positive
+        definite one (the others keep the prior). ``parts``: :meth:`terms`'s of the draws,
+        where already evaluated."""
+        lp, p_top, overlap = self.terms(draws)[1] if parts is None else parts
+        k = len(self.blocks)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            coef = np.where(wts[:, None] > 0, wts[:, None] / overlap, 0.0)  # (M, m)
+        post = self.lik * (coef.T @ np.exp(lp - p_top))  # (m, G)
+        means, covs, found = [], [], []
+        for row in post:
+            total = row.sum()
+            if not (np.isfinite(total) and total > 0):  # no grid point with a finite density
+                found.append(False)
+                means.append(np.zeros(k))
+                covs.append(np.eye(k))
+                continue
+            wt = row / total
+            m = wt @ self.grid
+            d = self.grid - m
+            means.append(m)
+            covs.append((d * wt[:, None]).T @ d)
+            found.append(bool(np.isfinite(covs[-1]).all()
+                              and np.linalg.eigvalsh(covs[-1]).min() > 0))
+        return np.array(means), np.array(covs), np.array(found, bool)
+
+
 def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limit: int,
-                          pool: tuple | None = None, num_draws: int = 1024, seed: int = 0):
+                          pool: tuple | None = None, num_draws: int = 1024, seed: int = 0,
+                          grid: "_SetAsideGrid | None" = None):
     """Posterior mean ``(m, k)`` and covariance ``(m, k, k)`` of items the fit set aside,
-    from their responses ``aside`` ``(S, m)`` (-1 missing) against the fitted abilities:
-    each item's values on a grid (:func:`_set_aside_axis`: dense over 6 sds about the
-    fitted pool's location, geometric beyond), its likelihood integrated over each
-    pattern's ability posterior (nodes ``theta``
-    ``(U, Q)``, or ``(1, Q)`` shared by every pattern, and weights ``w`` ``(U, Q)``;
-    ``inverse`` maps subjects to patterns). The abilities do not see these items, as in the
-    fit; the items see the abilities' uncertainty.
+    from their responses ``aside`` ``(S, m)`` (-1 missing) against the fitted abilities,
+    on :class:`_SetAsideGrid` (``grid``, where already built from the same arguments).
+    The abilities do not see these items, as in the fit; the items see the abilities'
+    uncertainty.
 
     The pool sees them. ``pool`` = ``(g_cov, h, lam)``: the globals' covariance from the
     fit (the proposal's scale) and each fitted item's likelihood as a quadratic
@@ -1536,13 +1719,11 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
     at ``g``.
 
     Also returns ``(m,)`` bool, which items got a finite, positive definite posterior (the
-    others keep the prior), and a record (draws, their effective number). ``None`` where
-    an item has more than two values or a block's prior is not normal."""
+    others keep the prior), a record (draws, their effective number), and the globals'
+    draws ``(M, h)`` with their weights ``(M,)``. ``None`` where an item has more than two
+    values or a block's prior is not normal."""
     if not _set_aside_applies(spec):
         return None
-    blocks = _item_blocks(spec)
-    k = len(blocks)
-    globals_ = spec.by_owner("global")
     g = np.asarray(g, np.float64)
     pooled = pool is not None and np.size(pool[0]) and np.all(np.isfinite(pool[0]))
     if pooled:
@@ -1553,71 +1734,15 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
             pooled = False
     rng = np.random.default_rng(seed)
     draws = g[None, :]  # held at g unless pooled
-
-    def pool_priors(draws):  # each block's prior (loc, prec) under each draw of the globals
-        with np.errstate(over="ignore"):
-            env = {p.name: _host_constrain(p, draws[:, i]) for i, p in enumerate(globals_)}
-        priors = [tuple(np.broadcast_to(np.asarray(v, np.float64), len(draws))
-                        for v in p.prior.normal_params(env)) for p in blocks]
-        # a draw far in the proposal's tail whose precision overflows (or is 0) is dropped
-        ok = np.all([np.isfinite(loc) & np.isfinite(prec) & (prec > 0) & (prec < 1e300)
-                     for loc, prec in priors], axis=0)
-        return [(np.where(ok, loc, 0.0), np.where(ok, prec, 1.0)) for loc, prec in priors], ok
-
-    th = to_device(theta, jnp.float32)
-    U = w.shape[0]
-    aside = np.asarray(aside)
-    n1 = np.stack([np.bincount(inverse, weights=(c == 1), minlength=U)[:U] for c in aside.T])
-    n0 = np.stack([np.bincount(inverse, weights=(c == 0), minlength=U)[:U] for c in aside.T])
-    # one grid for every draw of the globals: each axis dense over 6 sds about the fitted
-    # pool's location, where the items' likelihoods turn (a grid spread evenly over the
-    # draws' priors missed that turn once the pool's sd ran to hundreds, and the draws then
-    # drifted without bound: 2PL 100 x 8 with five of eight items constant), and geometric
-    # beyond, out to 1,000 of its sds, where they are flat; trapezoid weights
-    axes, log_da = [], []
-    for loc, prec in pool_priors(g[None, :])[0]:
-        axis = _set_aside_axis(float(loc[0]), float(prec[0]) ** -0.5, {1: 121, 2: 41}[k])
-        axes.append(axis)
-        log_da.append(np.log(np.gradient(axis)))
-    grid = np.stack([a.reshape(-1) for a in np.meshgrid(*axes, indexing="ij")], -1)  # (G, k)
-    log_dv = sum(a.reshape(-1) for a in np.meshgrid(*log_da, indexing="ij"))  # (G,)
-    shared = theta.shape[0] == 1 < w.shape[0]  # every pattern on one grid: a matrix product
-    log_p = {}
-    for r in (0, 1):  # log P(y = r | pattern u, item at grid point) (U, G)
-        parts = []
-        for sl in _chunks(theta.shape[0], theta.shape[1], len(grid), limit):
-            gx = to_device(grid[sl], jnp.float32)
-            ones = np.ones((theta.shape[0], gx.shape[0]), np.float32)  # on the host: no
-            ll = np.asarray(_node_loglik_cells(spec, gx, th, to_device(r * ones),  # program
-                                               to_device(ones)), np.float64)  # per chunk
-            top = ll.max(axis=1, keepdims=True)
-            if shared:
-                parts.append(top[0] + np.log(w @ np.exp(ll[0] - top[0])))
-            else:
-                parts.append(top[:, 0] + np.log(np.einsum("uq,uqg->ug", w, np.exp(ll - top))))
-        # a point whose likelihood is not finite (a = e^300 overflows float32) drops out
-        log_p[r] = np.nan_to_num(np.concatenate(parts, axis=1), nan=-1e30, neginf=-1e30,
-                                 posinf=-1e30)
-    data = n1 @ log_p[1] + n0 @ log_p[0]  # (m, G) each item's log likelihood on the grid
-    data = np.where(data > -1e29, data, -np.inf)
-    top = data.max(axis=1, keepdims=True)
-    lik = np.exp(data - np.where(np.isfinite(top), top, 0.0))  # scaled per item
-
-    def log_prior(priors):  # (M, G), the grid's volume included
-        return log_dv + sum(0.5 * np.log(prec[:, None] / (2 * np.pi))
-                            - 0.5 * prec[:, None] * (grid[None, :, j] - loc[:, None]) ** 2
-                            for j, (loc, prec) in enumerate(priors))
+    if grid is None:
+        grid = _SetAsideGrid(spec, g, theta, w, inverse, aside, limit)
 
     def evaluate(draws):  # log p(g | y) up to a constant, and the terms the read-out reuses
-        priors, usable = pool_priors(draws)
-        lp = np.where(usable[:, None], log_prior(priors), -np.inf)
-        p_top = np.where(usable[:, None], lp.max(axis=1, keepdims=True), 0.0)
-        overlap = np.exp(lp - p_top) @ lik.T  # (M, m): each L_j(g_d), scaled
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            value = (np.log(overlap) + p_top).sum(axis=1)  # sum_j log L_j(g_d) + const
-            if pooled:
+        value, parts, priors = grid.terms(draws)
+        if pooled:
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
                 value = value + _fitted_items_given_globals(spec, draws, priors, h_fit, lam_fit)
-        return np.where(np.isfinite(value) & usable, value, -np.inf), lp, p_top, overlap
+        return np.where(np.isfinite(value), value, -np.inf), parts
 
     record = {"pool_draws": 1}
     if pooled:  # the mode of p(g | y), then a Student t about it scaled by its curvature
@@ -1630,7 +1755,7 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
     for attempt in range(3 if pooled else 1):
         if pooled:
             draws = centre + _antithetic(rng, num_draws, g.size) @ spread.T
-        log_w, lp, p_top, overlap = evaluate(draws)
+        log_w, parts = evaluate(draws)
         if pooled:  # over the proposal's density
             z_q = np.linalg.solve(spread, (draws - centre).T)
             log_w = log_w + 0.5 * (_T_DF + g.size) * np.log1p((z_q ** 2).sum(0) / _T_DF)
@@ -1647,25 +1772,7 @@ def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limi
         centre = wts @ draws  # the weighted draws' moments for the next proposal
         d = draws - centre
         spread = 1.5 * np.linalg.cholesky((d * wts[:, None]).T @ d + 1e-9 * np.eye(g.size))
-    # item j's grid posterior, averaged over the globals' draws: sum_d W_d p_d(grid) L_j / L_j(g_d)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        coef = np.where(wts[:, None] > 0, wts[:, None] / overlap, 0.0)  # (M, m)
-    post = lik * (coef.T @ np.exp(lp - p_top))  # (m, G)
-    means, covs, found = [], [], []
-    for row in post:
-        total = row.sum()
-        if not (np.isfinite(total) and total > 0):  # no grid point with a finite density
-            found.append(False)
-            means.append(np.zeros(k))
-            covs.append(np.eye(k))
-            continue
-        wt = row / total
-        m = wt @ grid
-        d = grid - m
-        means.append(m)
-        covs.append((d * wt[:, None]).T @ d)
-        found.append(bool(np.isfinite(covs[-1]).all() and np.linalg.eigvalsh(covs[-1]).min() > 0))
-    return np.array(means), np.array(covs), np.array(found, bool), record
+    return (*grid.read_out(draws, wts, parts), record, (draws, wts))
 
 
 def _set_aside_axis(loc: float, sd: float, dense: int, tail: int = 16,
@@ -1746,6 +1853,37 @@ def _fitted_items_given_globals(spec, draws, priors, h, lam) -> np.ndarray:
     per = 0.5 * (np.log(prec).sum(-1)[:, None] - logdet + quad) \
         - 0.5 * (prec * loc ** 2).sum(-1)[:, None]
     return out + np.where(sign > 0, per, -np.inf).sum(1)
+
+
+def _pool_proposal(spec, x, g, full_cov, answered, pool_draws, priors, h, lam):
+    """An importance proposal ``(centre, covariance)`` over the items and globals for the
+    posterior with the set-aside items in the pool: the mixture, over the pool's weighted
+    draws ``pool_draws`` ``((M, h), (M,))`` (``priors``: each block's ``(loc, prec)``
+    under them), of each fitted item's conditional ``N`` from its quadratic likelihood
+    ``(h, lam)`` and the pool (the set-aside items: the pool itself), moment-matched; its
+    correlations are the fit's ``full_cov``'s. Items every subject answered alike widen the
+    pool the others are shrunk to: the fit's Laplace approximation, centred without them,
+    kept 50 of 4,000 draws on a 1PL leaderboard of 18 subjects x 28 items, 12 of them
+    constant."""
+    draws, wts = pool_draws
+    n, k = x.shape
+    loc = np.stack([c[0] for c in priors], -1)  # (M, k)
+    prec = np.stack([c[1] for c in priors], -1)
+    mean = np.empty((len(draws), n, k))
+    var = np.empty((len(draws), n, k))
+    cov = np.linalg.inv(lam[None] + prec[:, None, :, None] * np.eye(k))  # (M, n_answered, k, k)
+    mean[:, answered] = np.einsum("mnij,mnj->mni", cov, h[None] + (prec * loc)[:, None, :])
+    var[:, answered] = np.diagonal(cov, axis1=2, axis2=3)
+    mean[:, ~answered] = loc[:, None, :]
+    var[:, ~answered] = 1.0 / prec[:, None, :]
+    item_mean = np.einsum("m,mnk->nk", wts, mean)
+    item_var = np.einsum("m,mnk->nk", wts, var + (mean - item_mean) ** 2)
+    g_mean = wts @ draws
+    g_var = wts @ (draws - g_mean) ** 2
+    sd = np.sqrt(np.concatenate([item_var.reshape(-1), g_var]))
+    old_sd = np.sqrt(np.diag(full_cov))
+    corr = full_cov / np.outer(old_sd, old_sd)
+    return np.concatenate([item_mean.reshape(-1), g_mean]), corr * np.outer(sd, sd)
 
 
 def _ascend(log_density, x0: np.ndarray, scale: np.ndarray, iters: int = 60):
@@ -2107,18 +2245,37 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     var = np.maximum((w * (theta - mean[:, None]) ** 2).sum(axis=1), 1e-24)
     sd = np.sqrt(var + np.maximum(item_var, 0.0))
     mode = x
-    pool_items = None  # the fitted items' likelihoods at the mode, for the set-aside items' pool
+    pool_items = aside_grid = None  # the fitted items' likelihoods at the mode, and the
+    theta_a, w_a = theta, w  # set-aside items' against the patterns' posteriors there
     if aside is not None and hyper and len(aside[0]) and _set_aside_applies(spec):
         answered = np.ones(n, bool)
         answered[aside[0]] = False
         pool_items = _item_likelihoods(spec, x, g, info_mat, joint, answered)
+        nodes = _DrawNodes(spec, quad, counts_f, settings.num_nodes)
+        if nodes.shared:  # the patterns' posteriors on one grid: a matrix product per grid
+            # point (2PL 1,000 x 50 with 8 such items: 13.8 -> 0.9 s)
+            theta_a, w_a = nodes.theta[None, :], nodes.weights(spec, mode, yy, mask)[0]
+        aside_grid = _SetAsideGrid(spec, g, theta_a, w_a, inverse, aside[1], settings.cell_chunk)
+    aside_found = start = None
+    if aside_grid is not None:  # the set-aside items read under the pool's posterior with
+        # them in it, the fitted items' likelihoods quadratic
+        aside_found = _set_aside_posteriors(spec, x, g, theta_a, w_a, inverse, aside[1],
+                                            settings.cell_chunk, (g_cov, *pool_items),
+                                            grid=aside_grid)
+        if proposal.shape == (n * k + g.size,) * 2:
+            draws_g = aside_found[4]
+            start = _pool_proposal(spec, x, g, proposal, answered, draws_g,
+                                   aside_grid.priors(draws_g[0])[0], *pool_items)
+    # importance sampling weighs the draws of the globals by the set-aside items' L_j(g) too,
+    # from a proposal about that pool: they widen the pool the answered items are shrunk to
     moments, moments_record = _importance(spec, x, g, proposal, quad, yy, mask, counts_f,
-                                          settings)
+                                          settings, aside_grid, start)
     # where sampled: the sampler's moments, the items' 5% and 95% quantiles (2, n, k), and
     # their constrained values' means and sds, split R-hats and effective draws (4, n, k)
     sampled = quantiles = constrained = None
+    aside_moments = None  # the set-aside items' where importance sampling integrated them
     if moments is not None:  # posterior means and covariances, not the mode's curvature
-        x, g, item_cov, mean, total_var = moments
+        x, g, item_cov, mean, total_var, aside_moments = moments
         cov = _within_item_blocks(item_cov, n, k)
         g_cov = item_cov[n * k:, n * k:]
         sd = np.sqrt(total_var)
@@ -2152,16 +2309,15 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     set_aside = None
     if aside is not None and hyper and len(aside[0]):
         columns, responses = aside
-        theta_a, w_a = theta, w
-        nodes = _DrawNodes(spec, quad, counts_f, settings.num_nodes) if pool_items else None
-        if nodes is not None and nodes.shared:  # the patterns' posteriors on one grid: a
-            # matrix product per grid point (2PL 1,000 x 50 with 8 such items: 13.8 -> 0.9 s)
-            theta_a, w_a = nodes.theta[None, :], nodes.weights(spec, mode, yy, mask)[0]
-        found = _set_aside_posteriors(spec, x, g, theta_a, w_a, inverse, responses,
-                                      settings.cell_chunk,
-                                      None if pool_items is None else (g_cov, *pool_items))
+        if aside_moments is not None:  # integrated out of each importance draw
+            means, covs = aside_moments
+            ok = np.array([bool(np.isfinite(c).all() and np.linalg.eigvalsh(c).min() > 0)
+                           for c in covs])
+            found = (means, covs, ok, {"method": "integrated out of every importance draw"})
+        else:
+            found = aside_found
         if found is not None:  # the set-aside items' own posterior, not the pool's prior
-            means, covs, ok, pool_record = found
+            means, covs, ok, pool_record = found[:4]
             x, cov = x.copy(), cov.copy()
             x[columns[ok]], cov[columns[ok]] = means[ok], covs[ok]
             if quantiles is not None:  # their own posterior: no sampled quantiles

@@ -564,12 +564,13 @@ def test_abilities_over_the_items_laplace_draws_match_importance_sampling():
 
 
 def test_set_aside_items_report_their_posterior_against_the_fitted_abilities():
-    """Under pooled priors a constant item stays out of the fit (the abilities equal a fit
-    without it, to 3e-3) but the item table reports its own posterior under the pool
-    reweighted by such items, which agrees with NUTS's exact posterior (every item with its
-    data): on a 1PL of 150 x 12 with one item all answered right and one all wrong, within
-    0.25 NUTS sd and sd ratio 0.8-1.25 (measured 0.01-0.03 and 0.94-1.00). Held at the
-    fitted pool they were read 1.5 sds nearer its centre with a third of NUTS's sd."""
+    """Under pooled priors a constant item stays out of the mode search, and importance
+    sampling integrates it out of every draw of the items and globals against that draw's
+    ability posteriors, so the pool widens as the exact posterior's does and every value
+    agrees with NUTS's (every item with its data): on a 1PL of 150 x 12 with one item all
+    answered right and one all wrong, within 0.25 NUTS sd and sd ratio 0.8-1.25 (measured
+    0.10 and 0.95-1.06). A fit without those items (the answered items as they were read
+    before) puts one item 0.49 NUTS sd off."""
     from engine.api import fit_nuts
     from engine.infer.nuts import NutsSettings
 
@@ -578,19 +579,21 @@ def test_set_aside_items_report_their_posterior_against_the_fitted_abilities():
     res = fit(y, "1pl", settings=FitSettings(seed=0, progress=False))
     assert res.extra["ability_factor"]["method"] == "quadrature"
     assert res.extra["data"]["constant_items"] == 2
-    aside = res.extra["quadrature"]["set_aside"]
-    assert aside["items"] == 2 and aside["pool_draws"] == 1024 and aside["effective_draws"] > 256
-    ref = fit(y[:, 2:], "1pl", settings=FitSettings(seed=0, progress=False))
-    # (the set-aside items' prior terms still touch the pool: 7e-4 measured)
-    np.testing.assert_allclose(res.means()["ability"], ref.means()["ability"], atol=3e-3)
+    assert res.extra["quadrature"]["set_aside"] == {
+        "items": 2, "method": "integrated out of every importance draw"}
+    assert res.extra["quadrature"]["item_moments"]["set_aside"] == "integrated out of each draw"
     exact = fit_nuts(y, "1pl", NutsSettings(seed=0))
     assert exact.converged and "constant_items" not in exact.extra["data"]
-    got_b, got_sd = res.means()["difficulty"], res.sds()["difficulty"]
-    b, sd = exact.means()["difficulty"], exact.sds()["difficulty"]
-    assert (np.abs(got_b[:2] - b[:2]) < 0.25 * sd[:2]).all()
-    assert (np.abs(got_sd[:2] / sd[:2] - 1) < 0.2).all()
+    for block in ("ability", "difficulty"):
+        got, got_sd = res.means()[block], res.sds()[block]
+        want, sd = exact.means()[block], exact.sds()[block]
+        assert (np.abs(got - want) < 0.25 * sd).all(), block
+        assert (np.abs(got_sd / sd - 1) < 0.25).all(), block
+    got_b, b, sd = res.means()["difficulty"], exact.means()["difficulty"], exact.sds()["difficulty"]
     informative = got_b[2:]
     assert got_b[0] < informative.min() and got_b[1] > informative.max()
+    without = fit(y[:, 2:], "1pl", settings=FitSettings(seed=0, progress=False))
+    assert (np.abs(without.means()["difficulty"] - b[2:]) / sd[2:]).max() > 0.35
 
 
 _B = np.linspace(-20, 20, 3001)  # the difficulty's grid in the scipy reference
@@ -624,7 +627,7 @@ def test_set_aside_items_move_the_pool_they_are_read_under():
     responses = np.ones((40, 3), np.int8)
     responses[:, 1] = 0
     responses[::2, 2] = -1
-    means, covs, ok, record = _set_aside_posteriors(spec, np.zeros((3, 1)), g, theta, w,
+    means, covs, ok, record, _ = _set_aside_posteriors(spec, np.zeros((3, 1)), g, theta, w,
                                                     inverse, responses, 8_000_000,
                                                     (g_cov, h, lam))
     assert ok.all() and record["pool_draws"] == 1024 and record["effective_draws"] > 256
@@ -662,6 +665,54 @@ def test_set_aside_items_move_the_pool_they_are_read_under():
     # the regime: the pool held at its fit reads them nearer its centre, and narrower
     assert (np.abs(held[0][:, 0] - ref_mean) > ref_sd).all()
     assert (np.sqrt(held[1][:, 0, 0]) < 0.6 * ref_sd).all()
+
+
+def test_set_aside_items_integrate_out_of_each_draw_as_scipy_does():
+    """A set-aside item integrated out of an importance draw against that draw's ability
+    posteriors: ``log L = log ∫ N(v; mu, 1/u) prod_u E_u[P(1 | theta, v)]^n1
+    E_u[P(0 | theta, v)]^n0 dv``, with ``E_u`` over pattern ``u``'s ability posterior given
+    the draw's items, and the item's posterior mean and variance given the draw, equal scipy's
+    adaptive quadrature (abilities on a dense trapezoid, the item's value by ``quad``), for
+    two draws of a 1PL's items and pool."""
+    import jax.numpy as jnp
+
+    from engine.infer.marginal import _grid_draw_aside, _log_prior, _set_aside_axis
+
+    spec = get_model("1pl", prior="population")
+    rng = np.random.default_rng(11)
+    n, U = 4, 3
+    xs = rng.normal(0.0, 1.0, (2, n, 1))
+    gs = np.array([[0.3, -0.5], [-0.2, 0.4]])  # (mu, log u) per draw
+    y1 = np.array([[1, 1, 0, 1], [0, 1, 0, 0], [1, 0, 1, 1]], np.float64)
+    y0 = 1.0 - y1
+    y0[2, 1] = 0.0  # pattern 2 did not answer item 1
+    n1, n0 = np.array([[3.0, 0.0, 2.0]]), np.array([[0.0, 1.0, 0.0]])  # one set-aside item
+    grid = np.linspace(-9.0, 9.0, 361)
+    log_base = stats.norm.logpdf(grid) + np.log(grid[1] - grid[0])
+    axis = _set_aside_axis(0.0, 1.5, 121)
+    f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
+    lp, _, _, _, mean, second = (np.asarray(v, np.float64) for v in _grid_draw_aside(
+        spec, f32(xs), f32(gs), f32(grid), f32(log_base), f32(y1), f32(y0), f32(axis[:, None]),
+        f32(np.log(np.gradient(axis))), f32(n1), f32(n0)))
+    th = np.linspace(-12.0, 12.0, 4801)
+    for d in range(2):
+        p_items = 1 / (1 + np.exp(-(th[:, None] - xs[d, :, 0])))  # (T, n)
+        post = np.exp(np.log(p_items) @ y1.T + np.log1p(-p_items) @ y0.T) * stats.norm.pdf(th)[:, None]
+        post /= integrate.trapezoid(post, th, axis=0)  # (T, U) each pattern's posterior
+
+        def lik(v):
+            e1 = integrate.trapezoid(post / (1 + np.exp(-(th - v)))[:, None], th, axis=0)
+            return np.prod(e1 ** n1[0] * (1 - e1) ** n0[0]) * stats.norm.pdf(
+                v, gs[d, 0], np.exp(-0.5 * gs[d, 1]))
+
+        kw = dict(points=[gs[d, 0]], limit=200, epsabs=0)
+        total = integrate.quad(lik, -40, 40, **kw)[0]
+        m = integrate.quad(lambda v: v * lik(v), -40, 40, **kw)[0] / total
+        var = integrate.quad(lambda v: (v - m) ** 2 * lik(v), -40, 40, **kw)[0] / total
+        prior = float(_log_prior(spec, f32(xs[d]), f32(gs[d])))
+        assert lp[d] - prior == pytest.approx(np.log(total), abs=2e-3)
+        assert mean[d, 0, 0] == pytest.approx(m, abs=2e-3 * np.sqrt(var))
+        assert second[d, 0, 0, 0] - mean[d, 0, 0] ** 2 == pytest.approx(var, rel=2e-3)
 
 
 @pytest.mark.parametrize("model", ["1pl", "2pl"])
@@ -716,7 +767,7 @@ def test_set_aside_posteriors_stay_finite_where_the_grid_overflows():
     w = np.full((3, 5), 0.2)
     inverse = np.array([0, 0, 1, 2, 2])
     responses = np.array([[1], [1], [1], [1], [-1]], np.int8)
-    means, covs, ok, _ = _set_aside_posteriors(spec, np.zeros((1, 2)), g, theta, w, inverse,
+    means, covs, ok, *_ = _set_aside_posteriors(spec, np.zeros((1, 2)), g, theta, w, inverse,
                                             responses, 8_000_000)
     assert ok.all() and np.isfinite(means).all() and np.isfinite(covs).all()
 
