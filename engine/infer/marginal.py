@@ -1539,11 +1539,14 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
     return (mean, np.maximum(m2.mean(axis=0) - mean ** 2, 1e-24)), record
 
 
-def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSettings):
+def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSettings,
+             aside: tuple | None = None):
     """The items' marginal posterior sampled (:func:`engine.infer.sampler.sample_items`)
     where importance sampling was not kept: ``(moments, record)``, ``moments`` ``None``
     where the sampler is off, has no shared grid, would exceed ``sampler_cells_max``, or
-    its chains did not mix."""
+    its chains did not mix. ``aside``: ``(columns, n1, n0)``, items the fit set aside with
+    each pattern's ones and zeros on them ``(m, U)``, sampled with those answers (each
+    pattern's share of them where its subjects differ)."""
     if settings.sampler_chains < 1:
         return None, {"method": "laplace", "because": "sampler_chains is 0"}
     from engine.infer.sampler import sample_items
@@ -1561,10 +1564,16 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
             "no shared ability grid" if not nodes.shared else
             f"{cells:.3g} cells over sampler_cells_max")}
     y1 = np.asarray(y, np.float64) * mask
+    y0 = mask - y1
+    if aside is not None:
+        columns, n1, n0 = aside
+        per = np.where(counts > 0, counts, 1.0)
+        y1, y0 = y1.copy(), y0.copy()
+        y1[:, columns], y0[:, columns] = (n1 / per).T, (n0 / per).T
     try:
         with compiler_options(None):  # long loops: optimised code even in a quick-compiled fit
             return sample_items(spec, x, g, cov, g_cov, nodes.theta, nodes.log_base, y1,
-                                mask - y1, counts, settings)
+                                y0, counts, settings)
     except np.linalg.LinAlgError as err:  # e.g. the globals' draws collapsed in a phase
         return None, {"method": "laplace", "because": f"the sampler's adaptation failed ({err})"}
 
@@ -2262,7 +2271,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         aside_found = _set_aside_posteriors(spec, x, g, theta_a, w_a, inverse, aside[1],
                                             settings.cell_chunk, (g_cov, *pool_items),
                                             grid=aside_grid)
-        if proposal.shape == (n * k + g.size,) * 2:
+        d = n * k + g.size
+        if (proposal.shape == (d, d) and d <= settings.importance_max_params
+                and np.all(np.diag(proposal) > 0)):
             draws_g = aside_found[4]
             start = _pool_proposal(spec, x, g, proposal, answered, draws_g,
                                    aside_grid.priors(draws_g[0])[0], *pool_items)
@@ -2285,9 +2296,18 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         # progress from pass 56 on, most items' information indefinite) a Laplace
         # approximation at a point that is not the mode is no reference, so the posterior is
         # sampled from the best pass whatever its pilot shows, and read out where it mixes
+        x_s, cov_s, with_aside = x, cov, None
+        if aside_found is not None:  # the set-aside items sampled with their answers, from
+            # their read-out: the pool, the answered items and the abilities see them
+            columns = aside[0]
+            x_s, cov_s = x.copy(), cov.copy()
+            ok = aside_found[2]
+            x_s[columns[ok]], cov_s[columns[ok]] = aside_found[0][ok], aside_found[1][ok]
+            with_aside = (columns, aside_grid.n1, aside_grid.n0)
         sampled, moments_record["sampler"] = _sampled(
-            spec, x, g, cov, g_cov, quad, yy, mask, counts_f,
-            settings if converged else replace(settings, sampler_check_laplace=False))
+            spec, x_s, g, cov_s, g_cov, quad, yy, mask, counts_f,
+            settings if converged else replace(settings, sampler_check_laplace=False),
+            with_aside)
         if not converged:
             moments_record["sampler"]["started_at"] = (
                 f"the best pass ({diverged['best_pass']}) of a mode search that made no "
@@ -2298,6 +2318,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     if sampled is not None:
         x, g, cov, g_cov, mean, total_var, quantiles, constrained = sampled
         sd = np.sqrt(total_var)
+        if aside_found is not None:  # sampled with their answers
+            aside_moments = (x[aside[0]], cov[aside[0]])
+            moments_record["sampler"]["set_aside"] = "sampled with their answers"
         moments_record |= {"method": "sampled", "abilities": "sampled"}
     if moments_record["method"] == "laplace":  # the abilities over the items' Laplace
         averaged, record = _laplace_abilities(spec, x, g, proposal, quad, yy, mask, counts_f,
@@ -2309,19 +2332,18 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     set_aside = None
     if aside is not None and hyper and len(aside[0]):
         columns, responses = aside
-        if aside_moments is not None:  # integrated out of each importance draw
+        if aside_moments is not None:  # integrated out of each importance draw, or sampled
             means, covs = aside_moments
             ok = np.array([bool(np.isfinite(c).all() and np.linalg.eigvalsh(c).min() > 0)
                            for c in covs])
-            found = (means, covs, ok, {"method": "integrated out of every importance draw"})
+            found = (means, covs, ok, {"method": "sampled with their answers" if sampled
+                                       is not None else "integrated out of every importance draw"})
         else:
             found = aside_found
         if found is not None:  # the set-aside items' own posterior, not the pool's prior
             means, covs, ok, pool_record = found[:4]
             x, cov = x.copy(), cov.copy()
             x[columns[ok]], cov[columns[ok]] = means[ok], covs[ok]
-            if quantiles is not None:  # their own posterior: no sampled quantiles
-                quantiles[:, columns[ok]] = constrained[:, columns[ok]] = np.nan
             set_aside = {"items": int(ok.sum()), "method": "grid against the fitted abilities",
                          **pool_record}
             if not ok.all():
