@@ -1565,15 +1565,18 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
             f"{cells:.3g} cells over sampler_cells_max")}
     y1 = np.asarray(y, np.float64) * mask
     y0 = mask - y1
+    judged = None
     if aside is not None:
         columns, n1, n0 = aside
         per = np.where(counts > 0, counts, 1.0)
         y1, y0 = y1.copy(), y0.copy()
         y1[:, columns], y0[:, columns] = (n1 / per).T, (n0 / per).T
+        judged = np.ones(y1.shape[1], bool)
+        judged[columns] = False  # the pilot compares the fitted items with their Laplace
     try:
         with compiler_options(None):  # long loops: optimised code even in a quick-compiled fit
             return sample_items(spec, x, g, cov, g_cov, nodes.theta, nodes.log_base, y1,
-                                y0, counts, settings)
+                                y0, counts, settings, judged=judged)
     except np.linalg.LinAlgError as err:  # e.g. the globals' draws collapsed in a phase
         return None, {"method": "laplace", "because": f"the sampler's adaptation failed ({err})"}
 

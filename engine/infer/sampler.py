@@ -307,7 +307,8 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
 
 def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.ndarray,
                  g_cov: np.ndarray, grid: np.ndarray, log_base: np.ndarray, y1: np.ndarray,
-                 y0: np.ndarray, counts: np.ndarray, settings, seed: int = 0):
+                 y0: np.ndarray, counts: np.ndarray, settings, seed: int = 0,
+                 judged: np.ndarray | None = None):
     """Draws of the items' (and globals') marginal posterior from ``settings.sampler_chains``
     chains started around the mode ``x`` ``(n, k)``, ``g`` ``(h,)`` (spread by the within-item
     Laplace blocks ``item_cov`` ``(n, k, k)`` and ``g_cov``), the abilities on ``grid``
@@ -320,7 +321,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     the mean and sd of its constrained value (through its block's transform), its split
     R-hat and its effective draws (4, n, k))`` over the kept
     draws, or ``None`` where the pilot agrees with the Laplace approximation or the chains
-    did not mix."""
+    did not mix. ``judged`` ``(n,)`` bool: the items the pilot compares with it (all
+    answered ones by default; items the fit set aside have no Laplace approximation, and
+    400 of them agreeing with their read-out outvoted 150 answered items that did not)."""
     from engine.infer.fit import bucket_size
     from engine.infer.marginal import _item_blocks
 
@@ -392,7 +395,8 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         dx, dg, stats = (np.concatenate(a, axis=1) for a in zip(*phase))
         phase = []
         if i == PHASE_ENDS[2]:  # the pilot: do its draws depart from the Laplace approximation?
-            pilot = _against_laplace(dx, x, lap_sd, names, answered)
+            pilot = _against_laplace(dx, x, lap_sd, names,
+                                     answered if judged is None else answered & judged)
             record["pilot"] = pilot
             if settings.sampler_check_laplace and pilot["agrees"]:
                 return None, record | {"method": "laplace", "because": (

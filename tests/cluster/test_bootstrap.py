@@ -66,7 +66,9 @@ def test_replicates_set_constant_items_aside_as_the_full_fit_does(tmp_path):
     rows = pd.DataFrame(bootstrap_batch(ctx, [TrialSpec(0, i, 100 + i) for i in range(8)]))
     boot = rows.groupby("subject")["ability"].mean().to_numpy()
     # within a fraction of the abilities' spread of the full fit's means (measured: at most
-    # 0.32 for a spread of 1.22); fitted as observed, the 400 constant items pulled every
-    # replicate's abilities down by 1.6-2.6
+    # 0.68 for a spread of 1.08, mean 0.05; 0.32 of 1.22 while the full fit set them aside
+    # too, where it now integrates them out as NUTS does and the replicates' short
+    # mean-field refits still set them aside); fitted as observed, the 400 constant items
+    # pulled every replicate's abilities down by 1.6-2.6
     shift, spread = boot - full.means()["ability"], np.std(full.means()["ability"])
-    assert np.abs(shift).max() < 0.5 * spread and abs(shift.mean()) < 0.2 * spread
+    assert np.abs(shift).max() < 0.75 * spread and abs(shift.mean()) < 0.2 * spread
