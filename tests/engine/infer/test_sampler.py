@@ -340,8 +340,8 @@ def test_the_pilot_judges_the_fitted_items_not_the_set_aside_ones():
     approximation (the pool fitted without the 400) was off, so the fit kept it: answered
     items' sds 0.77 of NUTS's, abilities up to 0.60 NUTS sd off. Judged on the answered
     items, the pilot samples, and the abilities agree with NUTS (4 x 1,000 draws, R-hat
-    1.017) within 0.25 sd (measured
-    0.08), the items' sds within 0.8-1.25 (measured 0.93-1.06)."""
+    1.017) within 0.25 sd (measured 0.08), the items' sds within 0.8-1.25 (measured
+    0.93-1.06)."""
     from engine.api import fit, fit_nuts
     from engine.infer.nuts import NutsSettings
     from engine.infer.settings import FitSettings
