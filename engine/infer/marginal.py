@@ -1637,10 +1637,12 @@ class _SetAsideGrid:
                 ll = np.asarray(_node_loglik_cells(spec, gx, th, to_device(r * ones),  # program
                                                    to_device(ones)), np.float64)  # per chunk
                 top = ll.max(axis=1, keepdims=True)
-                if shared:
-                    parts.append(top[0] + np.log(w @ np.exp(ll[0] - top[0])))
-                else:
-                    parts.append(top[:, 0] + np.log(np.einsum("uq,uqg->ug", w, np.exp(ll - top))))
+                with np.errstate(divide="ignore"):  # a pattern with no weight there: -inf
+                    if shared:
+                        parts.append(top[0] + np.log(w @ np.exp(ll[0] - top[0])))
+                    else:
+                        parts.append(top[:, 0] + np.log(np.einsum("uq,uqg->ug", w,
+                                                                  np.exp(ll - top))))
             # a point whose likelihood is not finite (a = e^300 overflows float32) drops out
             log_p[r] = np.nan_to_num(np.concatenate(parts, axis=1), nan=-1e30, neginf=-1e30,
                                      posinf=-1e30)
