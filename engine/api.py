@@ -327,8 +327,9 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
         info["boundary"] = boundary_counts(y)
     stats = response_stats(y)
     y_fit = nuts_responses(y, stats, info["kind"], spec)
-    if y_fit is not y:
-        info["constant_items"] = int(constant_columns(y).sum())
+    if y_fit is not y:  # counted from the items' statistics, not another pass over y
+        info["constant_items"] = int(_constant_items(y, stats, info["kind"], spec,
+                                                     frozenset()).sum())
     result = nuts_fit_result(spec, y_fit, settings, subjects=subjects, items=items)
     result.extra.update(model=model, model_options=options, subjects=subjects, items=items,
                         stats=stats, data=info)
@@ -351,12 +352,12 @@ def _constant_items(y, stats: dict, kind: str, spec, frozen) -> np.ndarray:
     software. Not when item blocks are frozen (scoring: their values are known, so a
     constant column is informative), nor for data not held in memory.
 
-    Under pooled item priors the item table then reports the pool's prior for them, where
-    their data say they are easier (or harder) than most: simulation-based calibration of
-    the 1PL at 100 x 8 gives those items' ranks chi-square 123 (9 df). Fitting them with
-    their data fixed that (11.5) but let hundreds of all-wrong items on a 10-system
-    leaderboard pull the pooled prior and every ability with them, away from the
-    replicates of ``bootstrap``, so they stay set aside.
+    Under pooled item priors the quadrature fit puts them back after its mode search (which
+    they would send to infinity): each is read under the pool's posterior with them in it
+    (:func:`engine.infer.marginal._set_aside_posteriors`), and where the items' posterior is
+    drawn they are integrated out of every importance draw or sampled with their answers,
+    so the pool, the other items and the abilities see them as in the exact posterior
+    (NUTS, which samples them with their data under pooled priors: :func:`nuts_responses`).
     """
     if y is None or kind != "binary" or any(p.owner == "item" and p.name in frozen for p in spec.params):
         return np.zeros(0 if y is None else y.shape[1], bool)
