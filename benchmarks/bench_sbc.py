@@ -11,9 +11,11 @@ plotted. (Seed 003's hierarchical family cannot be drawn from usefully: its loca
 N(0, 10^6).)
 
 Item draws use what ``items.parquet`` reports (the within-item marginal sd), abilities the
-guide's factor, both as Gaussians on the unconstrained scale. Items whose simulated
-responses are all alike ("constant") are set aside by the fit (prior only) and read out
-under the pool reweighted by them (``engine.infer.marginal._set_aside_posteriors``).
+guide's factor, both as Gaussians on the unconstrained scale (a skewed posterior's exact
+mean and sd still give non-uniform ranks). Items whose simulated responses are all alike
+("constant") are set aside by the fit's mode search and put back by its read-out (on a
+grid under the pool's posterior with them in it, integrated out of importance draws, or
+sampled with their answers); their rows are also split by that route (``by_route``).
 
     python benchmarks/bench_sbc.py --reps 200 --prior population --out benchmarks/results/sbc_population.json
 
@@ -69,6 +71,10 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
     scales = within_owner_scales(res.spec, res.guide, "item", res.cross) if res.cross else {}
     constant = np.ptp(y, axis=0) == 0
     out = {"converged": bool(res.converged), "constant_share": float(constant.mean())}
+    if constant.any():  # how the fit read its constant items (split out in the rows)
+        quad = res.extra.get("quadrature") or {}
+        out["route"] = ((quad.get("set_aside") or {}).get("method")
+                        or res.extra.get("ability_factor", {}).get("method", "?"))
     loc, sd = res.guide.loc["ability"][0], np.exp(res.guide.log_scale["ability"][0])
     out["ability"] = int((rng.normal(loc, sd, num_draws) < t["ability"][0]).sum())
     # the first informative item and the first set-aside one (selecting on y keeps each
@@ -186,15 +192,26 @@ def main() -> None:
             else:
                 reps = [_ranks(model, args.prior, s, n, r, args.draws, args.ability_factor)
                         for r in range(args.first_rep, args.first_rep + args.reps)]
-            blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share", "mean_steps"})
+            blocks = sorted({k for r in reps for k in r}
+                            - {"converged", "constant_share", "mean_steps", "route"})
             for block in blocks:
                 ranks = np.array([r[block] for r in reps if block in r])
                 stat, p, counts = chi_square(ranks, args.draws, args.bins)
+                by_route = {}  # the constant items' ranks split by how the fit read them
+                for route in sorted({r["route"] for r in reps if block in r and "route" in r}
+                                    if "(constant)" in block else ()):
+                    sub = np.array([r[block] for r in reps if block in r and r.get("route") == route])
+                    by_route[route] = dict(zip(("chi2", "p", "counts"),
+                                               chi_square(sub, args.draws, args.bins)),
+                                           reps=len(sub))
+                    print(f"    {route:40s} n={len(sub):4d} chi2={by_route[route]['chi2']:7.2f} "
+                          f"{by_route[route]['counts']}", flush=True)
                 rows.append({"model": model, "shape": shape, "block": block, "reps": len(ranks),
                              "chi2": stat, "df": args.bins - 1, "p": p, "counts": counts,
                              "constant_share": float(np.mean([r["constant_share"] for r in reps])),
                              "converged": float(np.mean([r["converged"] for r in reps])),
                              "row_wall_s": time.time() - row_start,
+                             **({"by_route": by_route} if by_route else {}),
                              **({"mean_steps": float(np.mean([r["mean_steps"] for r in reps]))}
                                 if args.method == "nuts" else {})})
                 print(f"{model} {shape} {block:34s} n={len(ranks):4d} chi2={stat:7.2f} "
