@@ -204,8 +204,6 @@ def main() -> None:
                     by_route[route] = dict(zip(("chi2", "p", "counts"),
                                                chi_square(sub, args.draws, args.bins)),
                                            reps=len(sub))
-                    print(f"    {route:40s} n={len(sub):4d} chi2={by_route[route]['chi2']:7.2f} "
-                          f"{by_route[route]['counts']}", flush=True)
                 rows.append({"model": model, "shape": shape, "block": block, "reps": len(ranks),
                              "chi2": stat, "df": args.bins - 1, "p": p, "counts": counts,
                              "constant_share": float(np.mean([r["constant_share"] for r in reps])),
@@ -216,6 +214,9 @@ def main() -> None:
                                 if args.method == "nuts" else {})})
                 print(f"{model} {shape} {block:34s} n={len(ranks):4d} chi2={stat:7.2f} "
                       f"p={p:.3f} {counts}", flush=True)
+                for route, sub in by_route.items():  # under the row they split
+                    print(f"    {route:40s} n={sub['reps']:4d} chi2={sub['chi2']:7.2f} "
+                          f"{sub['counts']}", flush=True)
     meta = {"method": args.method, "prior": args.prior, "ability_factor": args.ability_factor,
             **({"nuts": {"chains": 2, "warmup": args.nuts_warmup, "samples": args.nuts_samples,
                          "noncentred_below": args.nuts_noncentred_below,

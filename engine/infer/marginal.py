@@ -1347,6 +1347,12 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     two or more rounds ran, all their draws are also weighted against the mixture of the
     rounds' proposals (:func:`_pooled_weights`), and those moments are reported where they
     keep more effective draws than the last kept round (LSAT7: 1,988 against 382).
+
+    ``aside``: items the fit set aside (:class:`_SetAsideGrid`), integrated out of every
+    draw against its ability posteriors (:func:`_grid_draw_aside`) where the shared grid
+    holds and the cells allow (the record's ``set_aside`` says which); their moments come
+    back as the result's last element. ``start``: ``(centre, covariance)`` of the first
+    proposal in their place (:func:`_pool_proposal`), used only with them.
     """
     n, k = x.shape
     U, Q = int((counts > 0).sum()), settings.importance_nodes  # padded patterns count zero
