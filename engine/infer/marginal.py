@@ -1302,19 +1302,17 @@ class _DrawNodes:
         # (`ability`: 1,895 draws x 1,280 patterns x 44 grid points, 0.43 s against 1.4 s)
         heavy = len(xs) * self.cells_per_draw(*np.shape(y)) > _QUICK_DRAW_CELLS
         with compiler_options(None) if heavy else contextlib.nullcontext():
-            if aside is not None:
+            if self.shared:  # the grid, and each pattern's ones and zeros
                 y1 = np.asarray(y, np.float32) * mask
-                out = _grid_draw_aside(
-                    spec, items, hyper, to_device(self.theta, jnp.float32),
-                    to_device(self.log_base, jnp.float32), to_device(y1),
-                    to_device(np.asarray(mask, np.float32) - y1),
-                    to_device(aside.grid, jnp.float32), to_device(aside.log_dv, jnp.float32),
-                    to_device(aside.n1, jnp.float32), to_device(aside.n0, jnp.float32))
-            elif self.shared:
-                y1 = np.asarray(y, np.float32) * mask
-                out = _grid_draw_moments(spec, items, hyper, to_device(self.theta, jnp.float32),
-                                         to_device(self.log_base, jnp.float32), to_device(y1),
-                                         to_device(np.asarray(mask, np.float32) - y1))
+                grid_args = (to_device(self.theta, jnp.float32),
+                             to_device(self.log_base, jnp.float32), to_device(y1),
+                             to_device(np.asarray(mask, np.float32) - y1))
+                out = (_grid_draw_moments(spec, items, hyper, *grid_args) if aside is None else
+                       _grid_draw_aside(spec, items, hyper, *grid_args,
+                                        to_device(aside.grid, jnp.float32),
+                                        to_device(aside.log_dv, jnp.float32),
+                                        to_device(aside.n1, jnp.float32),
+                                        to_device(aside.n0, jnp.float32)))
             else:
                 out = _draw_moments(spec, items, hyper, to_device(self.theta, jnp.float32),
                                     to_device(y), to_device(mask),
@@ -1617,7 +1615,7 @@ class _SetAsideGrid:
     weighted draws of the globals."""
 
     def __init__(self, spec, g, theta, w, inverse, aside: np.ndarray, limit: int):
-        self.spec, self.blocks = spec, _item_blocks(spec)
+        self.blocks = _item_blocks(spec)
         self.globals_ = spec.by_owner("global")
         k = len(self.blocks)
         th = to_device(theta, jnp.float32)
@@ -1708,9 +1706,13 @@ class _SetAsideGrid:
             d = self.grid - m
             means.append(m)
             covs.append((d * wt[:, None]).T @ d)
-            found.append(bool(np.isfinite(covs[-1]).all()
-                              and np.linalg.eigvalsh(covs[-1]).min() > 0))
+            found.append(_usable_covariance(covs[-1]))
         return np.array(means), np.array(covs), np.array(found, bool)
+
+
+def _usable_covariance(cov: np.ndarray) -> bool:
+    """Whether a ``(k, k)`` covariance is finite and positive definite."""
+    return bool(np.isfinite(cov).all() and np.linalg.eigvalsh(cov).min() > 0)
 
 
 def _set_aside_posteriors(spec, x, g, theta, w, inverse, aside: np.ndarray, limit: int,
@@ -1881,18 +1883,19 @@ def _fitted_items_given_globals(spec, draws, priors, h, lam) -> np.ndarray:
     return out + np.where(sign > 0, per, -np.inf).sum(1)
 
 
-def _pool_proposal(spec, x, g, full_cov, answered, pool_draws, priors, h, lam):
+def _pool_proposal(shape: tuple[int, int], full_cov, answered, pool_draws, priors, h, lam):
     """An importance proposal ``(centre, covariance)`` over the items and globals for the
     posterior with the set-aside items in the pool: the mixture, over the pool's weighted
     draws ``pool_draws`` ``((M, h), (M,))`` (``priors``: each block's ``(loc, prec)``
     under them), of each fitted item's conditional ``N`` from its quadratic likelihood
     ``(h, lam)`` and the pool (the set-aside items: the pool itself), moment-matched; its
-    correlations are the fit's ``full_cov``'s. Items every subject answered alike widen the
+    correlations are the fit's ``full_cov``'s (items ``shape`` ``(n, k)``, the globals
+    after them). Items every subject answered alike widen the
     pool the others are shrunk to: the fit's Laplace approximation, centred without them,
     kept 50 of 4,000 draws on a 1PL leaderboard of 18 subjects x 28 items, 12 of them
     constant."""
     draws, wts = pool_draws
-    n, k = x.shape
+    n, k = shape
     loc = np.stack([c[0] for c in priors], -1)  # (M, k)
     prec = np.stack([c[1] for c in priors], -1)
     mean = np.empty((len(draws), n, k))
@@ -2292,7 +2295,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         if (proposal.shape == (d, d) and d <= settings.importance_max_params
                 and np.all(np.diag(proposal) > 0)):
             draws_g = aside_found[4]
-            start = _pool_proposal(spec, x, g, proposal, answered, draws_g,
+            start = _pool_proposal(x.shape, proposal, answered, draws_g,
                                    aside_grid.priors(draws_g[0])[0], *pool_items)
     # importance sampling weighs the draws of the globals by the set-aside items' L_j(g) too,
     # from a proposal about that pool: they widen the pool the answered items are shrunk to
@@ -2361,8 +2364,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         columns, responses = aside
         if aside_moments is not None:  # integrated out of each importance draw, or sampled
             means, covs = aside_moments
-            ok = np.array([bool(np.isfinite(c).all() and np.linalg.eigvalsh(c).min() > 0)
-                           for c in covs])
+            ok = np.array([_usable_covariance(c) for c in covs])
             moved = {k: v for k, v in aside_found[3].items() if k.startswith("pool_s")}
             found = (means, covs, ok, {"method": "sampled with their answers" if sampled
                                        is not None else "integrated out of every importance draw"}
