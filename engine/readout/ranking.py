@@ -16,40 +16,61 @@ def ranks_from_draws(draws: np.ndarray) -> np.ndarray:
     """Rank of each subject in each draw, 1 = highest ability: ``(T, S)`` -> ``(T, S)``.
 
     Equal values share the best rank among them (1 + the number of strictly higher values),
-    so subjects that tie in a draw (identical answer sheets share draws) rank alike.
+    so subjects that tie in a draw (identical answer sheets share draws) rank alike. (The
+    order among equal values does not matter, so the sort need not be stable: NumPy's
+    default sort took `ability`'s 1,000 x 1,525 in a third of a stable sort's time.)
     """
-    order = np.argsort(-draws, axis=1, kind="stable")
-    rows = np.arange(draws.shape[0])[:, None]
-    ordered = draws[rows, order]
+    draws = np.asarray(draws)
+    order = np.argsort(-draws, axis=1)
+    ordered = np.take_along_axis(draws, order, axis=1)
     position = np.broadcast_to(np.arange(draws.shape[1])[None, :], order.shape)
     starts = np.ones(order.shape, bool)
     starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
     best = np.maximum.accumulate(np.where(starts, position, 0), axis=1)
     ranks = np.empty_like(order)
-    ranks[rows, order] = best + 1
+    np.put_along_axis(ranks, order, best + 1, axis=1)
     return ranks
+
+
+def _quantiles(values: np.ndarray, qs: tuple[float, ...]) -> list[np.ndarray]:
+    """``np.quantile(values, q, axis=0)`` (its default, linear method, to the bit) for each
+    ``q``, from one sort of ``values`` where ``np.quantile`` partitions once per ``q``."""
+    ordered = np.sort(values, axis=0)
+    n, out = ordered.shape[0], []
+    for q in qs:
+        at = q * (n - 1)
+        below = int(np.floor(at))
+        above, t = min(below + 1, n - 1), at - below
+        a, b = ordered[below].astype(np.float64), ordered[above].astype(np.float64)
+        diff = b - a  # NumPy's interpolation, from the nearer end
+        out.append(b - diff * (1 - t) if t >= 0.5 else a + diff * t)
+    return out
 
 
 def rank_stats(draws: np.ndarray, top_k: int = 3) -> dict[str, np.ndarray]:
     """Expected rank, 90% rank interval, P(top-1) and P(top-k) per subject."""
     ranks = ranks_from_draws(draws)
+    q05, q95 = _quantiles(ranks, (0.05, 0.95))
     return {
         "rank_mean": ranks.mean(axis=0),
-        "rank_q05": np.quantile(ranks, 0.05, axis=0),
-        "rank_q95": np.quantile(ranks, 0.95, axis=0),
+        "rank_q05": q05,
+        "rank_q95": q95,
         "p_top1": (ranks == 1).mean(axis=0),
         f"p_top{top_k}": (ranks <= top_k).mean(axis=0),
     }
 
 
-def pairwise_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
+def pairwise_beats(draws: np.ndarray, chunk: int = 256) -> np.ndarray:
     """``P[s, s'] = Pr(ability_s > ability_s')`` over draws, ``(S, S)``.
 
     Subjects whose draws are identical (shared by identical answer sheets) are compared
     once: a questionnaire of 1,000 subjects with 32 distinct sheets costs a 32 x 32 table.
-    The count runs over a few draws at a time into an integer table (rows in blocks of
-    ``chunk``), so no ``draws x chunk x S`` comparison is held and no float is summed:
-    1,509 subjects x 1,000 draws in 0.6 s where a float mean over blocks took 1.4 s.
+    Each draw's values are replaced by their order in the draw (16-bit integers where there
+    are fewer than 32,768 columns: the same comparisons, twice as many to a vector
+    instruction), and the count runs one draw at a time into 8-bit counters (rows in
+    blocks of ``chunk``), so no ``draws x chunk x S`` comparison is held and no float is
+    summed: `ability`'s 1,199 distinct columns x 1,000 draws in 0.10 s where 32-bit floats
+    compared four draws at a time took 0.20 s (two cores).
     """
     draws = np.asarray(draws)
     T, S = draws.shape
@@ -57,24 +78,37 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
         return np.full((S, S), np.nan, np.float32)
     first, inverse, _ = identical_rows(draws.T)  # subjects whose columns are identical
     if first.size < S:  # identical columns: count the distinct ones, then expand
-        return _count_beats(draws[:, first], chunk)[np.ix_(inverse, inverse)]
-    return _count_beats(draws, chunk)
+        return _count_beats(_order_codes(draws[:, first]), chunk)[np.ix_(inverse, inverse)]
+    return _count_beats(_order_codes(draws), chunk)
 
 
-def _count_beats(draws: np.ndarray, chunk: int = 512) -> np.ndarray:
+def _order_codes(draws: np.ndarray) -> np.ndarray:
+    """Integers ordered as each draw's values (higher value, higher code; equal values,
+    equal codes), or the values themselves where some are NaN (no order)."""
+    if not np.isfinite(draws).all():
+        return draws
+    S = draws.shape[1]
+    return (S - ranks_from_draws(draws)).astype(np.int16 if S < 1 << 15 else np.int32)
+
+
+def _count_beats(codes: np.ndarray, chunk: int = 256) -> np.ndarray:
     """The direct count behind :func:`pairwise_beats`, over every pair of columns. Blocks of
-    rows are counted on the machine's cores (NumPy's comparisons and sums release the GIL:
-    `ability`'s 1,199 x 1,199 x 1,000 in about 0.2 s on two cores against 0.35 s on one)."""
-    draws = np.ascontiguousarray(draws)  # a strided view counts ten times slower
-    T, S = draws.shape
+    rows are counted on the machine's cores (NumPy's comparisons and sums release the GIL)."""
+    codes = np.ascontiguousarray(codes)  # a strided view counts ten times slower
+    T, S = codes.shape
     count = np.zeros((S, S), np.uint16 if T < 2 ** 16 else np.uint32)
 
     def rows(start: int) -> None:
         out = count[start : start + chunk]
-        for t in range(0, T, 4):
-            block = draws[t : t + 4]
-            out += np.add.reduce(block[:, start : start + chunk, None] > block[:, None, :],
-                                 axis=0, dtype=count.dtype)
+        wins, tally = np.empty(out.shape, bool), np.zeros(out.shape, np.uint8)
+        for t in range(T):
+            row = codes[t]
+            np.greater(row[start : start + chunk, None], row[None, :], out=wins)
+            tally += wins.view(np.uint8)
+            if t % 255 == 254:  # before an 8-bit counter can overflow
+                out += tally
+                tally[:] = 0
+        out += tally
 
     workers = min(usable_cores(), 8) if S * S * T > 1 << 26 else 1
     chunk = min(chunk, -(-S // workers))  # every core a share

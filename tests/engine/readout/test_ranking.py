@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import rankdata
 
 from engine.readout.ranking import pairwise_beats, rank_stats, ranks_from_draws, tie_groups
@@ -85,3 +87,32 @@ def test_pairwise_beats_counted_on_several_cores_equals_the_direct_count(cores, 
 def test_pairwise_beats_of_no_draws_is_unknown():
     p = pairwise_beats(np.zeros((0, 4), np.float32))
     assert p.shape == (4, 4) and np.isnan(p).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 600), st.integers(1, 12), st.integers(0, 2 ** 32 - 1), st.booleans())
+def test_pairwise_beats_and_rank_quantiles_equal_the_direct_computation(T, S, seed, grid):
+    """Any number of draws (across the 8-bit counters' flush every 255 draws), ties on a
+    coarse grid, and shared columns: the pairwise table equals the direct float mean, and
+    the rank interval equals ``np.quantile`` of the ranks, to the bit."""
+    rng = np.random.default_rng(seed)
+    draws = rng.normal(size=(T, S)).astype(np.float32)
+    if grid:
+        draws = np.round(draws)
+    if S > 2:
+        draws[:, -1] = draws[:, 0]
+    direct = (draws[:, :, None] > draws[:, None, :]).mean(axis=0)
+    np.testing.assert_array_equal(pairwise_beats(draws, chunk=5), direct.astype(np.float32))
+    ranks = ranks_from_draws(draws)
+    stats = rank_stats(draws)
+    np.testing.assert_array_equal(stats["rank_q05"], np.quantile(ranks, 0.05, axis=0))
+    np.testing.assert_array_equal(stats["rank_q95"], np.quantile(ranks, 0.95, axis=0))
+
+
+def test_pairwise_beats_with_a_nan_draw_compares_the_values():
+    """A NaN value has no order: it neither wins nor loses, as the direct comparison says."""
+    rng = np.random.default_rng(6)
+    draws = rng.normal(size=(50, 6)).astype(np.float32)
+    draws[3, 2] = np.nan
+    direct = (draws[:, :, None] > draws[:, None, :]).mean(axis=0)
+    np.testing.assert_array_equal(pairwise_beats(draws), direct.astype(np.float32))
