@@ -14,6 +14,9 @@ the 308 subjects who answered 11111.
         [--prior vague|hierarchical|population] [--nuts-only] [--nuts-warmup N] [--nuts-chains N]
         [--model 1pl|2pl] [--signed --negative 0.1] [--laplace]
 
+``--data`` also takes ``SxNcK``: the simulated ``SxN`` with its last ``K`` items made
+constant (alternately all right and all wrong), which the fit sets aside.
+
 ``--signed`` fits the 2PL with ``signed_discrimination`` (and NUTS of the same model), on
 simulated data with ``--negative`` of the items' discriminations flipped; ``--laplace`` adds
 the quadrature fit with the item sampler off (``sampler_chains=0``: the Laplace
@@ -72,6 +75,13 @@ def _load(name: str, seed: int = 0, model: str = "2pl", negative: float = 0.0) -
         if rows.empty:
             raise SystemExit(f"{NLU}: no dataset {dataset!r}")
         return rows[[c for c in df.columns if c.endswith("_best")]].to_numpy().T.astype(np.int8)
+    constant = 0
+    if "c" in name:  # SxNcK: the last K of the N items constant, half all right, half all wrong
+        name, constant = name.split("c")[0], int(name.split("c")[1])
+    if constant:
+        y = _load(name, seed, model, negative).copy()
+        y[:, y.shape[1] - constant:] = np.arange(constant) % 2 == 0
+        return y
     s, n = (int(v) for v in name.split("x"))
     if negative:  # the 2PL with a share of the discriminations flipped
         sim = simulate_2pl(s, n, seed=seed)

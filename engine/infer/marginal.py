@@ -1370,8 +1370,9 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     per_draw_cells = nodes.cells_per_draw(U, n)
     if aside is not None:  # the set-aside items integrated out of every draw, where the
         # shared grid holds and the draws stay within the cells
+        # (in the units of ``per_draw_cells``: both count the shared grid's cells)
         extra = nodes.aside_cells(U, aside) if nodes.shared else 0
-        if nodes.shared and draws * (per_draw + extra) <= settings.importance_cells_max:
+        if nodes.shared and draws * (per_draw_cells + extra) <= settings.importance_cells_max:
             per_draw_cells += extra
             record["set_aside"] = "integrated out of each draw"
         else:
