@@ -8,13 +8,13 @@ from engine.errors import SettingsError
 from engine.readout.adaptive import AdaptiveTrialSpec, adaptive_trial, load_trial_data, simulate_adaptive
 from engine.readout.items import STRATEGIES
 
-from _item_runs import fit_run, simulate_2pl
+from _item_runs import MEAN_FIELD, fit_run, simulate_2pl
 
 
 @pytest.fixture(scope="module")
 def trial_run(tmp_path_factory):
     y, truth, _ = simulate_2pl(60, 400, seed=0, log_a_sd=0.6, b_sd=1.5)
-    run = fit_run(tmp_path_factory.mktemp("adaptive"), y)
+    run = fit_run(tmp_path_factory.mktemp("adaptive"), y, settings=MEAN_FIELD)
     return run, load_trial_data(run)
 
 
