@@ -177,6 +177,10 @@ def _fit_and_save(store_path, out, args) -> "object":
         print(f"exact boundary values {res.extra['data'].get('boundary')}: fitted with "
               f"{inflation} inflation (recorded in fit.json)")
     print(f"wrote {run.path}")
+    from engine.readout.leaderboard import fit_notes
+
+    for note in fit_notes(run.info, convergence=False):  # e.g. auto's mean-field fallback
+        print(note, file=sys.stderr)
     return run
 
 
@@ -247,9 +251,9 @@ def _nuts_and_save(args) -> None:
 
 
 def _scalar_subjects(run_dir):
-    """A run's subjects table (column name -> array) when its ability is one number, read
-    without JAX, pandas or the model (``None`` for vector abilities, which need the model's
-    posterior draws)."""
+    """A run's subjects table (column name -> array) and its fit.json when its ability is one
+    number, read without JAX, pandas or the model (``None`` for vector abilities, which need
+    the model's posterior draws)."""
     from engine import runfiles
 
     if "://" in str(run_dir):  # a URL: load_run fetches it
@@ -263,16 +267,23 @@ def _scalar_subjects(run_dir):
     runfiles.check_present(path, info)
     from engine.readout.leaderboard import table_columns
 
-    return table_columns(runfiles.read_table(path, info, "subjects.parquet", arrow=True))
+    return table_columns(runfiles.read_table(path, info, "subjects.parquet", arrow=True)), info
+
+
+def _print_board(board, info) -> None:
+    """The leaderboard's table, then what its fit.json says a reader should know."""
+    from engine.readout.leaderboard import fit_notes, format_leaderboard
+
+    print("\n".join([format_leaderboard(board), *fit_notes(info)]))
 
 
 def cmd_leaderboard(args) -> int:
-    from engine.readout.leaderboard import format_leaderboard, leaderboard
+    from engine.readout.leaderboard import leaderboard
 
     if getattr(args, "by", None) is None and args.rank is None:
-        subjects = _scalar_subjects(args.run)  # the everyday board: no JAX to import
-        if subjects is not None:
-            print(format_leaderboard(leaderboard(subjects, args.top_k)))
+        scalar = _scalar_subjects(args.run)  # the everyday board: no JAX to import
+        if scalar is not None:
+            _print_board(leaderboard(scalar[0], args.top_k), scalar[1])
             return 0
     from engine.run import load_run
 
@@ -288,7 +299,7 @@ def cmd_leaderboard(args) -> int:
             _vector_leaderboard(run, args)
         return 0
     if args.rank is None and not vector:
-        print(format_leaderboard(leaderboard(run.subjects, args.top_k)))
+        _print_board(leaderboard(run.subjects, args.top_k), run.info)
         return 0
     return _vector_leaderboard(run, args)
 
@@ -310,7 +321,7 @@ def _vector_leaderboard(run, args) -> int:
 
 def cmd_demo(args) -> int:
     from engine.data import ingest
-    from engine.readout.leaderboard import format_leaderboard, leaderboard
+    from engine.readout.leaderboard import leaderboard
 
     t0 = time.perf_counter()
     data = resources.files("engine") / "demo_data" / "wmt20_ende_mqm_errorfree.csv"
@@ -323,7 +334,7 @@ def cmd_demo(args) -> int:
     args.overwrite = True
     run = _fit_and_save(store.path, out / "run", args)
     print()
-    print(format_leaderboard(leaderboard(run.subjects, args.top_k_rows)))
+    _print_board(leaderboard(run.subjects, args.top_k_rows), run.info)
     print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s; run directory {run.path}")
     return 0
 

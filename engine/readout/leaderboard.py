@@ -19,7 +19,7 @@ from engine.terminal import escape_controls
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["leaderboard", "format_leaderboard", "rank_key", "table_columns"]
+__all__ = ["leaderboard", "format_leaderboard", "rank_key", "table_columns", "fit_notes"]
 
 
 def _is_arrow(table: Any) -> bool:
@@ -150,3 +150,27 @@ def format_leaderboard(board: pd.DataFrame) -> str:
         lines.append("score: the model's expected score averaged over the items (posterior mean and 90% "
                      "interval); ranks follow it")
     return "\n".join(lines)
+
+
+def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:
+    """What a reader of a run's leaderboard should know about how it was fitted, from its
+    fit.json ``info``: a fit that did not converge, and a default (``auto``) fit whose
+    quadrature route did not converge, so that the board holds the mean-field fit's
+    intervals (on the 18-subject NLU rte leaderboard, 2PL, 0.46-0.77 of NUTS's sds;
+    BENCHMARKS.md). ``convergence``: include the first (the fit command says it already)."""
+    notes = []
+    factor = info.get("ability_factor") or {}
+    if factor.get("quadrature_not_converged"):
+        spent = factor.get("quadrature_wall_s")
+        notes.append("note: the quadrature fit (abilities integrated out) did not converge"
+                     + (f" in {spent:.1f} s" if isinstance(spent, (int, float)) else "")
+                     + "; these are the mean-field fit's intervals, which can be narrower than "
+                     "the posterior's where subjects are few (fit.json "
+                     "ability_factor.quadrature_not_converged says why); `irt-engine fit "
+                     "--method nuts` samples the exact posterior")
+    if convergence and info.get("converged") is False:
+        notes.append("note: the fit did not converge (fit.json `converged`): refit with more "
+                     + ("--warmup/--samples (R-hat over "
+                        f"{info['max_rhat']})" if info.get("method") == "nuts" and "max_rhat" in info
+                        else "--max-passes") + " before reading the board")
+    return notes

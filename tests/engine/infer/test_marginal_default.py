@@ -48,11 +48,13 @@ def test_large_matrices_stay_mean_field():
     assert FitSettings().quadrature_max_cells == 500_000
 
 
-def test_auto_falls_back_to_mean_field_when_quadrature_does_not_converge(monkeypatch):
+def test_auto_falls_back_to_mean_field_when_quadrature_does_not_converge(monkeypatch, tmp_path,
+                                                                        capsys):
     """``auto`` runs the mean-field fit where the quadrature fit ends unconverged (2PL on 19
     classifiers x 501 OpenML instances: 500 iterations, discriminations in the hundreds),
-    and fit.json says so; an explicit ``quadrature`` keeps its own result. The quadrature
-    fit is held to two iterations here so that it cannot converge."""
+    and fit.json says so, with the seconds the quadrature fit took; the leaderboard says it
+    under the table, as no other line of it would; an explicit ``quadrature`` keeps its own
+    result. The quadrature fit is held to two iterations here so that it cannot converge."""
     from dataclasses import replace
 
     import engine.api
@@ -70,7 +72,18 @@ def test_auto_falls_back_to_mean_field_when_quadrature_does_not_converge(monkeyp
     res = fit(y, "2pl", settings=FitSettings(seed=0, progress=False))
     record = res.extra["ability_factor"]
     assert record["method"] == "gaussian" and "2 iterations" in record["quadrature_not_converged"]
+    assert record["quadrature_wall_s"] > 0
     assert res.converged and res.extra.get("source") != "quadrature"
+    from engine.cli import main
+    from engine.run import save_run
+
+    save_run(res, tmp_path / "run")
+    assert main(["leaderboard", str(tmp_path / "run")]) == 0
+    board = capsys.readouterr().out.splitlines()
+    assert board[-1].startswith("note: the quadrature fit (abilities integrated out) did not "
+                                f"converge in {record['quadrature_wall_s']:.1f} s; these are "
+                                "the mean-field fit's intervals")
+    assert board[-2].startswith("tie: ") and len(board) == 2 + 100 + 2  # no other note
     forced = fit(y, "2pl", settings=FitSettings(seed=0, progress=False, ability_factor="quadrature"))
     assert forced.extra["ability_factor"]["method"] == "quadrature" and not forced.converged
 

@@ -1,0 +1,28 @@
+"""What the leaderboard says under its table about how the run was fitted."""
+
+from engine.readout.leaderboard import fit_notes
+
+
+def test_a_converged_fit_has_no_note():
+    assert fit_notes({"converged": True, "ability_factor": {"method": "quadrature"}}) == []
+
+
+def test_an_unconverged_fit_names_what_to_raise():
+    (vi,) = fit_notes({"converged": False, "method": "vi"})
+    assert "did not converge" in vi and "--max-passes" in vi
+    (nuts,) = fit_notes({"converged": False, "method": "nuts", "max_rhat": 1.01})
+    assert "--warmup/--samples (R-hat over 1.01)" in nuts and "--max-passes" not in nuts
+    assert fit_notes({"converged": False}, convergence=False) == []  # the fit command said it
+
+
+def test_the_mean_field_fallback_is_named_with_its_cost_and_the_exact_alternative():
+    info = {"converged": True, "ability_factor": {
+        "method": "gaussian", "quadrature_wall_s": 10.44,
+        "quadrature_not_converged": "no progress from iteration 70 on, stopped at 100; the "
+                                    "mean-field fit was run instead"}}
+    (note,) = fit_notes(info)
+    assert "did not converge in 10.4 s" in note and "mean-field fit's intervals" in note
+    assert "--method nuts" in note
+    older = {"converged": True, "ability_factor": {"method": "gaussian",
+                                                   "quadrature_not_converged": "..."}}
+    assert "did not converge;" in fit_notes(older)[0]  # a run written before the time was kept
