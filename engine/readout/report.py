@@ -29,7 +29,7 @@ from engine.atomic import atomic_write  # noqa: E402
 from engine.errors import SettingsError  # noqa: E402
 from engine.readout.items import (FLAG_THRESHOLD, SET_ASIDE_NOTE, item_bank, item_flags,  # noqa: E402
                                   review_order)
-from engine.readout.leaderboard import leaderboard  # noqa: E402
+from engine.readout.leaderboard import fit_notes, leaderboard  # noqa: E402
 
 __all__ = ["write_report", "report_plots"]
 
@@ -392,6 +392,7 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
 <p>model <b>{html.escape(str(info.get("model")))}</b> ({html.escape(run.spec.description)}),
 {len(run.subjects)} subjects x {len(run.items)} items, {"converged" if info.get("converged") else "NOT converged"}
 after {info.get("num_passes")} passes.</p>
+{"".join(f'<p class="note">{html.escape(n)}</p>' for n in fit_notes(info, convergence=False))}
 <h2 id="sec-leaderboard">Leaderboard</h2>{img("leaderboard")}{bars_note}
 <p class="note">click a column header to sort. tie: subjects share a group while their 90% ability
 intervals overlap the group leader's.</p>

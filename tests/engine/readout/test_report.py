@@ -126,3 +126,21 @@ def test_report_without_cluster_outputs_or_store(run_dir, tmp_path):
     assert main(["report", str(run.path), "--out", str(tmp_path / "r3.html"), "--compare",
                  str(tmp_path / "nowhere")]) == 2
     assert not (tmp_path / "r2.html").exists() and not (tmp_path / "r3.html").exists()
+
+
+def test_report_says_when_the_board_holds_auto_s_mean_field_fallback(run_dir, tmp_path):
+    """A run whose quadrature fit did not converge holds the mean-field fit's intervals: the
+    page says so under its header, as the leaderboard command does (``fit_notes``)."""
+    run, _ = run_dir
+    plain = write_report(run, tmp_path / "plain.html", None)["html"].read_text()
+    assert "did not converge" not in plain
+    factor = run.info.get("ability_factor") or {}
+    run.info["ability_factor"] = factor | {
+        "method": "gaussian", "quadrature_wall_s": 3.25,
+        "quadrature_not_converged": "2 iterations; the mean-field fit was run instead"}
+    try:
+        page = write_report(run, tmp_path / "fallback.html", None)["html"].read_text()
+    finally:
+        run.info["ability_factor"] = factor
+    assert ('<p class="note">note: the quadrature fit (abilities integrated out) did not converge '
+            "in 3.2 s; these are the mean-field fit&#x27;s intervals") in page
