@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from engine.errors import IRTError, RemoteError, RunNotFoundError, SettingsError
+from engine.errors import IRTError, RemoteError, RunNotFoundError, SettingsError, StoreNotFoundError
 
 __all__ = ["URL", "MARKER", "SCHEMES", "is_url", "as_location", "filesystem", "zarr_store",
            "storage_options", "remote_errors", "is_file", "list_files", "publish_dir",
@@ -447,3 +447,12 @@ def url_outputs(args) -> Iterator[None]:
         if hasattr(args, "on_checkpoint"):
             del args.on_checkpoint
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+STORE_HINT = "run `irt-engine ingest INPUT --out STORE` to create one"
+
+
+def no_store(path) -> StoreNotFoundError:
+    """The error for a response store that is not there (``open_store``; a command checks a
+    local path with it before it imports what a fit needs)."""
+    return StoreNotFoundError(f"{path}: no such response store; {STORE_HINT}")

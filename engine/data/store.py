@@ -51,7 +51,8 @@ import zarr
 
 from engine.data.integrity import (INTEGRITY, REPAIR as _REPAIR, CheckedArray, array_options,
                                    brief as _brief, open_checked as _open_checked)
-from engine.data.remote import URL, as_location, filesystem, is_file, list_files, zarr_store
+from engine.data.remote import (STORE_HINT, URL, as_location, filesystem, is_file, list_files,
+                                 no_store, zarr_store)
 from engine.data.tally import count_observed, observed
 from engine.errors import DataFormatError, SettingsError, StoreExistsError, StoreNotFoundError
 from engine.memory import ID_BYTES, default_memory_budget
@@ -376,11 +377,11 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
     """
     path = as_location(path)
     remote = isinstance(path, URL)
-    hint = "run `irt-engine ingest INPUT --out STORE` to create one"
+    hint = STORE_HINT
     if not (is_file(path / "zarr.json") if remote else path.exists()):
         if remote:
             list_files(path)  # a missing bucket, or credentials, is named as such
-        raise StoreNotFoundError(f"{path}: no such response store; {hint}")
+        raise no_store(path)
     stamp = _stamp(path)
     try:
         group = zarr.open_group(zarr_store(path) if remote else path, mode="r", zarr_format=3)
