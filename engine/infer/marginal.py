@@ -357,6 +357,20 @@ def _ability_log_prior(spec, theta):
     return subject.prior.log_prob(theta, {})
 
 
+_PRIOR_CHUNK = 4096  # the one shape the ability prior's program is called at
+
+
+def _ability_prior(spec, theta: np.ndarray) -> np.ndarray:
+    """:func:`_ability_log_prior` at ``theta`` of any shape (float64), in chunks of one
+    fixed length: a fit asks at its nodes, its importance nodes and its shared grid, three
+    shapes that were three programs to load (or compile) in every fresh process."""
+    flat = np.asarray(theta, np.float64).reshape(-1)
+    padded = np.concatenate([flat, np.zeros(-flat.size % _PRIOR_CHUNK)])
+    out = [np.asarray(_ability_log_prior(spec, to_device(padded[i:i + _PRIOR_CHUNK])), np.float64)
+           for i in range(0, padded.size, _PRIOR_CHUNK)]
+    return np.concatenate(out)[:flat.size].reshape(np.shape(theta))
+
+
 @exported_jit(static_argnames=("spec",))
 def _node_loglik(spec, x, theta, y, mask):
     """``(U, Q)``: each pattern's log-likelihood at each of its nodes."""
@@ -957,7 +971,7 @@ class _Quadrature:
         else:
             z, log_w = _gauss_hermite(num_nodes)
             theta = self.mean[:, None] + self.sd[:, None] * z[None, :]
-        prior = np.asarray(_ability_log_prior(spec, to_device(theta)), np.float64)
+        prior = _ability_prior(spec, theta)
         return theta, prior + log_w[None, :] + np.log(self.sd)[:, None]
 
     def posterior(self, spec, x, y, mask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -1258,7 +1272,7 @@ class _DrawNodes:
                 # later passes run the same programs
                 size = bucket_size(int(np.ceil((hi - lo) / (step / (1 + slack)))) + 1)
                 self.theta = np.linspace(lo, hi, size)
-                prior = np.asarray(_ability_log_prior(spec, to_device(self.theta)), np.float64)
+                prior = _ability_prior(spec, self.theta)
                 self.log_base = prior + np.log(self.theta[1] - self.theta[0])
             else:
                 self.theta, self.log_base = quad.log_base(spec, num_nodes)

@@ -1200,3 +1200,23 @@ def test_items_volumes_from_the_fourth_pass_keep_a_small_leaderboard_off_their_p
                               MarginalSettings(volume_from_pass=30, **off))
     assert late["mode_converged"] and len(late["trace"]) > 30
     assert late["trace"][-1]["items_volume"]
+
+
+def test_the_ability_prior_is_one_program_at_every_shape():
+    """The fit asks for the ability prior's log density at its nodes, its importance nodes
+    and its shared grid: three shapes, one program (called on fixed-length chunks); the
+    values are the standard normal's (the population prior), as scipy gives them."""
+    from engine.compile_cache import count_compiles
+    from engine.infer.marginal import _ability_prior
+
+    spec = get_model("2pl", prior="population")
+    rng = np.random.default_rng(3)
+    first = rng.normal(0, 2, (70, 21))
+    np.testing.assert_allclose(_ability_prior(spec, first), stats.norm.logpdf(first), rtol=1e-6)
+    with count_compiles() as compiles:
+        for shape in [(44,), (1280, 11), (5000,)]:
+            theta = rng.normal(0, 2, shape)
+            got = _ability_prior(spec, theta)
+            assert got.shape == shape
+            np.testing.assert_allclose(got, stats.norm.logpdf(theta), rtol=1e-6)
+    assert compiles.programs == 0
