@@ -256,11 +256,12 @@ def test_table_and_scree_plot(tmp_path):
 
 @pytest.fixture(scope="module")
 def known_d_fits():
-    """2PL fits (the real engine) to simulated data with 1, 2 and 3 skills."""
+    """2PL fits (the real engine, mean-field: the dimensions command's own fit is tested
+    through Ray in ``tests/cluster``) to simulated data with 1, 2 and 3 skills."""
     out = {}
     for d in (1, 2, 3):
         y = simulate_mirt(300, 150, d, seed=10 + d)
-        res = fit(y, model="2pl", settings=FitSettings(seed=0))
+        res = fit(y, model="2pl", settings=FitSettings(seed=0, ability_factor="gaussian"))
         out[d] = (y, res)
     return out
 
