@@ -19,6 +19,13 @@ sampled with their answers); their rows are also split by that route (``by_route
 
     python benchmarks/bench_sbc.py --reps 200 --prior population --out benchmarks/results/sbc_population.json
 
+Where the fit's items were sampled (``quadrature.item_moments.method`` "sampled"), the
+item rows are also ranked among the item sampler's own kept draws (rows "... among
+sampler draws"; thinned by bulk ESS as NUTS's are, below): a skewed posterior, such as a
+constant item's one-sided one, then counts as it is. The draws are the ones
+``engine.infer.sampler.sample_items`` passes to ``effective_draws`` at its end, used only
+where their means equal what the fit reports for that item.
+
 ``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, the same
 priors, constant items as ``fit_nuts`` treats them: with their data under pooled priors): one compiled sampler per
 model and shape (the data is its argument), 2 chains; each block's draws are thinned by
@@ -35,6 +42,7 @@ replicates ran.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import time
@@ -62,10 +70,49 @@ def _simulate(model: str, prior: str, s: int, n: int, rep: int):
     return t, y, rng
 
 
+@contextlib.contextmanager
+def _sampler_draws():
+    """The item sampler's kept draws inside the block, ``(chains, draws, item values then
+    globals)`` each: ``sample_items`` hands them to ``effective_draws`` once at its end."""
+    import engine.infer.sampler as sampler
+
+    seen, real = [], sampler.effective_draws
+
+    def spy(draws):
+        seen.append(np.asarray(draws))
+        return real(draws)
+
+    sampler.effective_draws = spy
+    try:
+        yield seen
+    finally:
+        sampler.effective_draws = real
+
+
+def _rank_among(chains: np.ndarray, truth: float, num_draws: int, rng) -> int:
+    """The truth's rank among ``chains`` ``(chains, draws)`` thinned by their bulk ESS, mapped
+    to ``0..num_draws`` (module docstring)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        import arviz as az
+    ess = float(az.ess(chains[None] if chains.ndim == 1 else chains, method="bulk"))
+    flat = chains.reshape(-1)
+    thinned = flat[::max(1, int(np.ceil(flat.size / max(ess, 1.0))))]
+    r = int((thinned < truth).sum())
+    return int(np.floor((r + rng.random()) * (num_draws + 1) / (thinned.size + 1)))
+
+
 def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, factor: str) -> dict:
     t, y, rng = _simulate(model, prior, s, n, rep)
-    res = fit(y, model=model, prior=prior,
-              settings=FitSettings(seed=rep, progress=False, ability_factor=factor))
+    with _sampler_draws() as seen:
+        res = fit(y, model=model, prior=prior,
+                  settings=FitSettings(seed=rep, progress=False, ability_factor=factor))
+    quad = res.extra.get("quadrature") or {}
+    sampled = seen[-1] if seen and (quad.get("item_moments") or {}).get("method") == "sampled" else None
+    names = [p.name for p in res.spec.params if p.owner == "item"]
+    among = np.random.default_rng([rep, 7])  # apart from ``rng``: the Gaussian rows unchanged
     # the items' posterior as items.parquet reports it (within-item marginal sds), read on
     # the unconstrained scale (a quantile of a tiny discrimination underflows to 0)
     scales = within_owner_scales(res.spec, res.guide, "item", res.cross) if res.cross else {}
@@ -88,6 +135,11 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
                 for name in _LABEL if name in res.guide.loc}
         for name, (m, v) in post.items():
             out[f"{_LABEL[name]} ({label})"] = int((rng.normal(m, v, num_draws) < t[name][j]).sum())
+            if sampled is not None:
+                chains = sampled[:, :, j * len(names) + names.index(name)]
+                if abs(chains.mean() - m) < 1e-3 * max(v, 1e-6):  # the reported item's draws
+                    out[f"{_LABEL[name]} ({label}) among sampler draws"] = _rank_among(
+                        chains, t[name][j], num_draws, among)
     return out
 
 
@@ -97,15 +149,10 @@ _LABEL = {"difficulty": "difficulty", "discrimination": "log_discrimination"}
 def _nuts_ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, sampler,
                 settings) -> dict:
     """One replicate's ranks among thinned NUTS draws (see the module docstring)."""
-    import warnings
-
     from engine.api import nuts_responses, response_stats
     from engine.infer.nuts import sample_nuts
     from engine.models.registry import get_model
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        import arviz as az
     t, y, rng = _simulate(model, prior, s, n, rep)
     spec = get_model(model, prior=prior)
     constant = np.ptp(y, axis=0) == 0
@@ -116,11 +163,7 @@ def _nuts_ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int
            "mean_steps": float(np.mean(draws.num_steps))}
 
     def rank(chains: np.ndarray, truth: float) -> int:
-        ess = float(az.ess(chains[None] if chains.ndim == 1 else chains, method="bulk"))
-        flat = chains.reshape(-1)
-        thinned = flat[::max(1, int(np.ceil(flat.size / max(ess, 1.0))))]
-        r = int((thinned < truth).sum())
-        return int(np.floor((r + rng.random()) * (num_draws + 1) / (thinned.size + 1)))
+        return _rank_among(chains, truth, num_draws, rng)
 
     out["ability"] = rank(pos["ability"][..., 0], t["ability"][0])
     for label, found in (("informative", np.flatnonzero(~constant)), ("constant", np.flatnonzero(constant))):
