@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -75,11 +76,10 @@ def _load(name: str, seed: int = 0, model: str = "2pl", negative: float = 0.0) -
         if rows.empty:
             raise SystemExit(f"{NLU}: no dataset {dataset!r}")
         return rows[[c for c in df.columns if c.endswith("_best")]].to_numpy().T.astype(np.int8)
-    constant = 0
-    if "c" in name:  # SxNcK: the last K of the N items constant, half all right, half all wrong
-        name, constant = name.split("c")[0], int(name.split("c")[1])
-    if constant:
-        y = _load(name, seed, model, negative).copy()
+    with_constant = re.fullmatch(r"(\d+x\d+)c(\d+)", name)
+    if with_constant:  # SxNcK: the last K of the N items constant, half all right, half all wrong
+        y = _load(with_constant[1], seed, model, negative).copy()
+        constant = int(with_constant[2])
         y[:, y.shape[1] - constant:] = np.arange(constant) % 2 == 0
         return y
     s, n = (int(v) for v in name.split("x"))

@@ -54,6 +54,7 @@ from scipy.special import expit
 
 from engine.api import fit
 from engine.compile_cache import use_compilation_cache
+from engine.infer.marginal import _item_blocks
 from engine.infer.settings import FitSettings
 from engine.readout.posterior import within_owner_scales
 
@@ -111,7 +112,7 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
                   settings=FitSettings(seed=rep, progress=False, ability_factor=factor))
     quad = res.extra.get("quadrature") or {}
     sampled = seen[-1] if seen and (quad.get("item_moments") or {}).get("method") == "sampled" else None
-    names = [p.name for p in res.spec.params if p.owner == "item"]
+    names = [p.name for p in _item_blocks(res.spec)]  # the sampler's order within an item
     among = np.random.default_rng([rep, 7])  # apart from ``rng``: the Gaussian rows unchanged
     # the items' posterior as items.parquet reports it (within-item marginal sds), read on
     # the unconstrained scale (a quantile of a tiny discrimination underflows to 0)

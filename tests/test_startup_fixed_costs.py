@@ -50,6 +50,19 @@ def test_to_numbers_refuses_missing_values_as_integers_and_other_types():
         to_numbers(pa.array(["1"]))
 
 
+def _cli_in_a_fresh_process(args, modules, exit_code=0):
+    """``irt-engine ARGS`` (``engine.cli.main``) in a new Python process that must return
+    ``exit_code``: its printed lines, which of ``modules`` it had imported (the last line,
+    as a list's text) and its standard error."""
+    code = ("import sys\n"
+            "from engine.cli import main\n"
+            f"assert main({[str(a) for a in args]!r}) == {exit_code}\n"
+            f"print([m for m in {tuple(modules)!r} if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    *printed, imported = out.stdout.strip().splitlines()
+    return printed, imported, out.stderr
+
+
 def test_ingesting_a_parquet_table_imports_neither_pandas_nor_jax(tmp_path):
     """The wide Parquet reader takes the values from Arrow's buffers: no pandas (Arrow's
     ``to_numpy`` imports it), and no JAX, in an ingest process."""
@@ -57,13 +70,10 @@ def test_ingesting_a_parquet_table_imports_neither_pandas_nor_jax(tmp_path):
     table = pa.table({"subject": [f"s{i}" for i in range(40)]} |
                      {f"q{j}": pa.array(y[:, j]) for j in range(5)})
     pq.write_table(table, tmp_path / "wide.parquet")
-    code = ("import sys\n"
-            "from engine.cli import main\n"
-            f"assert main(['ingest', {str(tmp_path / 'wide.parquet')!r}, '--out', "
-            f"{str(tmp_path / 'store')!r}]) == 0\n"
-            "print([m for m in ('pandas', 'jax', 'pyarrow.dataset') if m in sys.modules])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    _, imported, _ = _cli_in_a_fresh_process(
+        ["ingest", tmp_path / "wide.parquet", "--out", tmp_path / "store"],
+        ("pandas", "jax", "pyarrow.dataset"))
+    assert imported == "[]"
     from engine.data.store import open_store
 
     np.testing.assert_array_equal(open_store(tmp_path / "store").load(), y)
@@ -232,12 +242,8 @@ def test_a_leaderboard_process_imports_neither_pandas_nor_jax(tmp_path):
 
     y = (np.random.default_rng(2).random((30, 5)) < 0.6).astype(np.int8)
     save_run(engine.fit(y, model="1pl"), tmp_path / "run")
-    code = ("import sys\n"
-            "from engine.cli import main\n"
-            f"assert main(['leaderboard', {str(tmp_path / 'run')!r}]) == 0\n"
-            "print([m for m in ('pandas', 'jax') if m in sys.modules])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    *board, imported = out.stdout.strip().splitlines()
+    board, imported, _ = _cli_in_a_fresh_process(["leaderboard", tmp_path / "run"],
+                                                 ("pandas", "jax"))
     assert imported == "[]"
     assert "\n".join(board) == format_leaderboard(leaderboard(load_run(tmp_path / "run").subjects))
 
@@ -245,12 +251,8 @@ def test_a_leaderboard_process_imports_neither_pandas_nor_jax(tmp_path):
 def test_a_fit_of_a_missing_store_is_refused_before_jax_is_imported(tmp_path):
     """``fit`` names a local store that is not there at once (0.04 s), not after importing
     what a fit needs (0.6 s), and writes nothing."""
-    code = ("import sys\n"
-            "from engine.cli import main\n"
-            f"assert main(['fit', {str(tmp_path / 'nothing.zarr')!r}, '--out', "
-            f"{str(tmp_path / 'run')!r}]) == 2\n"
-            "print([m for m in ('jax', 'zarr') if m in sys.modules])\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-    assert "nothing.zarr: no such response store; run `irt-engine ingest" in out.stderr
+    printed, imported, errors = _cli_in_a_fresh_process(
+        ["fit", tmp_path / "nothing.zarr", "--out", tmp_path / "run"], ("jax", "zarr"), exit_code=2)
+    assert printed == [] and imported == "[]"
+    assert "nothing.zarr: no such response store; run `irt-engine ingest" in errors
     assert list(tmp_path.iterdir()) == []

@@ -377,7 +377,6 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
     """
     path = as_location(path)
     remote = isinstance(path, URL)
-    hint = STORE_HINT
     if not (is_file(path / "zarr.json") if remote else path.exists()):
         if remote:
             list_files(path)  # a missing bucket, or credentials, is named as such
@@ -388,7 +387,7 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
         meta = group.attrs[_ATTR]
     except Exception as err:  # zarr raises several types for "not a group"
         raise StoreNotFoundError(f"{path}: not an irt-engine response store ({_brief(err)}); "
-                                 f"{hint}") from None
+                                 f"{STORE_HINT}") from None
     meta = _check_meta(path, dict(meta) if isinstance(meta, dict) else meta)
     integrity = meta.get("integrity") == INTEGRITY
     shape = (meta["num_subjects"], meta["num_items"])

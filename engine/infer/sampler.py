@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine.exported import exported_jit
-from engine.models.spec import ModelSpec
+from engine.models.spec import ModelSpec, pool_of
 
 __all__ = ["sample_items", "split_rhat", "effective_draws"]
 
@@ -171,11 +171,15 @@ def _symmetry_moves(spec: ModelSpec, names: list[str], hyper: list[str]):
     by their spread, and given ``u`` each item by it; where the data say little (a 2PL
     of 18 subjects) the chains then sat at a narrow pool for the whole warm-up (split
     R-hat 150), a funnel that this move walks along."""
+    def still():  # no block moves, and none is centred on a global
+        items = np.zeros((len(names), 3))
+        items[:, 2] = -1
+        return items, np.zeros((len(hyper), 2))
+
     out = []
     for sym in spec.symmetries:
         full = sym.with_hypers(spec.params)
-        items, globs = np.zeros((len(names), 3)), np.zeros((len(hyper), 2))
-        items[:, 2] = -1
+        items, globs = still()
         for name, m, v in full.moves:
             if isinstance(m, tuple) or isinstance(v, tuple) or (m and v):
                 break  # per component, or scaled and shifted at once: its moves by t and
@@ -188,13 +192,9 @@ def _symmetry_moves(spec: ModelSpec, names: list[str], hyper: list[str]):
             out.append((sym.name, items, globs))
     by_name = {p.name: p for p in spec.params}
     for j, name in enumerate(names):
-        prior = by_name[name].prior
-        loc, prec = prior.loc, prior.precision
-        if (prior.family == "normal" and isinstance(loc, str) and isinstance(prec, str)
-                and loc in hyper and prec in hyper and by_name[loc].transform == "identity"
-                and by_name[prec].transform == "exp"):
-            items, globs = np.zeros((len(names), 3)), np.zeros((len(hyper), 2))
-            items[:, 2] = -1
+        loc, prec = pool_of(by_name[name], by_name)
+        if loc in hyper and prec in hyper:
+            items, globs = still()
             items[j] = (1.0, 0.0, hyper.index(loc))
             globs[hyper.index(prec)] = (0.0, -2.0)
             out.append((f"pool {name}", items, globs))
@@ -400,7 +400,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     shape_chol, g_shape = block_chol, np.diag(g_sd)
     # a symmetry's step starts small (its ridge is long and flat); a pool's spread by a
     # tenth (adapted from there: at most twice or half a phase)
-    sym_sd = np.array([0.1 if name.startswith("pool ") else 0.02 for name, _, _ in moves])
+    sym_sd = np.array([0.1 if (mi[:, 2] >= 0).any() else 0.02 for _, mi, _ in moves])
     total = WARMUP_CALLS + 2 * calls  # the kept draws may be extended once
     keys = iter(jax.random.split(jax.random.PRNGKey(seed), total * chains).reshape(
         total, chains, 2))

@@ -101,18 +101,28 @@ class Symmetry:
         by_name = {p.name: p for p in params}
         moves, moved = list(self.moves), {m[0] for m in self.moves}
         for name, m, v in self.moves:
-            prior = by_name[name].prior
-            if prior.family != "normal" or isinstance(m, tuple) or isinstance(v, tuple):
+            if isinstance(m, tuple) or isinstance(v, tuple):
                 continue
-            loc, prec = prior.loc, prior.precision
-            if isinstance(loc, str) and loc not in moved and by_name[loc].transform == "identity":
+            loc, prec = pool_of(by_name[name], by_name)
+            if loc is not None and loc not in moved:
                 moves.append((loc, m, v))
                 moved.add(loc)
-            if (isinstance(prec, str) and prec not in moved and m != 0.0
-                    and by_name[prec].transform == "exp"):
+            if prec is not None and prec not in moved and m != 0.0:
                 moves.append((prec, 0.0, -2.0 * m))
                 moved.add(prec)
         return Symmetry(self.name, tuple(moves))
+
+
+def pool_of(param: "ParamSpec", by_name: dict) -> tuple[str | None, str | None]:
+    """The globals a block ``x ~ N(mu, 1/u)`` is pooled by: ``(mu, u)``, each named where it
+    is a global fitted as itself (``mu``, transform ``identity``) or as its log (``u``,
+    transform ``exp``), else None (a prior that is not normal: both None)."""
+    prior = param.prior
+    if prior.family != "normal":
+        return None, None
+    loc, prec = prior.loc, prior.precision
+    return (loc if isinstance(loc, str) and by_name[loc].transform == "identity" else None,
+            prec if isinstance(prec, str) and by_name[prec].transform == "exp" else None)
 
 
 @dataclass(frozen=True)
