@@ -1168,11 +1168,7 @@ def _draw_moments(spec, xs, gs, theta, y, mask, log_base):
         lw = jnp.sum(_cell_loglik(spec, x, theta, y, mask), axis=-1) + log_base
         return (_log_prior(spec, x, g), *_pattern_moments(lw, theta))
 
-    # draws in batches of about _DRAW_BATCH_CELLS cells: bounded memory, and not one loop
-    # iteration per draw (4,000 tiny iterations cost LSAT7 0.2 s a call)
-    per_draw = max(theta.size * y.shape[-1], 1)
-    batch = max(1, min(xs.shape[0], _DRAW_BATCH_CELLS // per_draw))
-    return jax.lax.map(one, (xs, gs), batch_size=batch)
+    return _map_draws(one, xs, gs, theta.size * y.shape[-1])
 
 
 @exported_jit(static_argnames=("spec",))
@@ -1184,13 +1180,17 @@ def _grid_draw_moments(spec, xs, gs, grid, log_base, y1, y0):
     product with the observed ones ``y1`` and zeros ``y0`` ``(U, n)``: ``G n`` cells a draw
     instead of ``U Q n``."""
     def one(xg):
-        x, g = xg
-        lw = _grid_log_weights(spec, x, grid, log_base, y1, y0)  # (U, G)
-        return (_log_prior(spec, x, g), *_pattern_moments(lw, grid))
+        return _grid_draw(spec, *xg, grid, log_base, y1, y0)[1]
 
-    per_draw = max(y1.shape[0] * grid.shape[0], 1)  # the (U, G) weights: one GEMM a batch
-    batch = max(1, min(xs.shape[0], _DRAW_BATCH_CELLS // per_draw))
-    return jax.lax.map(one, (xs, gs), batch_size=batch)
+    return _map_draws(one, xs, gs, y1.shape[0] * grid.shape[0])  # (U, G): one GEMM a batch
+
+
+def _grid_draw(spec, x, g, grid, log_base, y1, y0):
+    """One item draw's patterns on the shared grid: their log weights ``(U, G)``, and the
+    draw's log prior with each pattern's log marginal likelihood and ability moments
+    (traced)."""
+    lw = _grid_log_weights(spec, x, grid, log_base, y1, y0)
+    return lw, (_log_prior(spec, x, g), *_pattern_moments(lw, grid))
 
 
 @exported_jit(static_argnames=("spec",))
@@ -1211,7 +1211,7 @@ def _grid_draw_aside(spec, xs, gs, grid, log_base, y1, y0, a_grid, a_log_dv, n1,
 
     def one(xg):
         x, g = xg
-        lw = _grid_log_weights(spec, x, grid, log_base, y1, y0)  # (U, G)
+        lw, (log_prior, *moments) = _grid_draw(spec, x, g, grid, log_base, y1, y0)
         soft = jax.nn.softmax(lw, axis=1)
         data = sum(n @ jnp.log(jnp.maximum(soft @ c, 1e-37)) for n, c in zip((n1, n0), curves))
         env = _env(spec, g)
@@ -1219,11 +1219,18 @@ def _grid_draw_aside(spec, xs, gs, grid, log_base, y1, y0, a_grid, a_log_dv, n1,
                                   for j, p in enumerate(blocks))  # (m, B)
         log_l = jax.nn.logsumexp(t, axis=1)
         r = jnp.exp(t - log_l[:, None])
-        return (_log_prior(spec, x, g) + jnp.sum(log_l), *_pattern_moments(lw, grid),
+        return (log_prior + jnp.sum(log_l), *moments,
                 r @ a_grid, jnp.einsum("mb,bi,bj->mij", r, a_grid, a_grid))
 
-    per_draw = max(y1.shape[0] * (grid.shape[0] + a_grid.shape[0]) + n1.shape[0] * a_grid.shape[0], 1)
-    batch = max(1, min(xs.shape[0], _DRAW_BATCH_CELLS // per_draw))
+    return _map_draws(one, xs, gs, y1.shape[0] * (grid.shape[0] + a_grid.shape[0])
+                      + n1.shape[0] * a_grid.shape[0])
+
+
+def _map_draws(one, xs, gs, per_draw: int):
+    """``one`` over the item draws ``xs`` and their globals ``gs`` in batches of about
+    ``_DRAW_BATCH_CELLS`` cells (``per_draw`` cells a draw): bounded memory, and not one
+    loop iteration per draw (4,000 tiny iterations cost LSAT7 0.2 s a call) (traced)."""
+    batch = max(1, min(xs.shape[0], _DRAW_BATCH_CELLS // max(per_draw, 1)))
     return jax.lax.map(one, (xs, gs), batch_size=batch)
 
 
