@@ -6,6 +6,7 @@ import argparse
 import errno
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -935,9 +936,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# options whose value is a LO,HI range that may start with a minus sign: argparse reads
+# ``--ability -1,2`` as two options (``-1,2`` is not a number to it), so the value is joined on
+_RANGE_OPTIONS = ("--ability",)
+
+
+def _join_signed_ranges(argv: list[str]) -> list[str]:
+    """``argv`` with ``--ability -1,2`` written ``--ability=-1,2``."""
+    out, i = [], 0
+    while i < len(argv):
+        if (argv[i] in _RANGE_OPTIONS and i + 1 < len(argv)
+                and re.match(r"-[\d.]", argv[i + 1])):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(_join_signed_ranges(
+            sys.argv[1:] if argv is None else list(argv)))
     except SystemExit as done:  # --help, --version, or a one-line option error (exit 2)
         return done.code if isinstance(done.code, int) else 2
     use_compilation_cache()

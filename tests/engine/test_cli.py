@@ -172,3 +172,31 @@ def test_a_broken_pipe_that_is_not_standard_output_is_an_error(tmp_path, monkeyp
     monkeypatch.setattr(cli, "cmd_leaderboard", broken)
     assert main(["leaderboard", str(tmp_path / "run")]) == 2
     assert "error: Broken pipe" in capsys.readouterr().err
+
+
+def _readme_commands() -> list[str]:
+    """Every ``irt-engine ...`` line in the README's code blocks, comments cut, a synopsis's
+    ``[--option value]`` groups opened and ``,...`` dropped."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    lines = [line.strip() for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+             for line in block.splitlines()]
+    return [re.sub(r"\s+#.*$", "", line).replace("[", "").replace("]", "").replace(",...", "")
+            for line in lines if line.startswith("irt-engine ")]
+
+
+def test_every_command_the_readme_shows_parses():
+    """The README's commands name subcommands and options the parser has, with values it
+    takes (``subset --ability -1,2`` was refused by argparse before its value was joined on)."""
+    import shlex
+
+    from engine.cli import _join_signed_ranges, build_parser
+
+    commands = _readme_commands()
+    assert len(commands) >= 30 and any(c.startswith("irt-engine subset") for c in commands)
+    for command in commands:
+        try:
+            build_parser().parse_args(_join_signed_ranges(shlex.split(command)[1:]))
+        except SystemExit as exit_:
+            pytest.fail(f"README: {command!r} does not parse (exit {exit_.code})")

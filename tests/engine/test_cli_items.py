@@ -87,3 +87,12 @@ def test_subset_command_reports_tau_against_random(lsat_run, capsys):
     assert "subset size 9" in capsys.readouterr().err
     assert main(["subset", str(lsat_run / "r"), "--size", "2", "--ability", "2"]) == 2
     assert "LO,HI" in capsys.readouterr().err
+    # a range starting below zero, as the README and the error's example write it (argparse
+    # alone reads "-1,2" as an option): both spellings, the same subset
+    chosen = {}
+    for form in (["--ability", "-1,2"], ["--ability=-1,2"]):
+        out = lsat_run / f"subset{len(chosen)}.csv"
+        assert main(["subset", str(lsat_run / "r"), "--size", "2", "--random", "6", *form,
+                     "--out", str(out)]) == 0, capsys.readouterr().err
+        chosen[form[-1]] = pd.read_csv(out)["item"].tolist()
+    assert chosen["-1,2"] == chosen["--ability=-1,2"] and len(chosen["-1,2"]) == 2
