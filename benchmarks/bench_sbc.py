@@ -178,10 +178,22 @@ def _nuts_ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int
     return out
 
 
-def chi_square(ranks: np.ndarray, num_draws: int, bins: int) -> tuple[float, float, list[int]]:
+MIN_PER_BIN = 5  # expected ranks a bin needs before the chi-square's p-value means anything
+
+
+def chi_square(ranks: np.ndarray, num_draws: int, bins: int) -> tuple[float | None, float | None, list[int]]:
+    """The ranks' histogram over ``bins`` equal bins and its chi-square statistic and p-value
+    against uniform; both None where a bin expects fewer than ``MIN_PER_BIN`` ranks (a row
+    of 1-3 replicates reads p 0.4-0.6 whatever its ranks)."""
     counts = np.histogram(ranks, bins=bins, range=(0, num_draws + 1))[0]
+    if len(ranks) < MIN_PER_BIN * bins:
+        return None, None, counts.tolist()
     stat, p = stats.chisquare(counts)
     return float(stat), float(p), counts.tolist()
+
+
+def _test_text(stat: float | None, p: float | None) -> str:
+    return "too few for chi2" if stat is None else f"chi2 {stat:.1f}, p {p:.2f}"
 
 
 def main() -> None:
@@ -256,11 +268,11 @@ def main() -> None:
                              **({"by_route": by_route} if by_route else {}),
                              **({"mean_steps": float(np.mean([r["mean_steps"] for r in reps]))}
                                 if args.method == "nuts" else {})})
-                print(f"{model} {shape} {block:34s} n={len(ranks):4d} chi2={stat:7.2f} "
-                      f"p={p:.3f} {counts}", flush=True)
+                print(f"{model} {shape} {block:34s} n={len(ranks):4d} {_test_text(stat, p)} "
+                      f"{counts}", flush=True)
                 for route, sub in by_route.items():  # under the row they split
-                    print(f"    {route:40s} n={sub['reps']:4d} chi2={sub['chi2']:7.2f} "
-                          f"{sub['counts']}", flush=True)
+                    print(f"    {route:40s} n={sub['reps']:4d} "
+                          f"{_test_text(sub['chi2'], sub['p'])} {sub['counts']}", flush=True)
     meta = {"method": args.method, "prior": args.prior, "ability_factor": args.ability_factor,
             **({"nuts": {"chains": 2, "warmup": args.nuts_warmup, "samples": args.nuts_samples,
                          "noncentred_below": args.nuts_noncentred_below,
@@ -284,10 +296,13 @@ def _plot(rows: list[dict], path: str) -> None:
     for ax in axes.flat[len(rows):]:
         ax.axis("off")
     for ax, r in zip(axes.flat, rows):
+        # files written before the rule carry a statistic for every row
+        test = (None, None) if r["reps"] < MIN_PER_BIN * len(r["counts"]) else (r["chi2"], r["p"])
         ax.bar(range(len(r["counts"])), r["counts"], color="#4a78b5")
         ax.axhline(r["reps"] / len(r["counts"]), color="k", lw=0.8)
         ax.set_title(f"{r['model']} {r['shape']}\n{r['block']}\n"
-                     f"chi2 {r['chi2']:.1f}, p {r['p']:.2f}", fontsize=7, parse_math=False)
+                     f"n {r['reps']}, {_test_text(*test)}", fontsize=7,
+                     parse_math=False)
         ax.set_xticks([])
     fig.tight_layout()
     fig.savefig(path, dpi=110)
