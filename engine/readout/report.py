@@ -47,6 +47,17 @@ def _literal(fn):
     return wrapped
 
 
+def plot_label(name, width: int) -> str:
+    """``name`` in at most ``width`` characters for a plot's tick: a longer one keeps its
+    start and end about an ellipsis, since ids of one family often differ only at the end
+    (checkpoints ``...-1M-1_best``, ``...-1M-2_best``), which cutting the end would hide."""
+    text = str(name)
+    if len(text) <= width:
+        return text
+    tail = (width - 1) // 2
+    return f"{text[:width - 1 - tail]}\u2026{text[len(text) - tail:]}"
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -61,7 +72,7 @@ def _leaderboard_plot(board: pd.DataFrame) -> bytes:
     y = np.arange(len(b))
     ax.errorbar(b["ability_mean"], y, xerr=[b["ability_mean"] - b["ability_q05"], b["ability_q95"] - b["ability_mean"]],
                 fmt="o", ms=3, lw=1, capsize=2)
-    ax.set_yticks(y, [str(s)[:32] for s in b["subject"]], fontsize=7)
+    ax.set_yticks(y, [plot_label(s, 32) for s in b["subject"]], fontsize=7)
     ax.set_xlabel("ability (posterior mean, 90% interval)")
     ax.set_title(f"leaderboard (top {len(b)} of {len(board)})")
     return _png(fig)
@@ -76,7 +87,7 @@ def _heatmap(p_beats: np.ndarray, board: pd.DataFrame, index: dict) -> bytes:
     size = 3.0 + 0.22 * len(order)
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
     im = ax.imshow(m, vmin=0, vmax=1, cmap="RdBu_r")
-    labels = [str(s)[:24] for s in top]
+    labels = [plot_label(s, 24) for s in top]
     ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=7)
     ax.set_yticks(range(len(order)), labels, fontsize=7)
     if len(order) <= 15:  # few enough to print each probability
@@ -129,7 +140,7 @@ def _icc_plot(run, chosen: np.ndarray) -> bytes:
     p = bank.subset(chosen).prob(grid)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for k, j in enumerate(chosen):
-        ax.plot(grid, p[:, k], label=f"{str(run.items['item'].iloc[j])[:30]} (difficulty {diff[k]:+.2f})")
+        ax.plot(grid, p[:, k], label=f"{plot_label(run.items['item'].iloc[j], 30)} (difficulty {diff[k]:+.2f})")
     ax.plot(ability, np.zeros_like(ability), "|", color="k", ms=10, label="subjects' abilities")
     ax.set_xlabel("ability")
     ax.set_ylabel("P(correct)")

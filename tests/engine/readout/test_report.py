@@ -13,7 +13,8 @@ import pytest
 
 from engine.cli import main
 from engine.readout.items import FLAG_THRESHOLD, item_flags
-from engine.readout.report import MAX_HEAT, _heatmap, _leaderboard_plot, spread_items, write_report
+from engine.readout.report import (MAX_HEAT, _heatmap, _leaderboard_plot, plot_label, spread_items,
+                                   write_report)
 
 from _item_runs import fit_run, simulate_2pl
 
@@ -103,6 +104,23 @@ def test_ids_are_drawn_as_literal_text():
     assert _leaderboard_plot(board)[:4] == b"\x89PNG"
     p = np.array([[0.5, 0.9, 0.99], [0.1, 0.5, 0.8], [0.01, 0.2, 0.5]])
     assert _heatmap(p, board, {s: k for k, s in enumerate(board["subject"])})[:4] == b"\x89PNG"
+
+
+def test_long_ids_keep_their_ends_on_the_plots():
+    """The NLU leaderboard's checkpoints differ only at the end of ids longer than the
+    heat map's 24 characters: cut at the end, three read "roberta-med-small-1M-x_b"
+    apart only by one digit, and ids differing later read alike. Kept at both ends about
+    an ellipsis, they stay apart; short ids are drawn whole."""
+    ids = [f"roberta-med-small-1M-{k}_best" for k in (1, 2, 3)] + \
+          [f"a-family-of-checkpoints-at-step-{k}" for k in (1000, 2000)]
+    for width in (24, 30, 32):
+        labels = [plot_label(i, width) for i in ids]
+        assert all(len(label) <= width for label in labels)
+        assert len(set(labels)) == len(ids), labels
+        assert all(label.startswith(i[:8]) and label.endswith(i[-6:]) for i, label in zip(ids, labels))
+    assert len({i[:24] for i in ids}) < len(ids)  # what the end cut drew
+    assert plot_label("roberta-large_best", 24) == "roberta-large_best"
+    assert plot_label(17, 24) == "17"
 
 
 def test_large_leaderboard_heat_map_shows_the_top_with_a_note(tmp_path):
