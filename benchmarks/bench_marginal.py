@@ -153,7 +153,8 @@ def _agreement(res, ref: dict, constant: np.ndarray | None = None) -> dict:
     items every subject answered alike also on their own, under ``<block>:constant``."""
     out = {}
     sds = _scales(res)
-    for block in ("ability", "difficulty", "discrimination"):
+    blocks = ["ability"] + [p.name for p in res.spec.by_owner("item")]  # guessing, feasibility too
+    for block in blocks:
         if block not in ref:
             continue
         ref_loc, ref_sd = ref[block]
@@ -256,7 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nuts-samples", type=int, default=1000)
     ap.add_argument("--nuts-warmup", type=int, default=500)
     ap.add_argument("--nuts-chains", type=int, default=4)
-    ap.add_argument("--model", default="2pl", choices=["1pl", "2pl"])
+    ap.add_argument("--model", default="2pl", choices=["1pl", "2pl", "3pl", "4pl", "feas"],
+                    help="3pl, 4pl, feas: on real data (lsat7, nlu:..., openml:...); the "
+                         "simulated shapes are the 1PL's or 2PL's")
     ap.add_argument("--marginal-nuts", type=Path, default=None,
                     help="nuts_marginal.py's results, compared with the items as well")
     ap.add_argument("--prior", default="population", choices=["population", "vague", "hierarchical"])
