@@ -44,8 +44,10 @@ __all__ = ["ModelChoice", "parse_models", "split_holdout", "heldout_loglik_draws
            "write_comparison", "format_comparison", "COLUMNS"]
 
 COLUMNS = ("model", "heldout_loglik", "heldout_loglik_per_cell", "accuracy", "roc_auc", "macro_f1",
-           "ece", "brier", "elbo", "num_params", "passes", "converged", "wall_s", "num_train",
-           "num_heldout", "num_heldout_set_aside")
+           "ece", "brier", "elbo", "num_params", "passes", "converged", "fit_method", "wall_s",
+           "num_train", "num_heldout", "num_heldout_set_aside", "fit_note")
+# the fit's route as the table names it: abilities integrated out, or the mean-field fit
+_FIT_METHODS = {"quadrature": "quadrature", "gaussian": "mean-field"}
 _CHUNK = 1 << 14  # held-out cells evaluated together (times the number of draws)
 
 
@@ -323,10 +325,15 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
                                   num_items=y.shape[1], num_draws=num_draws,
                                   rng_key=jax.random.fold_in(jax.random.PRNGKey(seed), k),
                                   binary=binary)
+        factor = res.extra.get("ability_factor") or {}
         row = {"model": c.label, **predictive_metrics(log_pred, y_out, p1), "elbo": float(res.elbo),
                "num_params": _num_params(res.spec, res.guide), "passes": res.num_passes,
-               "converged": bool(res.converged), "wall_s": wall, "num_train": int(res.num_observed),
-               "num_heldout": int(len(y_out)), "num_heldout_set_aside": set_aside}
+               "converged": bool(res.converged), "fit_method": _FIT_METHODS.get(
+                   factor.get("method"), factor.get("method")), "wall_s": wall,
+               "num_train": int(res.num_observed), "num_heldout": int(len(y_out)),
+               "num_heldout_set_aside": set_aside,
+               # a default fit whose quadrature route gave up: the row is the mean-field fit's
+               "fit_note": factor.get("quadrature_not_converged", "")}
         rows.append(row)
         if progress_fn is not None:
             progress_fn(c.label, row)
@@ -355,8 +362,8 @@ def write_comparison(table: pd.DataFrame, out: str | Path) -> tuple[Path, Path]:
 
 def format_comparison(table: pd.DataFrame) -> str:
     """The comparison as a fixed-width text table."""
-    show = table.drop(columns=[c for c in ("num_train", "num_heldout", "num_heldout_set_aside")
-                               if c in table])
+    show = table.drop(columns=[c for c in ("num_train", "num_heldout", "num_heldout_set_aside",
+                                           "fit_note") if c in table])
     show = show.dropna(axis=1, how="all")
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         return show.to_string(index=False, float_format=lambda v: f"{v:.4g}")

@@ -365,9 +365,15 @@ def _compare_section(directory: Path | None) -> str:
     if not f.is_file():
         return f'<p class="note">no compare.parquet in {html.escape(str(directory))}</p>'
     table = pd.read_parquet(f).dropna(axis=1, how="all")
+    notes = "".join(  # a model whose default fit fell back to the mean-field fit
+        f'<p class="note">{html.escape(str(m))}: the quadrature fit (abilities integrated out) '
+        f'did not converge ({html.escape(str(why))}); its row scores the mean-field fit</p>'
+        for m, why in zip(table["model"], table.get("fit_note", [""] * len(table))) if why)
+    table = table.drop(columns=[c for c in ("fit_note",) if c in table])
     return (f'<p class="note">from {html.escape(str(f))}; held-out cells, best held-out '
             f'log-likelihood first</p>' +
-            table.to_html(index=False, float_format=lambda v: f"{v:.4g}", classes="compare", border=0))
+            table.to_html(index=False, float_format=lambda v: f"{v:.4g}", classes="compare",
+                          border=0) + notes)
 
 
 def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: str | Path | None = None,
