@@ -127,15 +127,20 @@ def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypa
     assert not forced.converged and diverged is not None
     assert diverged["at_pass"] - diverged["last_progress_pass"] >= patience
     assert diverged["best_pass"] >= diverged["last_progress_pass"]
+    assert diverged["flat_items"] > 0  # items without an sd: progress is a real gain
     # with the whole step halved up to ten times it creeps on by fractions of a nat and stops
     # at pass 100-280 (no progress from pass 70-250 on; the float rounding of XLA's threads
     # decides which; 212 under a floor that capped every indefinite information; 105 with its
-    # programs optimised from pass 21, 465 with them optimised throughout)
+    # programs optimised from pass 21, 465 with them optimised throughout); since a pass
+    # counts as progress only where it gains MarginalSettings.flat_progress (0.1 nats) while
+    # an item has no sd, at pass 182 (259 before, on the same machine)
     assert forced.num_passes == diverged["at_pass"] - 1 < 500  # short of max_iter's 500
     # the first passes' objective leaves out the items' volumes (``volume_from_pass``)
     assert [row["items_volume"] for row in forced.trace[:4]] == [False] * 3 + [True]
     elbos = [row["elbo"] for row in forced.trace if row["items_volume"]]
-    assert diverged["best_objective"] == max(elbos)
+    # the pass that stopped evaluated its objective, took no step and left no trace row:
+    # still creeping up, it can be the best
+    assert diverged["best_objective"] == max(elbos + [diverged["objective"]])
     # the items' and the hyper-parameters' EM steps are kept only where the objective does
     # not fall: before, single passes lost 25-135 nats here (pass 27: -5,899.7 -> -6,034.4),
     # and with the hyper-parameters' step checked, up to 10; now only the nodes' re-adaptation
