@@ -507,6 +507,7 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     from engine.errors import RunExistsError
     from engine.readout.compare import compare, format_comparison, parse_models, write_comparison
+    from engine.readout.leaderboard import fallback_notes
 
     q = None
     if args.q_matrix:
@@ -535,10 +536,8 @@ def cmd_compare(args) -> int:
           f"{table['num_heldout'].iloc[0]} cells held out ({args.holdout:g}, seed {args.seed}"
           f"{unscored}); best held-out log-likelihood first:")
     print(format_comparison(table))
-    for model, why in zip(table["model"], table["fit_note"]):
-        if why:  # auto's quadrature route gave up (NLU rte, 2PL: 41 s of 500 passes)
-            print(f"note: {model}: the quadrature fit (abilities integrated out) did not converge "
-                  f"({why}); its row scores the mean-field fit")
+    for note in fallback_notes(table):
+        print(f"note: {note}")
     if args.out:
         parquet, meta = write_comparison(table, args.out)
         print(f"wrote {parquet} and {meta}")

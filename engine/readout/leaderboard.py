@@ -19,7 +19,8 @@ from engine.terminal import escape_controls
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["leaderboard", "format_leaderboard", "rank_key", "table_columns", "fit_notes"]
+__all__ = ["leaderboard", "format_leaderboard", "rank_key", "table_columns", "fit_notes",
+           "fallback_notes"]
 
 
 def _is_arrow(table: Any) -> bool:
@@ -150,6 +151,15 @@ def format_leaderboard(board: pd.DataFrame) -> str:
         lines.append("score: the model's expected score averaged over the items (posterior mean and 90% "
                      "interval); ranks follow it")
     return "\n".join(lines)
+
+
+def fallback_notes(table) -> list[str]:
+    """One line per model of a ``compare`` table whose default fit's quadrature route gave
+    up, so that its row scores the mean-field fit (``fit_note``: why; NLU rte, 2PL: 41 s of
+    500 passes). A table written before the column has none."""
+    notes = table["fit_note"] if "fit_note" in table else [""] * len(table)
+    return [f"{model}: the quadrature fit (abilities integrated out) did not converge ({why}); "
+            f"its row scores the mean-field fit" for model, why in zip(table["model"], notes) if why]
 
 
 def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:

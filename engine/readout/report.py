@@ -29,7 +29,7 @@ from engine.atomic import atomic_write  # noqa: E402
 from engine.errors import SettingsError  # noqa: E402
 from engine.readout.items import (FLAG_THRESHOLD, SET_ASIDE_NOTE, item_bank, item_flags,  # noqa: E402
                                   review_order)
-from engine.readout.leaderboard import fit_notes, leaderboard  # noqa: E402
+from engine.readout.leaderboard import fallback_notes, fit_notes, leaderboard  # noqa: E402
 
 __all__ = ["write_report", "report_plots"]
 
@@ -365,10 +365,7 @@ def _compare_section(directory: Path | None) -> str:
     if not f.is_file():
         return f'<p class="note">no compare.parquet in {html.escape(str(directory))}</p>'
     table = pd.read_parquet(f).dropna(axis=1, how="all")
-    notes = "".join(  # a model whose default fit fell back to the mean-field fit
-        f'<p class="note">{html.escape(str(m))}: the quadrature fit (abilities integrated out) '
-        f'did not converge ({html.escape(str(why))}); its row scores the mean-field fit</p>'
-        for m, why in zip(table["model"], table.get("fit_note", [""] * len(table))) if why)
+    notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in fallback_notes(table))
     table = table.drop(columns=[c for c in ("fit_note",) if c in table])
     return (f'<p class="note">from {html.escape(str(f))}; held-out cells, best held-out '
             f'log-likelihood first</p>' +
