@@ -278,10 +278,19 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
             sampler = result.extra["quadrature"]["item_moments"].get("sampler") or {}
             if diverged and "started_at" in sampler:  # sampled from its best pass: not kept
                 why += f"; sampled from there, not kept: {sampler.get('because', 'not mixed')}"
-            factor = factor | {"method": "gaussian", "quadrature_not_converged": (
-                f"{why}; the mean-field fit was run instead"),
-                "quadrature_wall_s": round(compiles.wall_s, 3)}
-    if factor["method"] != "quadrature":  # fit_source counts its own compilation
+            sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items)
+            if sampled is not None:  # small enough to sample the exact posterior instead
+                result, d = sampled, sampled.extra["diagnostics"]
+                why += (f"; NUTS sampled the posterior instead ({d['num_chains']} chains x "
+                        f"{d['num_samples']} draws, R-hat {d['rhat_max']:.3f}"
+                        + ("" if result.converged else f" > {d['max_rhat']}: not converged")
+                        + ")")
+            else:
+                why += "; the mean-field fit was run instead"
+            factor = factor | {"method": "nuts" if sampled is not None else "gaussian",
+                               "quadrature_not_converged": why,
+                               "quadrature_wall_s": round(compiles.wall_s, 3)}
+    if factor["method"] == "gaussian":  # fit_source counts its own compilation
         result = fit_source(spec, source, settings, init=init, frozen=frozen,
                             progress_fn=progress_fn, checkpointer=checkpointer, resume=resume)
         if y is not None and _one_scalar_ability(spec) and not frozen:
@@ -310,7 +319,7 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
     SettingsError : the matrix needs more memory than the budget (NUTS holds it whole).
     ModelError : the model has no continuous parameters, or reads another response kind.
     """
-    from engine.infer.nuts import NutsSettings, check_nuts_memory, nuts_fit_result
+    from engine.infer.nuts import NutsSettings, check_nuts_memory
 
     use_compilation_cache()
     settings = settings or NutsSettings()
@@ -326,15 +335,43 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
     spec, options = resolve_model(model, options, y, info.get("kind"))
     if info["kind"] != "binary":
         info["boundary"] = boundary_counts(y)
-    stats = response_stats(y)
+    result = _sample_nuts(spec, y, response_stats(y), info, settings, subjects, items)
+    result.extra.update(model=model, model_options=options)
+    return result
+
+
+def _sample_nuts(spec, y, stats: dict, info: dict, settings, subjects, items) -> FitResult:
+    """NUTS on responses ``y`` held in memory (:func:`fit_nuts`' sampling, and ``auto``'s
+    fallback where the quadrature fit does not converge); ``info`` gains the count of items
+    set aside (fixed vague priors only: :func:`nuts_responses`)."""
+    from engine.infer.nuts import nuts_fit_result
+
     y_fit = nuts_responses(y, stats, info["kind"], spec)
     if y_fit is not y:  # counted from the items' statistics, not another pass over y
         info["constant_items"] = int(_constant_items(y, stats, info["kind"], spec,
                                                      frozenset()).sum())
     result = nuts_fit_result(spec, y_fit, settings, subjects=subjects, items=items)
-    result.extra.update(model=model, model_options=options, subjects=subjects, items=items,
-                        stats=stats, data=info)
+    result.extra.update(subjects=subjects, items=items, stats=stats, data=info)
     return result
+
+
+def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subjects,
+                   items) -> FitResult | None:
+    """``auto``'s fallback where the quadrature fit ends unconverged: NUTS at its default
+    settings (the seed and memory budget the fit's) where the matrix has at most
+    ``settings.nuts_fallback_max_cells`` observed cells and NUTS fits the memory budget;
+    ``None`` otherwise (the mean-field fit is run). On the 18-subject NLU rte leaderboard
+    the mean-field fit's intervals were 0.46-0.77 of NUTS's sds (BENCHMARKS.md)."""
+    from engine.infer.nuts import NutsSettings, nuts_memory_bytes
+
+    observed = int(stats["item_n"].sum())
+    if y is None or observed > settings.nuts_fallback_max_cells:
+        return None
+    nuts = NutsSettings(seed=settings.seed, memory_budget=settings.memory_budget)
+    budget = settings.memory_budget or default_memory_budget()
+    if nuts_memory_bytes(spec, *y.shape, nuts) > budget:
+        return None
+    return _sample_nuts(spec, y, stats, dict(info), nuts, subjects, items)
 
 
 def _one_scalar_ability(spec) -> bool:

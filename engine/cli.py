@@ -170,9 +170,13 @@ def _fit_and_save(store_path, out, args) -> "object":
     # The run directory holds at most this fit's checkpoint now: replace it with the run.
     run = save_run(res, out, num_draws=args.draws, top_k=args.top_k, seed=args.seed,
                    overwrite=True)
-    status = "converged" if res.converged else "NOT converged (raise --max-passes)"
-    print(f"{args.model} fit {status} in {res.num_passes} passes, {res.wall_time_s:.1f} s "
-          f"({res.num_observed * res.num_passes / res.wall_time_s:.3g} cells/s); ELBO {res.elbo:.6g}")
+    if "diagnostics" in res.extra:  # auto's fallback on a small matrix: NUTS's draws
+        print(_nuts_status(args.model, res, "fit --method nuts --warmup/--samples"))
+    else:
+        status = "converged" if res.converged else "NOT converged (raise --max-passes)"
+        print(f"{args.model} fit {status} in {res.num_passes} passes, {res.wall_time_s:.1f} s "
+              f"({res.num_observed * res.num_passes / res.wall_time_s:.3g} cells/s); ELBO "
+              f"{res.elbo:.6g}")
     inflation = res.extra["model_options"].get("inflation")
     if inflation not in (None, "none"):
         print(f"exact boundary values {res.extra['data'].get('boundary')}: fitted with "
@@ -244,15 +248,20 @@ def _nuts_and_save(args) -> None:
                    signed_discrimination=args.signed_discrimination,
                    model_options=_skill_options(args.store, args))
     run = save_run(res, out, top_k=args.top_k, seed=args.seed, overwrite=args.overwrite)
+    print(_nuts_status(args.model, res, "--warmup/--samples"))
+    print(f"wrote {run.path} (draws in draws.nc, ArviZ)")
+
+
+def _nuts_status(model: str, res, remedy: str) -> str:
+    """One line on a NUTS result: converged or not by the R-hat rule, ``remedy`` if not."""
     d = res.extra["diagnostics"]
     status = "converged" if res.converged else (
-        f"NOT converged (R-hat {d['rhat_max']:.3f} > {d['max_rhat']}: raise --warmup/--samples)")
-    print(f"{args.model} NUTS {status}: {d['num_chains']} chains x {d['num_samples']} draws in "
-          f"{res.wall_time_s:.1f} s; min bulk ESS {d['ess_bulk_min']:.0f} "
-          f"({d['ess_bulk_min_per_s']:.3g}/s), {d['divergences']} divergences" + (
-              f"; posterior sds to within {100 * d['mcse_sd_rel_max']:.0f}% (Monte Carlo error; "
-              f"raise --samples to narrow)" if math.isfinite(d["mcse_sd_rel_max"]) else ""))
-    print(f"wrote {run.path} (draws in draws.nc, ArviZ)")
+        f"NOT converged (R-hat {d['rhat_max']:.3f} > {d['max_rhat']}: raise {remedy})")
+    return (f"{model} NUTS {status}: {d['num_chains']} chains x {d['num_samples']} draws in "
+            f"{res.wall_time_s:.1f} s; min bulk ESS {d['ess_bulk_min']:.0f} "
+            f"({d['ess_bulk_min_per_s']:.3g}/s), {d['divergences']} divergences" + (
+                f"; posterior sds to within {100 * d['mcse_sd_rel_max']:.0f}% (Monte Carlo error; "
+                f"raise --samples to narrow)" if math.isfinite(d["mcse_sd_rel_max"]) else ""))
 
 
 def _scalar_subjects(run_dir):

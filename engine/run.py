@@ -187,7 +187,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "elbo_trace": res.trace,
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
-                        "item_intervals": _quadrature_intervals(res.extra["quadrature"])
+                        "item_intervals": "posterior draws (NUTS)" if res.draws else
+                        _quadrature_intervals(res.extra["quadrature"])
                         if "quadrature" in res.extra else
                         "within-item marginal (linear response)" if res.cross else "mean-field"},
             "versions": _versions(),

@@ -59,6 +59,16 @@ def _frozen_init(run: Run, item_idx: np.ndarray | None) -> tuple[GuideState, fro
     return GuideState(loc, log_scale), frozenset(frozen)
 
 
+def _run_settings(run: Run) -> FitSettings:
+    """The fit settings a frozen refit against ``run`` takes: the run's own; for a run NUTS
+    sampled (``fit --method nuts``, or ``auto``'s fallback on a small matrix), whose
+    settings are the sampler's, the defaults with its seed and memory budget."""
+    saved = run.info["settings"]
+    if run.info.get("method") == "nuts":
+        return FitSettings(seed=saved.get("seed", 0), memory_budget=saved.get("memory_budget"))
+    return FitSettings.from_dict(saved).replace(progress=False)
+
+
 def _grid_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitResult:
     """The grid update packaged as a frozen fit's result: one pass over ``y``."""
     t0 = time.perf_counter()
@@ -69,7 +79,7 @@ def _grid_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitRe
     wall = time.perf_counter() - t0
     trace = [{"pass": 1, "elbo": float(np.sum(info["log_normalizer"])), "seconds": wall}]
     trace[0]["elbo_smooth"] = trace[0]["elbo"]
-    settings = FitSettings.from_dict(run.info["settings"]).replace(progress=False)
+    settings = _run_settings(run)
     return FitResult(run.spec, guide, settings, trace, True, wall, 0.0, y.shape[0], y.shape[1],
                      int((y >= 0).sum()), 1, tuple(sorted(frozen)),
                      {"method": "grid", "grid": list(info["grid"]), "widened": info["widened"],
@@ -117,7 +127,7 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
     if method in ("grid", "auto") and applies:
         return _grid_result(run, y, item_idx, grid)
     if settings is None:
-        settings = FitSettings.from_dict(run.info["settings"]).replace(progress=False)
+        settings = _run_settings(run)
     init, frozen = _frozen_init(run, item_idx)
     options = dict(run.info["model_options"])
     prior = options.pop("prior", "vague")

@@ -128,6 +128,14 @@ class FitSettings:
     quadrature_max_items : the ``auto`` switch's bound on responses per subject.
     quadrature_max_cells : the ``auto`` switch's bound on observed cells (the quadrature fit
         costs tens of times a mean-field pass per cell; BENCHMARKS.md, "Default fit").
+    nuts_fallback_max_cells : where ``auto``'s quadrature fit ends unconverged, a matrix with
+        at most this many observed cells is sampled by NUTS (the exact reference, at
+        :class:`engine.infer.nuts.NutsSettings`' defaults) instead of fitted mean-field, whose
+        intervals are too narrow there (18-subject NLU rte, 2PL: 0.46-0.77 of NUTS's sds);
+        0 always runs the mean-field fit. fit.json ``ability_factor.method`` says which ran.
+        The bound keeps NUTS's cost near the failed quadrature fit's: rte's 2,502 cells took
+        15-25 s at NUTS's defaults on 2 cores, OpenML Bioresponse's 9,519 took 109 s and its
+        chains did not mix (R-hat 1.8: a posterior with heavy tails in the discriminations).
     bucket_shapes : pad a matrix held in memory in one tile with missing cells to bucketed
         sizes (``engine.infer.fit.bucket_size``), so data sets of similar shape share compiled
         programs; the padding takes no part in the fit.
@@ -156,6 +164,7 @@ class FitSettings:
     ability_factor: str = "auto"
     quadrature_max_items: int = 1000
     quadrature_max_cells: int = 500_000
+    nuts_fallback_max_cells: int = 5_000
     bucket_shapes: bool = True
 
     def for_model(self, spec) -> "FitSettings":
@@ -201,7 +210,7 @@ class FitSettings:
             raise SettingsError(f"max_block_cells must be >= 1, or 0 for automatic, got "
                                 f"{self.max_block_cells}")
         for name in ("checkpoint_every", "prefetch", "unbiased_after", "mc_draws",
-                     "quadrature_max_items", "quadrature_max_cells"):
+                     "quadrature_max_items", "quadrature_max_cells", "nuts_fallback_max_cells"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.memory_budget is not None and self.memory_budget < 1:

@@ -47,7 +47,7 @@ COLUMNS = ("model", "heldout_loglik", "heldout_loglik_per_cell", "accuracy", "ro
            "ece", "brier", "elbo", "num_params", "passes", "converged", "fit_method", "wall_s",
            "num_train", "num_heldout", "num_heldout_set_aside", "fit_note")
 # the fit's route as the table names it: abilities integrated out, or the mean-field fit
-_FIT_METHODS = {"quadrature": "quadrature", "gaussian": "mean-field"}
+_FIT_METHODS = {"quadrature": "quadrature", "gaussian": "mean-field", "nuts": "nuts"}
 _CHUNK = 1 << 14  # held-out cells evaluated together (times the number of draws)
 
 

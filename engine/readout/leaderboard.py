@@ -155,11 +155,13 @@ def format_leaderboard(board: pd.DataFrame) -> str:
 
 def fallback_notes(table) -> list[str]:
     """One line per model of a ``compare`` table whose default fit's quadrature route gave
-    up, so that its row scores the mean-field fit (``fit_note``: why; NLU rte, 2PL: 41 s of
-    500 passes). A table written before the column has none."""
+    up, so that its row scores the mean-field fit, or NUTS's on a small matrix (``fit_note``:
+    why; NLU rte, 2PL: 41 s of 500 passes). A table written before the column has none."""
     notes = table["fit_note"] if "fit_note" in table else [""] * len(table)
+    methods = table["fit_method"] if "fit_method" in table else ["mean-field"] * len(table)
     return [f"{model}: the quadrature fit (abilities integrated out) did not converge ({why}); "
-            f"its row scores the mean-field fit" for model, why in zip(table["model"], notes) if why]
+            f"its row scores the {'NUTS' if method == 'nuts' else 'mean-field'} fit"
+            for model, why, method in zip(table["model"], notes, methods) if why]
 
 
 def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:
@@ -167,17 +169,23 @@ def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:
     fit.json ``info``: a fit that did not converge, and a default (``auto``) fit whose
     quadrature route did not converge, so that the board holds the mean-field fit's
     intervals (on the 18-subject NLU rte leaderboard, 2PL, 0.46-0.77 of NUTS's sds;
-    BENCHMARKS.md). ``convergence``: include the first (the fit command says it already)."""
+    BENCHMARKS.md) or, on a small matrix, NUTS's draws. ``convergence``: include the first
+    (the fit command says it already)."""
     notes = []
     factor = info.get("ability_factor") or {}
     if factor.get("quadrature_not_converged"):
         spent = factor.get("quadrature_wall_s")
-        notes.append("note: the quadrature fit (abilities integrated out) did not converge"
-                     + (f" in {spent:.1f} s" if isinstance(spent, (int, float)) else "")
-                     + "; these are the mean-field fit's intervals, which can be narrower than "
-                     "the posterior's where subjects are few (fit.json "
-                     "ability_factor.quadrature_not_converged says why); `irt-engine fit "
-                     "--method nuts` samples the exact posterior")
+        head = ("note: the quadrature fit (abilities integrated out) did not converge"
+                + (f" in {spent:.1f} s" if isinstance(spent, (int, float)) else ""))
+        if factor.get("method") == "nuts":  # a small matrix: sampled instead
+            notes.append(head + "; NUTS sampled the posterior instead (fit.json "
+                         "ability_factor.quadrature_not_converged says why; its R-hat, ESS "
+                         "and divergences are fit.json's rhat_max, ess_bulk_min, divergences)")
+        else:
+            notes.append(head + "; these are the mean-field fit's intervals, which can be "
+                         "narrower than the posterior's where subjects are few (fit.json "
+                         "ability_factor.quadrature_not_converged says why); `irt-engine fit "
+                         "--method nuts` samples the exact posterior")
     if convergence and info.get("converged") is False:
         notes.append("note: the fit did not converge (fit.json `converged`): refit with more "
                      + ("--warmup/--samples (R-hat over "

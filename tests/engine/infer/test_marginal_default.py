@@ -66,10 +66,9 @@ def test_auto_falls_back_to_mean_field_when_quadrature_does_not_converge(monkeyp
         return fit_marginal_result(spec, y, fit_settings, replace(settings, max_iter=2), aside)
 
     monkeypatch.setattr(engine.api, "fit_marginal_result", two_iterations)
-    rng = np.random.default_rng(0)
-    theta, b = rng.normal(size=100), rng.normal(size=10)
-    y = (rng.random((100, 10)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
-    res = fit(y, "2pl", settings=FitSettings(seed=0, progress=False))
+    y = _two_iteration_data()
+    # 1,000 observed cells, one more than NUTS's fallback bound (sampled: the next test)
+    res = fit(y, "2pl", settings=FitSettings(seed=0, progress=False, nuts_fallback_max_cells=999))
     record = res.extra["ability_factor"]
     assert record["method"] == "gaussian" and "2 iterations" in record["quadrature_not_converged"]
     assert record["quadrature_wall_s"] > 0
@@ -86,6 +85,64 @@ def test_auto_falls_back_to_mean_field_when_quadrature_does_not_converge(monkeyp
     assert board[-2].startswith("tie: ") and len(board) == 2 + 100 + 2  # no other note
     forced = fit(y, "2pl", settings=FitSettings(seed=0, progress=False, ability_factor="quadrature"))
     assert forced.extra["ability_factor"]["method"] == "quadrature" and not forced.converged
+
+
+def _two_iteration_data():
+    rng = np.random.default_rng(0)
+    theta, b = rng.normal(size=100), rng.normal(size=10)
+    return (rng.random((100, 10)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(np.int8)
+
+
+def test_auto_samples_a_small_matrix_with_nuts_when_quadrature_does_not_converge(
+        monkeypatch, tmp_path, capsys):
+    """Within ``nuts_fallback_max_cells`` (here exactly at it) ``auto`` samples the exact
+    posterior with NUTS where the quadrature fit ends unconverged, rather than fitting the
+    mean-field posterior, whose intervals are too narrow on small leaderboards: the result
+    is ``fit_nuts``'s at the same seed, to the bit, and fit.json, the fit command and the
+    leaderboard say which ran and why."""
+    from dataclasses import replace
+
+    import engine.api
+    from engine.api import fit_nuts
+    from engine.cli import main
+    from engine.infer.marginal import MarginalSettings, fit_marginal_result
+    from engine.infer.nuts import NutsSettings
+    from engine.runfiles import read_info
+
+    def two_iterations(spec, y, fit_settings, settings=MarginalSettings(), aside=None):
+        return fit_marginal_result(spec, y, fit_settings, replace(settings, max_iter=2), aside)
+
+    monkeypatch.setattr(engine.api, "fit_marginal_result", two_iterations)
+    y = _two_iteration_data()
+    res = fit(y, "2pl", settings=FitSettings(seed=3, progress=False,
+                                             nuts_fallback_max_cells=1000))
+    record = res.extra["ability_factor"]
+    assert record["method"] == "nuts" and record["quadrature_wall_s"] > 0
+    d = res.extra["diagnostics"]
+    assert record["quadrature_not_converged"] == (
+        f"2 iterations; NUTS sampled the posterior instead (4 chains x 1000 draws, R-hat "
+        f"{d['rhat_max']:.3f}" + ("" if res.converged else f" > {d['max_rhat']}: not converged")
+        + ")")
+    assert res.converged == (d["rhat_max"] <= d["max_rhat"])
+    reference = fit_nuts(y, "2pl", NutsSettings(seed=3))
+    for name, draws in reference.draws.items():
+        np.testing.assert_array_equal(res.draws[name], draws)
+    rows = [",".join(["subject"] + [f"i{j}" for j in range(y.shape[1])])]
+    rows += [",".join([f"s{i}"] + [str(v) for v in row]) for i, row in enumerate(y)]
+    (tmp_path / "y.csv").write_text("\n".join(rows) + "\n")  # through the command line
+    assert main(["ingest", str(tmp_path / "y.csv"), "--out", str(tmp_path / "st")]) == 0
+    assert main(["fit", str(tmp_path / "st"), "--model", "2pl", "--seed", "3", "--quiet",
+                 "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "2pl NUTS " in out and "4 chains x 1000 draws" in out
+    info = read_info(tmp_path / "run")
+    assert info["method"] == "nuts" and info["ability_factor"]["method"] == "nuts"
+    assert info["readout"]["item_intervals"] == "posterior draws (NUTS)"
+    assert (tmp_path / "run" / "draws.nc").is_file()
+    assert main(["leaderboard", str(tmp_path / "run")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes[0].startswith("note: the quadrature fit (abilities integrated out) did not "
+                               "converge in ") and "NUTS sampled the posterior instead" in notes[0]
 
 
 OPENML = (Path(__file__).resolve().parents[3].parent / "shared" / "data" / "openml_classifiers"

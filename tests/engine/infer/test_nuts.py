@@ -197,6 +197,20 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path):
     # pairwise from the draws themselves
     a = ability.values.reshape(-1, 40)
     assert pairwise[0, 1] == pytest.approx((a[:, 0] > a[:, 1]).mean(), abs=1e-6)
+    assert info["readout"]["item_intervals"] == "posterior draws (NUTS)"  # not "mean-field"
+    # new subjects scored against the sampled items, on the grid and by a frozen refit (the
+    # run's settings are the sampler's: this failed with "unknown fit settings")
+    new = tmp_path / "new.csv"
+    pd.DataFrame(y[:2], index=["n0", "n1"], columns=[f"q{j}" for j in range(6)]).rename_axis(
+        "subject").to_csv(new)
+    for method in ("grid", "fit"):
+        assert main(["score", str(out), str(new), "--method", method,
+                     "--out", str(tmp_path / f"scored-{method}.csv")]) == 0
+        scored = pd.read_csv(tmp_path / f"scored-{method}.csv").set_index("subject")
+        # the same answers as s0 and s1: near their abilities (within a posterior sd)
+        for new_id, old_id in (("n0", 0), ("n1", 1)):
+            gap = abs(scored.loc[new_id, "ability_mean"] - subjects["ability_mean"][old_id])
+            assert gap < subjects["ability_sd"][old_id], (method, new_id, gap)
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

@@ -251,8 +251,9 @@ def test_a_model_whose_quadrature_fit_gave_up_is_named_under_the_table(store, tm
     """On NLU rte (18 x 139, 10% held out) the 2PL's quadrature fit ran 500 passes (41 s),
     did not converge, and its row scored the mean-field fit without a word. Here the
     quadrature fit's pass limit is lowered to 3 so that it gives up the same way: the table
-    names each row's fit, the command says which row fell back and why, and the report puts
-    that under its table, not in a column."""
+    names each row's fit (NUTS's here: 3,840 training cells are within
+    ``nuts_fallback_max_cells``), the command says which row fell back and why, and the
+    report puts that under its table, not in a column."""
     from functools import partial
 
     import engine.api
@@ -267,10 +268,11 @@ def test_a_model_whose_quadrature_fit_gave_up_is_named_under_the_table(store, tm
     text = capsys.readouterr().out
     table = pd.read_parquet(out / "compare.parquet")
     row = table.iloc[0]
-    assert row["fit_method"] == "mean-field" and row["fit_note"].startswith("3 iterations")
-    assert "note: 1pl: the quadrature fit (abilities integrated out) did not converge (3 " \
-           "iterations; the mean-field fit was run instead); its row scores the mean-field fit" in text
-    assert "fit_note" not in text and "mean-field" in text.split("note:")[0]  # the column, shown
+    assert row["fit_method"] == "nuts" and row["fit_note"].startswith(
+        "3 iterations; NUTS sampled the posterior instead (4 chains x 1000 draws, R-hat ")
+    assert ("note: 1pl: the quadrature fit (abilities integrated out) did not converge (" +
+            row["fit_note"] + "); its row scores the NUTS fit") in text
+    assert "fit_note" not in text and "nuts" in text.split("note:")[0]  # the column, shown
     page = _compare_section(out)
     assert "fit_note" not in page and "1pl: the quadrature fit" in page
     monkeypatch.undo()  # the default pass limit: the quadrature fit converges, nothing to say

@@ -26,3 +26,28 @@ def test_the_mean_field_fallback_is_named_with_its_cost_and_the_exact_alternativ
     older = {"converged": True, "ability_factor": {"method": "gaussian",
                                                    "quadrature_not_converged": "..."}}
     assert "did not converge;" in fit_notes(older)[0]  # a run written before the time was kept
+
+
+def test_the_nuts_fallback_is_named_and_not_called_mean_field():
+    info = {"converged": False, "method": "nuts", "max_rhat": 1.01, "ability_factor": {
+        "method": "nuts", "quadrature_wall_s": 20.2,
+        "quadrature_not_converged": "no progress from iteration 70 on, stopped at 100; NUTS "
+                                    "sampled the posterior instead (4 chains x 1000 draws, R-hat "
+                                    "1.023 > 1.01: not converged)"}}
+    fallback, unconverged = fit_notes(info)
+    assert "did not converge in 20.2 s; NUTS sampled the posterior instead" in fallback
+    assert "mean-field" not in fallback and "rhat_max" in fallback
+    assert "--warmup/--samples (R-hat over 1.01)" in unconverged
+
+
+def test_compare_names_the_fit_each_fallen_back_row_scores():
+    from engine.readout.leaderboard import fallback_notes
+
+    table = {"model": ["1pl", "2pl", "3pl"], "fit_method": ["mean-field", "nuts", "quadrature"],
+             "fit_note": ["3 iterations; the mean-field fit was run instead",
+                          "3 iterations; NUTS sampled the posterior instead (...)", ""]}
+    first, second = fallback_notes(table)
+    assert first.startswith("1pl: ") and first.endswith("its row scores the mean-field fit")
+    assert second.startswith("2pl: ") and second.endswith("its row scores the NUTS fit")
+    older = {"model": ["1pl"], "fit_note": ["3 iterations"]}  # written before fit_method
+    assert fallback_notes(older)[0].endswith("the mean-field fit")
