@@ -276,7 +276,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
             why = (f"no progress from iteration {diverged['last_progress_pass']} on, stopped "
                    f"at {diverged['at_pass']}" if diverged else f"{result.num_passes} iterations")
             sampler = result.extra["quadrature"]["item_moments"].get("sampler") or {}
-            if diverged and "started_at" in sampler:  # sampled from its best pass: not kept
+            if "started_at" in sampler:  # sampled from its best or last pass: not kept
                 why += f"; sampled from there, not kept: {sampler.get('because', 'not mixed')}"
             sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items)
             if sampled is not None:  # small enough to sample the exact posterior instead

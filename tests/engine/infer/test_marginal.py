@@ -836,7 +836,7 @@ def test_a_quickly_compiled_fit_that_runs_long_compiles_optimised_from_then_on(m
     monkeypatch.setattr(marginal, "_ONE_PROGRAM_CALLS", 4)
     y = _simulate(200, 6, 3)[0]
     spec = get_model("2pl", prior="population")
-    settings = MarginalSettings(quick_compile_passes=2, max_iter=6)
+    settings = MarginalSettings(quick_compile_passes=2, max_iter=6, sampler_chains=0)
     info = fit_marginal(spec, y, settings)[2]
     assert info["quick_compile"] is True and info["optimised_from_pass"] == 3
     quick = tuple(sorted(QUICK_COMPILE.items()))
@@ -844,10 +844,10 @@ def test_a_quickly_compiled_fit_that_runs_long_compiles_optimised_from_then_on(m
     assert [single for _, single in volumes[:4]] == [True] * 4
     assert len(volumes) > 4 and not any(single for _, single in volumes[4:])
     assert any(not with_grad for with_grad, _ in volumes[4:])
-    short = fit_marginal(spec, y, MarginalSettings(quick_compile_passes=500, max_iter=6))[2]
+    short = fit_marginal(spec, y, MarginalSettings(quick_compile_passes=500, max_iter=6, sampler_chains=0))[2]
     assert short["optimised_from_pass"] is None
     assert fit_marginal(spec, y, MarginalSettings(quick_compile_cells=0, quick_compile_passes=2,
-                                                  max_iter=6))[2]["optimised_from_pass"] is None
+                                                  max_iter=6, sampler_chains=0))[2]["optimised_from_pass"] is None
 
 
 def test_volume_route_is_read_from_the_cells_and_both_routes_fit_alike(monkeypatch):

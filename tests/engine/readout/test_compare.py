@@ -261,7 +261,7 @@ def test_a_model_whose_quadrature_fit_gave_up_is_named_under_the_table(store, tm
     from engine.readout.report import _compare_section
 
     monkeypatch.setattr(engine.api, "fit_marginal_result",
-                        partial(engine.api.fit_marginal_result, settings=MarginalSettings(max_iter=3)))
+                        partial(engine.api.fit_marginal_result, settings=MarginalSettings(max_iter=3, sampler_chains=0)))
     out = tmp_path / "cmp"
     assert main(["compare", str(store), "--models", "1pl", "--holdout", "0.2", "--out", str(out),
                  "--quiet", "--draws", "50"]) == 0
