@@ -198,11 +198,22 @@ def heldout_loglik_draws(spec: ModelSpec, draws: dict[str, np.ndarray], subject_
 
 def predictive(spec: ModelSpec, guide: GuideState, subject_idx: np.ndarray, item_idx: np.ndarray,
                y: np.ndarray, *, num_subjects: int, num_items: int, num_draws: int, rng_key,
-               binary: bool) -> tuple[np.ndarray, np.ndarray | None]:
+               binary: bool, sampled: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Posterior predictive ``log p(y_c | train)`` per held-out cell, and for binary data
-    the predictive ``P(y_c = 1)`` (both averaged over the same ``num_draws`` joint draws)."""
+    the predictive ``P(y_c = 1)`` (both averaged over the same ``num_draws`` joint draws).
+
+    ``sampled``: a sampler's constrained draws ``(chains, samples, *shape)`` per block
+    (``FitResult.draws``: NUTS), of which ``num_draws`` evenly spaced are used instead of
+    draws from the guide, whose normal approximation loses their tails."""
     names = tuple(p.name for p in spec.likelihood_params)
-    draws = draw_posterior(spec, guide, num_draws, rng_key=rng_key, names=names)
+    if sampled:
+        flat = {k: np.asarray(sampled[k]).reshape((-1,) + np.shape(sampled[k])[2:])
+                for k in names}
+        total = next(iter(flat.values())).shape[0]
+        keep = np.linspace(0, total - 1, min(num_draws, total)).round().astype(int)
+        draws, num_draws = {k: v[keep] for k, v in flat.items()}, len(keep)
+    else:
+        draws = draw_posterior(spec, guide, num_draws, rng_key=rng_key, names=names)
     kw = dict(num_subjects=num_subjects, num_items=num_items)
     ll = heldout_loglik_draws(spec, draws, subject_idx, item_idx, y, **kw)
     log_pred = logsumexp(ll, axis=0) - np.log(num_draws)
@@ -324,7 +335,7 @@ def compare(data, models: str | Sequence[str] | Sequence[ModelChoice], holdout: 
         log_pred, p1 = predictive(res.spec, res.guide, s_idx, i_idx, y_out, num_subjects=y.shape[0],
                                   num_items=y.shape[1], num_draws=num_draws,
                                   rng_key=jax.random.fold_in(jax.random.PRNGKey(seed), k),
-                                  binary=binary)
+                                  binary=binary, sampled=res.draws)
         factor = res.extra.get("ability_factor") or {}
         row = {"model": c.label, **predictive_metrics(log_pred, y_out, p1), "elbo": float(res.elbo),
                "num_params": _num_params(res.spec, res.guide), "passes": res.num_passes,

@@ -187,7 +187,9 @@ def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:
                          "ability_factor.quadrature_not_converged says why); `irt-engine fit "
                          "--method nuts` samples the exact posterior")
     if convergence and info.get("converged") is False:
-        notes.append("note: the fit did not converge (fit.json `converged`): refit with more "
+        fallback = factor.get("method") == "nuts"  # a default fit: the option is not given
+        notes.append("note: the fit did not converge (fit.json `converged`): refit with "
+                     + ("`fit --method nuts` and " if fallback else "") + "more "
                      + ("--warmup/--samples (R-hat over "
                         f"{info['max_rhat']})" if info.get("method") == "nuts" and "max_rhat" in info
                         else "--max-passes") + " before reading the board")

@@ -83,6 +83,18 @@ def test_heldout_loglik_and_predictive_match_scipy_bernoulli():
     plug_in = bernoulli.logpmf(y, expit(np.exp(loc["discrimination"][i]) *
                                         (loc["ability"][s] - loc["difficulty"][i])))
     assert np.abs(log_pred - plug_in).max() > 1e-3
+    # a sampler's own draws (chains, samples, ...), as NUTS keeps them, replace the guide's:
+    # 2 chains x 6 samples, 4 of them evenly spaced (the 1st, 5th, 8th and 12th)
+    chains = {k: rng.normal(0, 0.5, (2, 6) + v.shape[1:]).astype(np.float32)
+              for k, v in draws.items()}
+    chains["discrimination"] = np.exp(chains["discrimination"])
+    log_pred, p1 = predictive(spec, guide, s, i, y, num_subjects=S, num_items=N, num_draws=4,
+                              rng_key=key, binary=True, sampled=chains)
+    kept = {k: v.reshape((12,) + v.shape[2:])[[0, 4, 7, 11]] for k, v in chains.items()}
+    p = expit(kept["discrimination"][:, i] * (kept["ability"][:, s] - kept["difficulty"][:, i]))
+    np.testing.assert_allclose(log_pred, np.log(np.mean(bernoulli.pmf(y[None, :], p), axis=0)),
+                               rtol=1e-5)
+    np.testing.assert_allclose(p1, p.mean(axis=0), rtol=1e-5)
 
 
 def test_heldout_loglik_of_a_skill_model_uses_its_q_matrix():

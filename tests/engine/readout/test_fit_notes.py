@@ -37,7 +37,7 @@ def test_the_nuts_fallback_is_named_and_not_called_mean_field():
     fallback, unconverged = fit_notes(info)
     assert "did not converge in 20.2 s; NUTS sampled the posterior instead" in fallback
     assert "mean-field" not in fallback and "rhat_max" in fallback
-    assert "--warmup/--samples (R-hat over 1.01)" in unconverged
+    assert "refit with `fit --method nuts` and more --warmup/--samples (R-hat over 1.01)" in unconverged
 
 
 def test_compare_names_the_fit_each_fallen_back_row_scores():
