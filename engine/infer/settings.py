@@ -134,7 +134,7 @@ class FitSettings:
         intervals are too narrow there (18-subject NLU rte, 2PL: 0.46-0.77 of NUTS's sds);
         0 always runs the mean-field fit. fit.json ``ability_factor.method`` says which ran.
         The bound keeps NUTS's cost near the failed quadrature fit's: rte's 2,502 cells took
-        15-25 s at NUTS's defaults on 2 cores, OpenML Bioresponse's 9,519 took 109 s and its
+        13-25 s at NUTS's defaults on 2 cores, OpenML Bioresponse's 9,519 took 109 s and its
         chains did not mix (R-hat 1.8: a posterior with heavy tails in the discriminations).
     bucket_shapes : pad a matrix held in memory in one tile with missing cells to bucketed
         sizes (``engine.infer.fit.bucket_size``), so data sets of similar shape share compiled
