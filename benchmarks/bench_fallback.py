@@ -25,24 +25,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
-OPENML = Path("/work/shared/data/openml_classifiers/responses_items_x_subjects.parquet")
-NLU = Path("/work/shared/data/nlu/responses_items_x_subjects.parquet")
-
-
-def load(name: str) -> np.ndarray:
-    """``nlu:<test set>`` or ``openml:<data set>`` as an int8 subjects x items matrix."""
-    import pandas as pd
-
-    source, _, dataset = name.partition(":")
-    if source == "nlu":
-        df = pd.read_parquet(NLU)
-        cols = [c for c in df.columns if c.endswith("_best")]
-        return df[df["dataset"] == dataset][cols].to_numpy().T.astype(np.int8)
-    if source == "openml":
-        df = pd.read_parquet(OPENML)
-        return df[df["dataset"] == dataset].iloc[:, 3:].to_numpy().T.astype(np.int8)
-    raise SystemExit(f"--data {name!r}: use nlu:<test set> or openml:<data set>")
+from bench_marginal import _load as load  # noqa: E402  nlu:<test set>, openml:<data set>
 
 
 def measure(name: str, holdout: float, seed: int) -> dict:
