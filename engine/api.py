@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -278,7 +279,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
             sampler = result.extra["quadrature"]["item_moments"].get("sampler") or {}
             if "started_at" in sampler:  # sampled from its best or last pass: not kept
                 why += f"; sampled from there, not kept: {sampler.get('because', 'not mixed')}"
-            sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items)
+            sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items, why)
             if sampled is not None:  # small enough to sample the exact posterior instead
                 result, d = sampled, sampled.extra["diagnostics"]
                 why += (f"; NUTS sampled the posterior instead ({d['num_chains']} chains x "
@@ -356,12 +357,14 @@ def _sample_nuts(spec, y, stats: dict, info: dict, settings, subjects, items) ->
 
 
 def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subjects,
-                   items) -> FitResult | None:
+                   items, why: str = "") -> FitResult | None:
     """``auto``'s fallback where the quadrature fit ends unconverged: NUTS at its default
     settings (the seed and memory budget the fit's) where the matrix has at most
     ``settings.nuts_fallback_max_cells`` observed cells and NUTS fits the memory budget;
     ``None`` otherwise (the mean-field fit is run). On the 18-subject NLU rte leaderboard
-    the mean-field fit's intervals were 0.46-0.77 of NUTS's sds (BENCHMARKS.md)."""
+    the mean-field fit's intervals were 0.46-0.77 of NUTS's sds (BENCHMARKS.md). With
+    ``settings.progress`` a line on stderr says so before the sampler starts: it runs as one
+    program (15-100 s on the small leaderboards measured) and shows nothing while it runs."""
     from engine.infer.nuts import NutsSettings, nuts_memory_bytes
 
     observed = int(stats["item_n"].sum())
@@ -371,6 +374,11 @@ def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subj
     budget = settings.memory_budget or default_memory_budget()
     if nuts_memory_bytes(spec, *y.shape, nuts) > budget:
         return None
+    if settings.progress:
+        print(f"the quadrature fit did not converge ({why}); sampling the posterior with "
+              f"NUTS instead: {nuts.num_chains} chains x ({nuts.num_warmup} warm-up + "
+              f"{nuts.num_samples} draws) over {observed:,} cells, no progress shown while "
+              f"it runs", file=sys.stderr, flush=True)
     return _sample_nuts(spec, y, stats, dict(info), nuts, subjects, items)
 
 

@@ -132,10 +132,15 @@ def test_auto_samples_a_small_matrix_with_nuts_when_quadrature_does_not_converge
     rows += [",".join([f"s{i}"] + [str(v) for v in row]) for i, row in enumerate(y)]
     (tmp_path / "y.csv").write_text("\n".join(rows) + "\n")  # through the command line
     assert main(["ingest", str(tmp_path / "y.csv"), "--out", str(tmp_path / "st")]) == 0
-    assert main(["fit", str(tmp_path / "st"), "--model", "2pl", "--seed", "3", "--quiet",
+    capsys.readouterr()
+    assert main(["fit", str(tmp_path / "st"), "--model", "2pl", "--seed", "3",
                  "--out", str(tmp_path / "run")]) == 0
-    out = capsys.readouterr().out
-    assert "2pl NUTS " in out and "4 chains x 1000 draws" in out
+    said = capsys.readouterr()
+    assert "2pl NUTS " in said.out and "4 chains x 1000 draws" in said.out
+    # the sampler shows nothing while it runs: a line says what runs before it starts
+    assert ("the quadrature fit did not converge (2 iterations; sampled from there, not kept: "
+            "sampler_chains is 0); sampling the posterior with NUTS instead: 4 chains x (500 "
+            "warm-up + 1000 draws) over ") in said.err
     info = read_info(tmp_path / "run")
     assert info["method"] == "nuts" and info["ability_factor"]["method"] == "nuts"
     assert info["readout"]["item_intervals"] == "posterior draws (NUTS)"
