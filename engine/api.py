@@ -268,7 +268,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     if factor["method"] == "quadrature":  # abilities integrated out (engine.infer.marginal)
         with count_compiles() as compiles:
             aside = (np.flatnonzero(constant), y[:, constant]) if constant.any() else None
-            result = fit_marginal_result(spec, y_fit if constant.any() else y, settings, aside=aside)
+            result = fit_marginal_result(spec, y_fit if constant.any() else y, settings,
+                                         aside=aside, progress_fn=progress_fn)
         result.extra["compile"] = compiles.to_dict()
         if not result.converged and settings.ability_factor == "auto":
             # e.g. 2PL on 19 classifiers x 501 OpenML instances: the objective peaks near pass
@@ -375,10 +376,13 @@ def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subj
     if nuts_memory_bytes(spec, *y.shape, nuts) > budget:
         return None
     if settings.progress:
-        print(f"the quadrature fit did not converge ({why}); sampling the posterior with "
-              f"NUTS instead: {nuts.num_chains} chains x ({nuts.num_warmup} warm-up + "
-              f"{nuts.num_samples} draws) over {observed:,} cells, no progress shown while "
-              f"it runs", file=sys.stderr, flush=True)
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=sys.stderr):  # clear of a progress bar
+            print(f"the quadrature fit did not converge ({why}); sampling the posterior "
+                  f"with NUTS instead: {nuts.num_chains} chains x ({nuts.num_warmup} warm-up + "
+                  f"{nuts.num_samples} draws) over {observed:,} cells, no progress shown "
+                  f"while it runs", file=sys.stderr, flush=True)
     return _sample_nuts(spec, y, stats, dict(info), nuts, subjects, items)
 
 

@@ -70,7 +70,10 @@ def _settings(args):
     from engine.infer.settings import FitSettings, parse_bytes
 
     budget = getattr(args, "memory_budget", None)
+    # the command line sets no min_passes: a --max-passes under its default lowers it too
+    min_passes = min(FitSettings.min_passes, args.max_passes)
     return FitSettings(optimizer=args.optimizer, max_passes=args.max_passes, tol=args.tol,
+                       min_passes=min_passes,
                        seed=args.seed, num_devices=args.devices, progress=not args.quiet,
                        checkpoint_every=getattr(args, "checkpoint_every", 0),
                        mc_draws=getattr(args, "mc_draws", 0),
@@ -685,8 +688,11 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--optimizer", default="auto", choices=["auto", "newton", "adam"],
                    help="auto (default): the model's own (adam for gamma, else newton); "
                         "naming the other is refused")
-    p.add_argument("--max-passes", type=_POSITIVE, default=500)
-    p.add_argument("--tol", type=_TOL, default=1e-4, help="relative ELBO change to stop at")
+    p.add_argument("--max-passes", type=_POSITIVE, default=500,
+                   help="most passes over the data (the quadrature fit's EM iterations)")
+    p.add_argument("--tol", type=_TOL, default=1e-4,
+                   help="relative ELBO change to stop at (the mean-field fit; the quadrature "
+                        "fit stops on its own test, fit.json's quadrature.mode_converged)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--devices", type=_POSITIVE, default=None, help="local devices to use (default all)")
     p.add_argument("--draws", type=_POSITIVE, default=1000, help="joint posterior draws for ranks")

@@ -2045,9 +2045,11 @@ _QUICK_DRAW_CELLS = 1 << 25  # LSAT7's 4,000 draws x 32 patterns x 11 nodes x 5 
 
 def fit_marginal(spec: ModelSpec, y: np.ndarray,
                  settings: MarginalSettings = MarginalSettings(),
-                 aside: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[GuideState, dict, dict]:
+                 aside: tuple[np.ndarray, np.ndarray] | None = None,
+                 progress_fn: Callable | None = None) -> tuple[GuideState, dict, dict]:
     """:func:`_fit_marginal`, its programs compiled quickly where the quadrature grid is
-    small (``MarginalSettings.quick_compile_cells``; recorded as ``quick_compile``)."""
+    small (``MarginalSettings.quick_compile_cells``; recorded as ``quick_compile``).
+    ``progress_fn(pass_index, trace_row)`` is called after every pass of the mode search."""
     num_subjects, num_items = np.shape(y)
     cells = min(num_subjects, 2 ** min(num_items, 62)) * settings.num_nodes * num_items
     quick = cells <= settings.quick_compile_cells
@@ -2057,14 +2059,16 @@ def fit_marginal(spec: ModelSpec, y: np.ndarray,
         def optimise():  # XLA's own optimisation for the programs compiled from here on
             options.enter_context(compiler_options(None))
 
-        guide, cross, info = _fit_marginal(spec, y, settings, aside, quick, optimise)
+        guide, cross, info = _fit_marginal(spec, y, settings, aside, quick, optimise,
+                                           progress_fn)
     return guide, cross, info | {"quick_compile": quick}
 
 
 def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                   aside: tuple[np.ndarray, np.ndarray] | None,
                   quick: bool = False,
-                  optimise: Callable[[], None] = lambda: None) -> tuple[GuideState, dict, dict]:
+                  optimise: Callable[[], None] = lambda: None,
+                  progress_fn: Callable | None = None) -> tuple[GuideState, dict, dict]:
     """Fit ``spec`` to binary responses ``y`` (int8 ``(s, n)``, -1 missing) by marginal MAP.
 
     Each iteration takes the E-step (posterior weights on every pattern's nodes), then a
@@ -2269,6 +2273,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         trace.append({"pass": it + 1, "elbo": objective, "elbo_smooth": objective,
                       "max_step": full_step, "seconds": time.perf_counter() - t_it}
                      | ({"items_volume": vol_on} if hyper else {}))
+        if progress_fn is not None:
+            progress_fn(it, trace[-1])
         quad.adapt(theta, w)
         change = abs(objective - previous) if previous is not None else np.inf
         previous = objective
@@ -2457,17 +2463,23 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
 
 
 def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
-                        settings: MarginalSettings = MarginalSettings(), aside=None):
+                        settings: MarginalSettings | None = None, aside=None,
+                        progress_fn: Callable | None = None):
     """:func:`fit_marginal` as a :class:`~engine.infer.fit.FitResult` (the trace's ``elbo``
     is the marginal log posterior), for the same run directory and read-outs. ``aside``:
-    ``(columns, responses)`` of items set aside in ``y`` (see :func:`fit_marginal`)."""
+    ``(columns, responses)`` of items set aside in ``y`` (see :func:`fit_marginal`).
+    ``settings`` None: the defaults with ``fit_settings.max_passes`` as ``max_iter``, so
+    that ``--max-passes`` bounds the mode search as it bounds the mean-field fit."""
     from engine.infer.fit import FitResult
     from engine.memory import default_memory_budget
+
+    if settings is None:
+        settings = MarginalSettings(max_iter=fit_settings.max_passes)
 
     if not fit_settings.bucket_shapes:
         settings = replace(settings, bucket_patterns=False)
     settings, memory = within_budget(settings, fit_settings.memory_budget or default_memory_budget())
-    guide, cross, info = fit_marginal(spec, y, settings, aside)
+    guide, cross, info = fit_marginal(spec, y, settings, aside, progress_fn)
     y = np.asarray(y)
 
     def by_block(a):  # a sampled summary (m, n, k) as {block: (m, n)}; {} where not sampled

@@ -34,6 +34,19 @@ def test_bad_option_is_one_line_naming_it(argv, option, capsys, tmp_path, monkey
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+def test_max_passes_under_the_default_minimum_is_taken(tmp_path, capsys):
+    """``--max-passes 3`` fits three passes: the command line sets no ``min_passes``, whose
+    default (10) once made it an error naming a setting the user could not change."""
+    csv = tmp_path / "r.csv"
+    rows = [f"s{i}," + ",".join(str((i * 7 + j * 3) % 5 < 3) for j in range(6)) for i in range(40)]
+    csv.write_text("subject," + ",".join(f"i{j}" for j in range(6)) + "\n"
+                   + "\n".join(r.replace("True", "1").replace("False", "0") for r in rows) + "\n")
+    assert main(["ingest", str(csv), "--out", str(tmp_path / "s.zarr")]) == 0
+    assert main(["fit", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "run"), "--quiet",
+                 "--ability-factor", "gaussian", "--max-passes", "3"]) == 0
+    assert "in 3 passes" in capsys.readouterr().out
+
+
 def test_devices_above_those_present_is_a_clear_error(tmp_path):
     from engine.errors import SettingsError
     from engine.infer.parallel import num_local_devices

@@ -491,7 +491,7 @@ def test_asymptotes_stay_at_their_mode_under_pooled_priors(model, monkeypatch):
     import engine.api
     from engine.infer.marginal import _item_volume, fit_marginal_result
 
-    def mode_only(spec, y, fit_settings, settings=MarginalSettings(), aside=None):
+    def mode_only(spec, y, fit_settings, settings=MarginalSettings(), aside=None, **kw):
         settings = replace(settings, importance_max_params=0, laplace_draws=0)
         return fit_marginal_result(spec, y, fit_settings, settings, aside)
 

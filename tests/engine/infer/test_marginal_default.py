@@ -22,6 +22,22 @@ def test_default_integrates_abilities_on_a_short_test():
     assert factor["items_per_subject"] == 10 and "gaussian_because" not in factor
 
 
+def test_the_quadrature_fit_reports_each_pass_and_max_passes_bounds_it():
+    """The default fit's mode search calls ``progress_fn`` after every pass (the command
+    line's progress bar), and ``max_passes`` (``--max-passes``, which the command line names
+    as the remedy for an unconverged fit) bounds it as it bounds the mean-field fit: the
+    quadrature fit used to run its own 500 whatever was asked."""
+    seen = []
+    res = fit(_short_test(), "2pl", FitSettings(seed=0, progress=False),
+              progress_fn=lambda i, row: seen.append((i, row["elbo"])))
+    assert res.extra["ability_factor"]["method"] == "quadrature" and res.num_passes > 3
+    assert seen == [(i, row["elbo"]) for i, row in enumerate(res.trace)]
+    capped = fit(_short_test(), "2pl", FitSettings(seed=0, progress=False, max_passes=3,
+                                                   min_passes=1, ability_factor="quadrature"))
+    assert capped.num_passes == 3 and not capped.extra["quadrature"]["mode_converged"]
+    assert [r["elbo"] for r in capped.trace] == [r["elbo"] for r in res.trace[:3]]
+
+
 def test_variational_settings_keep_the_mean_field_fit():
     for settings in (FitSettings(optimizer="newton"), FitSettings(mc_draws=4)):
         factor = fit(_short_test(), "2pl", settings).extra["ability_factor"]
@@ -62,7 +78,7 @@ def test_auto_falls_back_to_mean_field_when_quadrature_does_not_converge(monkeyp
     from engine.infer.marginal import MarginalSettings, fit_marginal_result
     from engine.infer.settings import FitSettings
 
-    def two_iterations(spec, y, fit_settings, settings=MarginalSettings(), aside=None):
+    def two_iterations(spec, y, fit_settings, settings=MarginalSettings(), aside=None, **kw):
         return fit_marginal_result(spec, y, fit_settings, replace(settings, max_iter=2, sampler_chains=0), aside)
 
     monkeypatch.setattr(engine.api, "fit_marginal_result", two_iterations)
@@ -109,7 +125,7 @@ def test_auto_samples_a_small_matrix_with_nuts_when_quadrature_does_not_converge
     from engine.infer.nuts import NutsSettings
     from engine.runfiles import read_info
 
-    def two_iterations(spec, y, fit_settings, settings=MarginalSettings(), aside=None):
+    def two_iterations(spec, y, fit_settings, settings=MarginalSettings(), aside=None, **kw):
         return fit_marginal_result(spec, y, fit_settings, replace(settings, max_iter=2, sampler_chains=0), aside)
 
     monkeypatch.setattr(engine.api, "fit_marginal_result", two_iterations)
@@ -174,11 +190,11 @@ def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypa
 
     runs, real = {}, marginal.fit_marginal
 
-    def fit_marginal_once(spec, y, settings=MarginalSettings(), aside=None):
+    def fit_marginal_once(spec, y, settings=MarginalSettings(), aside=None, progress_fn=None):
         assert aside is None
         key = (spec.name, np.asarray(y).tobytes(), np.asarray(y).shape, settings)
         if key not in runs:
-            runs[key] = real(spec, y, settings, aside)
+            runs[key] = real(spec, y, settings, aside, progress_fn)
         return runs[key]
 
     monkeypatch.setattr(marginal, "fit_marginal", fit_marginal_once)
