@@ -388,8 +388,9 @@ def test_pooled_blocks_match_quadrature(noncentred):
 def test_default_standardises_only_few_entries_under_a_vague_location():
     """The default rule (``noncentred_below=None``): a pooled block is sampled standardised
     when it has fewer than 50 entries and its location's prior is vague (seed 003's
-    hierarchical family), never under the population family's proper hyper-priors, where
-    the blocks as they are sample faster (NutsSettings)."""
+    hierarchical family), and an item block when fewer than 30 subjects answer; otherwise
+    not under the population family's proper hyper-priors, where the blocks as they are
+    sample faster (NutsSettings)."""
     from engine.infer.nuts import pooled_blocks
 
     both = {"difficulty": ("mu_difficulty", "u_difficulty"),
@@ -399,6 +400,10 @@ def test_default_standardises_only_few_entries_under_a_vague_location():
     assert pooled_blocks(get_model("2pl", prior="population"), 1000, 5, None) == {}
     assert pooled_blocks(get_model("2pl", prior="population"), 1000, 5, 50) == both
     assert pooled_blocks(get_model("2pl", prior="vague"), 1000, 5, None) == {}
+    # fewer than 30 subjects: every pooled item block, each item's data weak against its pool
+    assert pooled_blocks(get_model("2pl", prior="population"), 29, 500, None) == both
+    assert pooled_blocks(get_model("2pl", prior="population"), 30, 500, None) == {}
+    assert pooled_blocks(get_model("2pl", prior="population"), 29, 500, 0) == {}  # asked: none
     assert NutsSettings().noncentred_below is None
     from engine.infer.nuts import _vague_location
     from engine.models.priors import log_gamma
