@@ -79,7 +79,7 @@ class NutsSettings:
         weak against its pool's prior, the funnel that standardising removes, and every
         pooled item block is standardised (2PL, 4 x 1,000 draws, R-hat / min bulk ESS as
         they are -> standardised: NLU rte 18 x 139 1.023 / 127 -> 1.004 / 661, OpenML kc2
-        19 x 221 1.161 / 19.5 -> 1.019 / 305, ilpd 19 x 248 1.377 / 9.4 -> 1.018 / 243; the
+        19 x 157 1.161 / 19.5 -> 1.019 / 305, ilpd 19 x 175 1.377 / 9.4 -> 1.018 / 243; the
         sampler's wall 1.4-1.7x); 30 x 6 above is on the other side.
     low_rank : adapt the mass matrix as a diagonal plus at most this many directions
         (blackjax's ``window_adaptation_low_rank``, the Fisher-divergence metric of nutpie)
