@@ -365,7 +365,7 @@ def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subj
     ``None`` otherwise (the mean-field fit is run). On the 18-subject NLU rte leaderboard
     the mean-field fit's intervals were 0.46-0.77 of NUTS's sds (BENCHMARKS.md). With
     ``settings.progress`` a line on stderr says so before the sampler starts: it runs as one
-    program (15-100 s on the small leaderboards measured) and shows nothing while it runs."""
+    program (20-160 s on the small leaderboards measured) and shows nothing while it runs."""
     from engine.infer.nuts import NutsSettings, nuts_memory_bytes
 
     observed = int(stats["item_n"].sum())
