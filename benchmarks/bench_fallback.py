@@ -4,7 +4,7 @@ NUTS fallback beside the mean-field one.
 
 For each named data set (``nlu:<test set>``, the 18 final checkpoints, or
 ``openml:<data set>``, the 19 classifiers): a seeded 10% of the cells is held out, the 2PL
-is fitted on the rest by default settings (``nuts_fallback_max_cells`` 5,000: NUTS where
+is fitted on the rest by default settings (``nuts_fallback_max_cells``, 12,000: NUTS where
 the quadrature fit gives up) and with the NUTS fallback off (0: the mean-field fit), and
 the held-out cells are scored by ``engine.readout.compare.predictive`` (NUTS over its own
 draws; also over their normal approximation, the run's guide). Cells of items the

@@ -358,7 +358,7 @@ def _sample_nuts(spec, y, stats: dict, info: dict, settings, subjects, items) ->
 
 
 def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subjects,
-                   items, why: str = "") -> FitResult | None:
+                   items, why: str) -> FitResult | None:
     """``auto``'s fallback where the quadrature fit ends unconverged: NUTS at its default
     settings (the seed and memory budget the fit's) where the matrix has at most
     ``settings.nuts_fallback_max_cells`` observed cells and NUTS fits the memory budget;
