@@ -38,9 +38,9 @@ def test_max_passes_under_the_default_minimum_is_taken(tmp_path, capsys):
     """``--max-passes 3`` fits three passes: the command line sets no ``min_passes``, whose
     default (10) once made it an error naming a setting the user could not change."""
     csv = tmp_path / "r.csv"
-    rows = [f"s{i}," + ",".join(str((i * 7 + j * 3) % 5 < 3) for j in range(6)) for i in range(40)]
-    csv.write_text("subject," + ",".join(f"i{j}" for j in range(6)) + "\n"
-                   + "\n".join(r.replace("True", "1").replace("False", "0") for r in rows) + "\n")
+    rows = [f"s{i}," + ",".join(str(int((i * 7 + j * 3) % 5 < 3)) for j in range(6))
+            for i in range(40)]
+    csv.write_text("subject," + ",".join(f"i{j}" for j in range(6)) + "\n" + "\n".join(rows) + "\n")
     assert main(["ingest", str(csv), "--out", str(tmp_path / "s.zarr")]) == 0
     assert main(["fit", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "run"), "--quiet",
                  "--ability-factor", "gaussian", "--max-passes", "3"]) == 0
