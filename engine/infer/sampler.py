@@ -353,7 +353,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     answered ones by default; items the fit set aside have no Laplace approximation, and
     400 of them agreeing with their read-out outvoted 150 answered items that did not)."""
     from engine.infer.fit import bucket_size
-    from engine.infer.marginal import _item_blocks
+    from engine.infer.marginal import _host_constrain, _item_blocks
 
     t0 = time.perf_counter()
     n, k = x.shape
@@ -367,9 +367,12 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     row_weight = np.ones(bucket_size(len(rows)))
     row_weight[len(rows):] = 0.0  # padding: counted nowhere
     rows = np.concatenate([rows, np.zeros(len(row_weight) - len(rows), rows.dtype)])
-    f32 = partial(jnp.asarray, dtype=jnp.float32)
+
+    def f32(a):  # on the host: an eager cast or copy to the device is one more program per shape
+        return np.asarray(a, np.float32)
+
     data = (f32(grid), f32(log_base), f32(y1), f32(y0), f32(counts),
-            jnp.asarray(rows, jnp.int32), f32(row_weight),
+            rows.astype(np.int32), f32(row_weight),
             tuple((f32(mi), f32(gi)) for _, mi, gi in moves))
     # kept draws thinned to at most sampler_values item values a chain
     thin = max(1, int(np.ceil(keep * (n * k + h) / settings.sampler_values)))
@@ -402,7 +405,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     # tenth (adapted from there: at most twice or half a phase)
     sym_sd = np.array([0.1 if (mi[:, 2] >= 0).any() else 0.02 for _, mi, _ in moves])
     total = WARMUP_CALLS + 2 * calls  # the kept draws may be extended once
-    keys = iter(jax.random.split(jax.random.PRNGKey(seed), total * chains).reshape(
+    # the keys on the host: iterating over a device array compiles an unstacking program
+    # with one output a call (1.3 s at 100 calls on 2 cores), for the same keys
+    keys = iter(np.asarray(jax.random.split(jax.random.PRNGKey(seed), total * chains)).reshape(
         total, chains, 2))
     record = {"method": "sampled", "chains": chains, "warmup": WARMUP_CALLS * chunk, "draws": keep,
               "thin": thin, "item_steps": settings.sampler_item_steps,
@@ -498,7 +503,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         record["not_mixed"] = [_value(int(v), n, k, names, hyper) | {
             "rhat": round(float(rhat[v]), 3)} for v in unmixed[:MAX_LISTED]]
     quantiles = np.quantile(flat, [0.05, 0.95], axis=0)  # (2, n, k): skewed items' ends
-    value = np.stack([np.asarray(p.constrain(flat[:, :, j]), np.float64)
+    value = np.stack([_host_constrain(p, flat[:, :, j].astype(np.float64))
                       for j, p in enumerate(_item_blocks(spec))], axis=-1)
     constrained = np.stack([value.mean(axis=0), value.std(axis=0, ddof=1),
                             rhat[:n * k].reshape(n, k), ess[:n * k].reshape(n, k)])
