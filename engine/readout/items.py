@@ -10,6 +10,7 @@ has the parameter block it reads (a real-line ``discrimination``, a ``feasibilit
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -53,25 +54,13 @@ class ItemBank:
         sub = {k: (v[idx] if owner[k] == "item" else v) for k, v in self.params.items()}
         return ItemBank(self.spec, sub, int(np.size(idx)))
 
-    def _expanded(self, ability):
-        out = {}
-        for p in self.spec.likelihood_params:
-            if p.owner == "subject":
-                out[p.name] = ability[:, None]
-            elif p.owner == "item":
-                out[p.name] = to_device(self.params[p.name])[None, :]
-            else:
-                out[p.name] = to_device(self.params[p.name])
-        return out
-
     def prob(self, ability) -> np.ndarray:
         """``P(y = 1 | ability)`` for each ability and item, ``(g, n)``."""
         return np.asarray(self._prob(to_device(ability, np.float32)))
 
     def _prob(self, ability):
-        shape = (ability.shape[0], self.num_items)
-        ones = jnp.ones(shape, jnp.float32)
-        return jnp.exp(self.spec.loglik(self._expanded(ability), ones, ones))
+        params = {k: to_device(v) for k, v in self.params.items()}
+        return _bank_prob(self.spec, self.num_items, params, ability)
 
     def information(self, ability) -> np.ndarray:
         """Fisher information ``P'(theta)^2 / (P (1 - P))`` of each item at each ability, ``(g, n)``.
@@ -83,6 +72,22 @@ class ItemBank:
         p, dp = jax.jvp(self._prob, (theta,), (jnp.ones_like(theta),))
         p = jnp.clip(p, 1e-7, 1 - 1e-7)
         return np.asarray(dp ** 2 / (p * (1 - p)))
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _bank_prob(spec: ModelSpec, num_items: int, params: dict, ability):
+    """``P(y = 1 | ability)`` of every item, ``(g, n)``: one program (run eagerly, its two
+    dozen operations compiled one program each, 1.9 s of a report's first 6.7 s)."""
+    expanded = {}
+    for p in spec.likelihood_params:
+        if p.owner == "subject":
+            expanded[p.name] = ability[:, None]
+        elif p.owner == "item":
+            expanded[p.name] = params[p.name][None, :]
+        else:
+            expanded[p.name] = params[p.name]
+    ones = jnp.ones((ability.shape[0], num_items), jnp.float32)
+    return jnp.exp(spec.loglik(expanded, ones, ones))
 
 
 def _check_scalar_ability(spec: ModelSpec) -> None:
