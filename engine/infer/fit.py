@@ -171,12 +171,13 @@ def _initial_opt_state(settings: FitSettings, guide: GuideState, shapes):
     return program(guide)
 
 
-def bucket_size(n: int) -> int:
-    """The size ``n`` subjects or items are padded to: at least 8, then eight buckets per
-    doubling (at most 12.5% padding): 161 -> 176, 1,000 -> 1,024, 11,873 -> 12,288."""
+def bucket_size(n: int, per_doubling: int = 8) -> int:
+    """The size ``n`` subjects or items are padded to: at least 8, then ``per_doubling``
+    buckets per doubling (eight: at most 12.5% padding, 161 -> 176, 1,000 -> 1,024,
+    11,873 -> 12,288; two: at most 50%, 33-48 -> 48, 49-64 -> 64)."""
     if n <= 8:
         return 8
-    step = max(1, (1 << ((n - 1).bit_length() - 1)) // 8)
+    step = max(1, (1 << ((n - 1).bit_length() - 1)) // per_doubling)
     return -(-n // step) * step
 
 

@@ -138,7 +138,11 @@ class MarginalSettings:
     bucket_patterns : pad the distinct answer patterns with unanswered ones, counted zero
         times, to a bucketed number (``engine.infer.fit.bucket_size``: at most 12.5% more),
         so that a new data set with as many items and a similar number of patterns runs the
-        same XLA programs and finds them in the persistent compilation cache.
+        same XLA programs and finds them in the persistent compilation cache. The item
+        sampler's chains (the fit's largest program) also pad the items with items nobody
+        answers, to a bucketed number, and take a finer shared grid of two sizes a doubling
+        (:func:`engine.infer.sampler.sample_items`): the padding is inert, the grid no
+        coarser than before.
     quick_compile_cells : a fit whose quadrature grid (patterns, at most ``2^items``, x
         nodes x items) has at most this many cells compiles its programs at XLA's
         optimisation level 0. Such a fit is compile-bound: LSAT7 (32 x 21 x 5) spent 3 of
@@ -647,13 +651,16 @@ def _second_derivative(fn, v, u, w):
     return jax.jvp(lambda vv: jax.jvp(fn, (vv,), (u,))[1], (v,), (w,))[1]
 
 
-def _grid_log_weights(spec, x, grid, log_base, y1, y0=None):
+def _grid_log_weights(spec, x, grid, log_base, y1, y0=None, answered=None):
     """``(U, G)``: each pattern's log-likelihood on the shared grid plus ``log_base`` (log
     prior + log rule weight), a matrix product with its observed ones ``y1`` and zeros
     ``y0`` ``(U, n)`` (traced). ``y0`` None: every pattern answers every item
-    (``y0 = 1 - y1``), one matrix product instead of two."""
+    (``y0 = 1 - y1``), one matrix product instead of two; with ``answered`` ``(n,)``, every
+    item where it is positive, and no pattern the others."""
     log_one, log_zero = _grid_curves(spec, x, grid)
     if y0 is None:
+        if answered is not None:
+            log_zero = jnp.where(answered > 0, log_zero, 0.0)
         return y1 @ (log_one - log_zero).T + (log_zero.sum(axis=1) + log_base)[None, :]
     return y1 @ log_one.T + y0 @ log_zero.T + log_base
 
@@ -1269,12 +1276,14 @@ class _DrawNodes:
     GEMM_PER_CELL = 32
 
     def __init__(self, spec, quad, counts, num_nodes: int, previous: "_DrawNodes | None" = None,
-                 slack: float = 0.0, max_points: int | None = None):
+                 slack: float = 0.0, max_points: int | None = None, per_doubling: int = 8):
         """``previous``: a grid kept where it still spans and resolves the patterns'
         posteriors (the fit's volumes, each pass: a grid of a new size is a new XLA program).
         ``slack``: a new grid reaches that share of its width further each way and is that
         much finer, so that the next passes' posteriors stay on it. ``max_points``: the
-        largest shared grid (``GRID_PER_NODE`` adaptive nodes' worth by default)."""
+        largest shared grid (``GRID_PER_NODE`` adaptive nodes' worth by default).
+        ``per_doubling``: the grid's sizes (:func:`engine.infer.fit.bucket_size`); fewer
+        of them make a finer grid on the same span, and one program for more data sets."""
         from engine.infer.fit import bucket_size
 
         live = counts > 0
@@ -1292,7 +1301,10 @@ class _DrawNodes:
                 lo, hi = lo - reach, hi + reach
                 # a bucketed number of points (at most 12.5% more): similar data sets and
                 # later passes run the same programs
-                size = bucket_size(int(np.ceil((hi - lo) / (step / (1 + slack)))) + 1)
+                points = int(np.ceil((hi - lo) / (step / (1 + slack)))) + 1
+                size = bucket_size(points, per_doubling)
+                if size > (max_points or self.GRID_PER_NODE * num_nodes):
+                    size = bucket_size(points)  # the finest bucketing within the bound
                 self.theta = np.linspace(lo, hi, size)
                 prior = _ability_prior(spec, self.theta)
                 self.log_base = prior + np.log(self.theta[1] - self.theta[0])
@@ -1593,8 +1605,12 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
     from engine.infer.sampler import sample_items
 
     U, n, k = int((counts > 0).sum()), x.shape[0], x.shape[1]
+    # the sampler's grid in two sizes a doubling (a finer grid, at most 50% more points):
+    # its chains are the fit's largest program (24 x 120 2PL: 3.9 of 5.7 s compiling), and
+    # boards of one shape had grids of 32, 40 and 48 points
     nodes = _DrawNodes(spec, quad, counts, settings.importance_nodes,
-                       max_points=settings.sampler_grid_max)
+                       max_points=settings.sampler_grid_max,
+                       per_doubling=2 if settings.bucket_patterns else 8)
     G = nodes.theta.shape[-1]
     sweeps = settings.sampler_chains * (settings.sampler_warmup + settings.sampler_draws)
     subjects = int(np.rint(counts).sum())  # each drawn on the grid every sweep

@@ -207,7 +207,9 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
     """The chains: ``(x, g, (draws of x, of g, acceptance rates), (sums of each pattern's
     ability mean and second moment))`` after ``steps`` kept sweeps, each after ``thin - 1``
     more, vmapped over chains (``keys``, ``x``, ``g``). ``complete``: every pattern answers
-    every item (``y0 = 1 - y1``), which saves two matrix products.
+    every item that anyone answers (``y0 = 1 - y1`` there; the items nobody answers, such
+    as the padding to a bucketed number, count in no pattern), which saves two matrix
+    products.
 
     ``data`` is ``(grid (G,), log_base (G,), y1 (U, n), y0 (U, n), counts (U,), rows (S,),
     row_weight (S,), moves)``: arguments, not constants of the program, so that another data
@@ -227,15 +229,16 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
         env = _env(spec, g)
         return sum(p.prior.log_prob(x[:, j], env) for j, p in enumerate(blocks))
 
-    def log_weights(x):  # (U, G): each pattern's log-likelihood on the grid + log base
-        return _grid_log_weights(spec, x, grid, log_base, y1, None if complete else y0)
-
     # items nobody answered stay put (only their prior would move them), and their prior
     # terms are left out (integrated out): held at one value they would pin a pooled
     # prior's location and precision to it (a 2PL at 30 x 20 with 10 such items: the
     # pool's precision 3.5 times NUTS's, the items' sds half of NUTS's)
     answered_items = ((y1 + y0).sum(axis=0) > 0).astype(y1.dtype)  # (n,)
     answered = answered_items[:, None]  # (n, 1)
+
+    def log_weights(x):  # (U, G): each pattern's log-likelihood on the grid + log base
+        return _grid_log_weights(spec, x, grid, log_base, y1, None if complete else y0,
+                                 answered_items if complete else None)
 
     def log_prior(x, g):
         return _log_prior(spec, x, g, answered_items)
@@ -362,6 +365,15 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     hyper = [p.name for p in spec.by_owner("global")]
     moves = _symmetry_moves(spec, names, hyper)
     chains, warmup, keep = settings.sampler_chains, settings.sampler_warmup, settings.sampler_draws
+    # the program's items padded to a bucketed number with items nobody answers (held still,
+    # their prior terms left out, cut off its draws): boards of similar size run one program
+    N = bucket_size(n) if settings.bucket_patterns else n
+
+    def grow(a, axis):  # (.., n, ..) -> (.., N, ..), the padding zero
+        width = [(0, 0)] * np.ndim(a)
+        width[axis] = (0, N - n)
+        return np.pad(a, width) if N > n else a
+
     whole = np.rint(counts).astype(np.int64)
     rows = np.repeat(np.arange(len(counts)), np.maximum(whole, 0))
     row_weight = np.ones(bucket_size(len(rows)))
@@ -371,18 +383,18 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     def f32(a):  # on the host: an eager cast or copy to the device is one more program per shape
         return np.asarray(a, np.float32)
 
-    data = (f32(grid), f32(log_base), f32(y1), f32(y0), f32(counts),
+    complete = bool(np.all(y1 + y0 == 1.0))
+    data = (f32(grid), f32(log_base), f32(grow(y1, 1)), f32(grow(y0, 1)), f32(counts),
             rows.astype(np.int32), f32(row_weight),
             tuple((f32(mi), f32(gi)) for _, mi, gi in moves))
     # kept draws thinned to at most sampler_values item values a chain
-    thin = max(1, int(np.ceil(keep * (n * k + h) / settings.sampler_values)))
+    thin = max(1, int(np.ceil(keep * (N * k + h) / settings.sampler_values)))
     # every call runs one program of `chunk` sweeps: the warm-up is WARMUP_CALLS of them,
     # adapting after those ending a phase (PHASE_ENDS), the pilot after the third phase
     # (its draws: 20% of the warm-up); the kept draws take as many calls as they need
     chunk = max(warmup // WARMUP_CALLS, 2)
     calls = -(-max(keep // thin, 2) // chunk)
     keep = calls * chunk
-    complete = bool(np.all(y1 + y0 == 1.0))
     warm_program = partial(_chains, spec, chunk, 1, settings.sampler_item_steps, complete, data)
     keep_program = partial(_chains, spec, chunk, thin, settings.sampler_item_steps, complete,
                            data)
@@ -414,12 +426,14 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
               "grid_points": int(grid.size)}
 
     def call(program):
-        out = program(next(keys), f32(xs), f32(gs), f32(scale * shape_chol),
+        out = program(next(keys), f32(grow(xs, 1)), f32(gs), f32(grow(scale * shape_chol, 0)),
                       f32(g_scale * g_shape), f32(sym_sd))
         # back on the host: every call then gets uncommitted arrays alike (a committed
-        # argument would make JAX compile the exported program a second time)
-        return (np.asarray(out[0]), np.asarray(out[1]),
-                tuple(np.asarray(a, np.float64) for a in out[2]), out[3])
+        # argument would make JAX compile the exported program a second time); the
+        # padding's values and acceptance rates cut off there
+        dx, dg, stats = (np.asarray(a, np.float64) for a in out[2])
+        stats = np.concatenate([stats[..., :n], stats[..., N:]], axis=-1)
+        return np.asarray(out[0])[:, :n], np.asarray(out[1]), (dx[:, :, :n], dg, stats), out[3]
 
     phase, lap_sd = [], np.sqrt(np.maximum(np.diagonal(item_cov, axis1=1, axis2=2), 1e-24))
     for i in range(WARMUP_CALLS):

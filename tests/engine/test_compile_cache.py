@@ -38,6 +38,10 @@ def test_bucket_size_pads_by_at_most_an_eighth():
     assert (np.diff(buckets) >= 0).all()  # monotone: similar sizes share a bucket
     assert len(set(buckets[(sizes >= 145) & (sizes <= 160)])) == 1
     assert [bucket_size(n) for n in (5, 161, 1000, 11_873)] == [8, 176, 1024, 12_288]
+    coarse = np.array([bucket_size(int(n), 2) for n in sizes])  # the item sampler's grid
+    assert (coarse >= buckets).all() and (coarse[big] <= np.ceil(sizes[big] * 1.5)).all()
+    assert len(set(coarse[(sizes >= 33) & (sizes <= 48)])) == 1
+    assert [bucket_size(n, 2) for n in (32, 40, 49, 65)] == [32, 48, 64, 96]
 
 
 @pytest.mark.parametrize("model,settings", [

@@ -271,6 +271,43 @@ def test_another_data_set_of_the_same_sizes_runs_the_same_chains():
     assert np.isfinite(second[4]).all() and (second[5] > 0).all()
 
 
+def test_the_items_are_padded_to_a_bucketed_number_and_the_padding_is_inert():
+    """The chains' program pads the items with items nobody answers (held still, their
+    prior terms and their zeros left out) to a bucketed number: boards of 6 and 7 items
+    run one program, and the draws are those of the unpadded program (JAX's partitionable
+    random bits give the answered items the same numbers), here to the bit."""
+    from dataclasses import replace
+
+    from engine.compile_cache import count_compiles
+    from engine.infer.sampler import sample_items
+
+    spec = get_model("1pl", prior="vague")
+    settings = MarginalSettings(sampler_warmup=200, sampler_draws=400, sampler_check_laplace=False)
+    grid = np.linspace(-4.0, 4.0, 40)
+    log_base = -0.5 * grid ** 2 - 0.5 * np.log(2 * np.pi) + np.log(grid[1] - grid[0])
+
+    def run(n, bucket, seed=1):
+        rng = np.random.default_rng(n)
+        patterns = ((np.arange(64)[:, None] >> np.arange(n)) & 1).astype(np.float64)
+        counts = np.bincount(rng.integers(0, 64, 500), minlength=64).astype(np.float64)
+        with count_compiles() as compiles:
+            moments, record = sample_items(
+                spec, rng.normal(0, 0.3, (n, 1)), np.zeros(0), np.full((n, 1, 1), 0.01),
+                np.zeros((0, 0)), grid, log_base, patterns, 1 - patterns, counts,
+                replace(settings, bucket_patterns=bucket), seed=seed)
+        assert record["method"] == "sampled", record
+        return moments, compiles.programs
+
+    padded, _ = run(6, True)
+    plain, _ = run(6, False)
+    assert padded[0].shape == (6, 1) and padded[2].shape == (6, 1, 1)
+    for a, b in zip(padded, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    seven, programs = run(7, True)
+    assert programs == 0 and seven[0].shape == (7, 1)  # 6 and 7 items: one program of 8
+    assert run(7, False)[1] > 0  # unpadded, 7 items are another program
+
+
 def test_the_pilot_is_read_over_the_items_someone_answered():
     """Items nobody answered stay put in the chains (sd 0). Counted in the pilot's medians
     they made them 0 wherever most items were set aside, and such a pilot never agreed:
