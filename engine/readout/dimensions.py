@@ -379,7 +379,7 @@ def fitted_probabilities(result, *, max_cells: int = 1 << 22) -> np.ndarray:
     -------
     ``(subjects, items)`` float64.
     """
-    import jax.numpy as jnp
+    from engine.readout.items import response_probabilities
 
     spec = result.spec
     if spec.kind != "binary":
@@ -387,20 +387,19 @@ def fitted_probabilities(result, *, max_cells: int = 1 << 22) -> np.ndarray:
                          "binary model's P(correct); fit 1pl, 2pl, 3pl, 4pl or feas")
     means = result.means()
     S, N = result.num_subjects, result.num_items
-    rows = max(1, max_cells // max(N, 1))
+    rows = min(S, max(1, max_cells // max(N, 1)))
+    blocks = {p.name: np.asarray(means[p.name], np.float32) for p in spec.likelihood_params}
+    subject = {p.name for p in spec.likelihood_params if p.owner == "subject"}
+    params = {k: v for k, v in blocks.items() if k not in subject}
     out = np.empty((S, N))
     for start in range(0, S, rows):
         stop = min(start + rows, S)
-        params = {}
-        for p in spec.likelihood_params:
-            v = jnp.asarray(means[p.name])
-            if p.owner == "subject":
-                v = v[start:stop, None]
-            elif p.owner == "item":
-                v = v[None, :]
-            params[p.name] = v
-        ones = jnp.ones((stop - start, N), jnp.float32)
-        out[start:stop] = np.exp(np.asarray(spec.loglik(params, ones, ones), np.float64))
+        # the last chunk padded with its last row: every chunk runs one program
+        chunk = {k: np.concatenate([blocks[k][start:stop],
+                                    np.repeat(blocks[k][stop - 1:stop], rows - (stop - start),
+                                              axis=0)]) for k in subject}
+        prob = response_probabilities(spec, N, params, chunk)
+        out[start:stop] = np.asarray(prob, np.float64)[:stop - start]
     return out
 
 

@@ -28,7 +28,7 @@ from engine.models.spec import ModelSpec
 __all__ = ["ItemBank", "item_bank", "load_run_responses", "item_flags", "disagreeing_subjects",
            "quartile_table", "STRATEGIES", "strategy_scores", "next_item",
            "review_items", "review_order", "choose_subjects", "expected_probabilities",
-           "FLAG_LEVEL", "FLAG_THRESHOLD", "SET_ASIDE_NOTE"]
+           "response_probabilities", "FLAG_LEVEL", "FLAG_THRESHOLD", "SET_ASIDE_NOTE"]
 
 FLAG_LEVEL = 0.05  # the share of items the model fits that are flagged, at most
 FLAG_THRESHOLD = 1.0 - FLAG_LEVEL  # review_score above which an item is flagged
@@ -60,7 +60,7 @@ class ItemBank:
 
     def _prob(self, ability):
         params = {k: to_device(v) for k, v in self.params.items()}
-        return _bank_prob(self.spec, self.num_items, params, ability)
+        return response_probabilities(self.spec, self.num_items, params, {"ability": ability})
 
     def information(self, ability) -> np.ndarray:
         """Fisher information ``P'(theta)^2 / (P (1 - P))`` of each item at each ability, ``(g, n)``.
@@ -75,18 +75,21 @@ class ItemBank:
 
 
 @partial(jax.jit, static_argnums=(0, 1))
-def _bank_prob(spec: ModelSpec, num_items: int, params: dict, ability):
-    """``P(y = 1 | ability)`` of every item, ``(g, n)``: one program (run eagerly, its two
-    dozen operations compiled one program each, 1.9 s of a report's first 6.7 s)."""
+def response_probabilities(spec: ModelSpec, num_items: int, params: dict, subject: dict):
+    """``P(y = 1)`` of every item for each row of the subject blocks ``subject`` (name ->
+    ``(g, ...)``), the item blocks (``(n, ...)``) and globals at ``params``: ``(g, n)``,
+    from the model's own log-likelihood. One program a shape (run eagerly, its two dozen
+    operations compiled one program each, 1.9 s of a report's first 6.7 s)."""
     expanded = {}
     for p in spec.likelihood_params:
         if p.owner == "subject":
-            expanded[p.name] = ability[:, None]
+            expanded[p.name] = subject[p.name][:, None]
         elif p.owner == "item":
             expanded[p.name] = params[p.name][None, :]
         else:
             expanded[p.name] = params[p.name]
-    ones = jnp.ones((ability.shape[0], num_items), jnp.float32)
+    rows = next(iter(subject.values())).shape[0]
+    ones = jnp.ones((rows, num_items), jnp.float32)
     return jnp.exp(spec.loglik(expanded, ones, ones))
 
 
