@@ -68,10 +68,9 @@ class ItemBank:
         ``P'`` is the exact derivative of the model's probability (forward mode), so the
         formula holds for any binary model: ``a^2 P (1 - P)`` for the 2PL (seed 002 eq. 2).
         """
-        theta = to_device(ability, np.float32)
-        p, dp = jax.jvp(self._prob, (theta,), (jnp.ones_like(theta),))
-        p = jnp.clip(p, 1e-7, 1 - 1e-7)
-        return np.asarray(dp ** 2 / (p * (1 - p)))
+        params = {k: to_device(v) for k, v in self.params.items()}
+        return np.asarray(_information(self.spec, self.num_items, params,
+                                       to_device(ability, np.float32)))
 
 
 @partial(jax.jit, static_argnums=(0, 1))
@@ -91,6 +90,18 @@ def response_probabilities(spec: ModelSpec, num_items: int, params: dict, subjec
     rows = next(iter(subject.values())).shape[0]
     ones = jnp.ones((rows, num_items), jnp.float32)
     return jnp.exp(spec.loglik(expanded, ones, ones))
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _information(spec: ModelSpec, num_items: int, params: dict, ability):
+    """:meth:`ItemBank.information` as one program (its clip and quotient run eagerly were
+    four more programs a shape)."""
+    def prob(theta):
+        return response_probabilities(spec, num_items, params, {"ability": theta})
+
+    p, dp = jax.jvp(prob, (ability,), (jnp.ones_like(ability),))
+    p = jnp.clip(p, 1e-7, 1 - 1e-7)
+    return dp ** 2 / (p * (1 - p))
 
 
 def _check_scalar_ability(spec: ModelSpec) -> None:
