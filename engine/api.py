@@ -265,6 +265,17 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         checkpointer = Checkpointer(Path(checkpoint_dir), settings.checkpoint_every, fingerprint,
                                     on_saved=on_checkpoint)
     use_compilation_cache()  # IRT_ENGINE_COMPILATION_CACHE=0 turns it off
+    if (factor["method"] == "quadrature" and settings.ability_factor == "auto"
+            and shape[0] < settings.nuts_first_subjects):  # each item seen by few subjects
+        why = (f"{shape[0]} subjects, fewer than nuts_first_subjects "
+               f"({settings.nuts_first_subjects})")
+        with count_compiles() as compiles:
+            sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items,
+                                     f"{why}; sampling the posterior with NUTS")
+        if sampled is not None:
+            result = sampled
+            result.extra["compile"] = compiles.to_dict()
+            factor = factor | {"method": "nuts", "nuts_first": why}
     if factor["method"] == "quadrature":  # abilities integrated out (engine.infer.marginal)
         with count_compiles() as compiles:
             aside = (np.flatnonzero(constant), y[:, constant]) if constant.any() else None
@@ -280,7 +291,9 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
             sampler = result.extra["quadrature"]["item_moments"].get("sampler") or {}
             if "started_at" in sampler:  # sampled from its best or last pass: not kept
                 why += f"; sampled from there, not kept: {sampler.get('because', 'not mixed')}"
-            sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items, why)
+            sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items,
+                                     f"the quadrature fit did not converge ({why}); "
+                                     "sampling the posterior with NUTS instead")
             if sampled is not None:  # small enough to sample the exact posterior instead
                 result, d = sampled, sampled.extra["diagnostics"]
                 why += (f"; NUTS sampled the posterior instead ({d['num_chains']} chains x "
@@ -359,13 +372,15 @@ def _sample_nuts(spec, y, stats: dict, info: dict, settings, subjects, items) ->
 
 def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subjects,
                    items, why: str) -> FitResult | None:
-    """``auto``'s fallback where the quadrature fit ends unconverged: NUTS at its default
-    settings (the seed and memory budget the fit's) where the matrix has at most
+    """NUTS in ``auto``'s place, where the quadrature fit ends unconverged or the board has
+    fewer than ``settings.nuts_first_subjects`` subjects: at NUTS's default settings (the
+    seed and memory budget the fit's) where the matrix has at most
     ``settings.nuts_fallback_max_cells`` observed cells and NUTS fits the memory budget;
-    ``None`` otherwise (the mean-field fit is run). On the 18-subject NLU rte leaderboard
-    the mean-field fit's intervals were 0.46-0.77 of NUTS's sds (BENCHMARKS.md). With
-    ``settings.progress`` a line on stderr says so before the sampler starts: it runs as one
-    program (20-160 s on the small leaderboards measured) and shows nothing while it runs."""
+    ``None`` otherwise. On the 18-subject NLU rte leaderboard the mean-field fit's
+    intervals were 0.46-0.77 of NUTS's sds (BENCHMARKS.md). With ``settings.progress`` a
+    line on stderr (``why``, then the sampler's size) says so before the sampler starts: it
+    runs as one program (20-160 s on the small leaderboards measured) and shows nothing
+    while it runs."""
     from engine.infer.nuts import NutsSettings, nuts_memory_bytes
 
     observed = int(stats["item_n"].sum())
@@ -379,8 +394,7 @@ def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subj
         from tqdm import tqdm
 
         with tqdm.external_write_mode(file=sys.stderr):  # clear of a progress bar
-            print(f"the quadrature fit did not converge ({why}); sampling the posterior "
-                  f"with NUTS instead: {nuts.num_chains} chains x ({nuts.num_warmup} warm-up + "
+            print(f"{why}: {nuts.num_chains} chains x ({nuts.num_warmup} warm-up + "
                   f"{nuts.num_samples} draws) over {observed:,} cells, no progress shown "
                   f"while it runs", file=sys.stderr, flush=True)
     return _sample_nuts(spec, y, stats, dict(info), nuts, subjects, items)

@@ -137,6 +137,11 @@ class FitSettings:
         the item pools standardised under 30 subjects: rte's 2,502 cells 22 s, R-hat 1.004;
         NLU quail's 10,008 119 s, 1.007; OpenML Bioresponse's 9,519 142 s, 1.005 (1.8 in
         109 s with the pools as they are, when the bound was 5,000).
+    nuts_first_subjects : ``auto`` samples a matrix with fewer subjects than this by NUTS
+        (within ``nuts_fallback_max_cells``) where it would take the quadrature fit: there
+        every item is seen by few subjects, and the quadrature fit's item sds were a median
+        0.85-0.95 of NUTS's on the 18-subject NLU boards, the least 0.71 (BENCHMARKS.md).
+        0 (the default) never: the fit.json ``ability_factor`` says which ran and why.
     bucket_shapes : pad a matrix held in memory in one tile with missing cells to bucketed
         sizes (``engine.infer.fit.bucket_size``), so data sets of similar shape share compiled
         programs; the padding takes no part in the fit.
@@ -166,6 +171,7 @@ class FitSettings:
     quadrature_max_items: int = 1000
     quadrature_max_cells: int = 500_000
     nuts_fallback_max_cells: int = 12_000
+    nuts_first_subjects: int = 0
     bucket_shapes: bool = True
 
     def for_model(self, spec) -> "FitSettings":
@@ -211,7 +217,8 @@ class FitSettings:
             raise SettingsError(f"max_block_cells must be >= 1, or 0 for automatic, got "
                                 f"{self.max_block_cells}")
         for name in ("checkpoint_every", "prefetch", "unbiased_after", "mc_draws",
-                     "quadrature_max_items", "quadrature_max_cells", "nuts_fallback_max_cells"):
+                     "quadrature_max_items", "quadrature_max_cells", "nuts_fallback_max_cells",
+                     "nuts_first_subjects"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.memory_budget is not None and self.memory_budget < 1:

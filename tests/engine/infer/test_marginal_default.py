@@ -167,6 +167,35 @@ def test_auto_samples_a_small_matrix_with_nuts_when_quadrature_does_not_converge
                                "converge in ") and "NUTS sampled the posterior instead" in notes[0]
 
 
+def test_auto_samples_a_board_of_few_subjects_with_nuts_first_where_asked():
+    """With ``nuts_first_subjects`` a board with fewer subjects (and within
+    ``nuts_fallback_max_cells``) is sampled by NUTS where ``auto`` would take the quadrature
+    fit: ``fit_nuts``'s result at the same seed, to the bit, with fit.json's
+    ``ability_factor`` saying why. At as many subjects as the bound, above the cell bound,
+    or with the default 0, the quadrature fit runs."""
+    from engine.api import fit_nuts
+    from engine.errors import SettingsError
+    from engine.infer.nuts import NutsSettings
+
+    y = _two_iteration_data()  # 100 x 10
+    res = fit(y, "2pl", FitSettings(seed=3, nuts_first_subjects=101))
+    record = res.extra["ability_factor"]
+    assert record["method"] == "nuts"
+    assert record["nuts_first"] == "100 subjects, fewer than nuts_first_subjects (101)"
+    assert res.extra["compile"]["programs"] >= 0 and "quadrature" not in res.extra
+    reference = fit_nuts(y, "2pl", NutsSettings(seed=3))
+    for name, draws in reference.draws.items():
+        np.testing.assert_array_equal(res.draws[name], draws)
+    for settings in (FitSettings(nuts_first_subjects=100),  # the other side of the switch
+                     FitSettings(nuts_first_subjects=101, nuts_fallback_max_cells=999),
+                     FitSettings()):
+        other = fit(y, "2pl", settings)
+        assert other.extra["ability_factor"]["method"] == "quadrature"
+        assert "nuts_first" not in other.extra["ability_factor"]
+    with pytest.raises(SettingsError, match="nuts_first_subjects must be >= 0"):
+        FitSettings(nuts_first_subjects=-1)
+
+
 OPENML = (Path(__file__).resolve().parents[3].parent / "shared" / "data" / "openml_classifiers"
           / "responses_items_x_subjects.parquet")
 
