@@ -270,7 +270,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         why = (f"{shape[0]} subjects, fewer than nuts_first_subjects "
                f"({settings.nuts_first_subjects})")
         with count_compiles() as compiles:
-            sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items,
+            sampled = _nuts_instead(spec, y, stats, info, settings, subjects, items,
                                      f"{why}; sampling the posterior with NUTS")
         if sampled is not None:
             result = sampled
@@ -291,7 +291,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
             sampler = result.extra["quadrature"]["item_moments"].get("sampler") or {}
             if "started_at" in sampler:  # sampled from its best or last pass: not kept
                 why += f"; sampled from there, not kept: {sampler.get('because', 'not mixed')}"
-            sampled = _nuts_fallback(spec, y, stats, info, settings, subjects, items,
+            sampled = _nuts_instead(spec, y, stats, info, settings, subjects, items,
                                      f"the quadrature fit did not converge ({why}); "
                                      "sampling the posterior with NUTS instead")
             if sampled is not None:  # small enough to sample the exact posterior instead
@@ -370,7 +370,7 @@ def _sample_nuts(spec, y, stats: dict, info: dict, settings, subjects, items) ->
     return result
 
 
-def _nuts_fallback(spec, y, stats: dict, info: dict, settings: FitSettings, subjects,
+def _nuts_instead(spec, y, stats: dict, info: dict, settings: FitSettings, subjects,
                    items, why: str) -> FitResult | None:
     """NUTS in ``auto``'s place, where the quadrature fit ends unconverged or the board has
     fewer than ``settings.nuts_first_subjects`` subjects: at NUTS's default settings (the

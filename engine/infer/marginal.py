@@ -1295,7 +1295,8 @@ class _DrawNodes:
             self.shared, self.theta, self.log_base = True, previous.theta, previous.log_base
         else:
             size = int(np.ceil((hi - lo) / step)) + 1
-            self.shared = size <= (max_points or self.GRID_PER_NODE * num_nodes)
+            limit = max_points or self.GRID_PER_NODE * num_nodes
+            self.shared = size <= limit
             if self.shared:
                 reach = slack * (hi - lo)
                 lo, hi = lo - reach, hi + reach
@@ -1303,7 +1304,7 @@ class _DrawNodes:
                 # later passes run the same programs
                 points = int(np.ceil((hi - lo) / (step / (1 + slack)))) + 1
                 size = bucket_size(points, per_doubling)
-                if size > (max_points or self.GRID_PER_NODE * num_nodes):
+                if size > limit:
                     size = bucket_size(points)  # the finest bucketing within the bound
                 self.theta = np.linspace(lo, hi, size)
                 prior = _ability_prior(spec, self.theta)

@@ -56,11 +56,11 @@ class ItemBank:
 
     def prob(self, ability) -> np.ndarray:
         """``P(y = 1 | ability)`` for each ability and item, ``(g, n)``."""
-        return np.asarray(self._prob(to_device(ability, np.float32)))
+        return np.asarray(response_probabilities(self.spec, self.num_items, self._on_device(),
+                                                 {"ability": to_device(ability, np.float32)}))
 
-    def _prob(self, ability):
-        params = {k: to_device(v) for k, v in self.params.items()}
-        return response_probabilities(self.spec, self.num_items, params, {"ability": ability})
+    def _on_device(self) -> dict:
+        return {k: to_device(v) for k, v in self.params.items()}
 
     def information(self, ability) -> np.ndarray:
         """Fisher information ``P'(theta)^2 / (P (1 - P))`` of each item at each ability, ``(g, n)``.
@@ -68,8 +68,7 @@ class ItemBank:
         ``P'`` is the exact derivative of the model's probability (forward mode), so the
         formula holds for any binary model: ``a^2 P (1 - P)`` for the 2PL (seed 002 eq. 2).
         """
-        params = {k: to_device(v) for k, v in self.params.items()}
-        return np.asarray(_information(self.spec, self.num_items, params,
+        return np.asarray(_information(self.spec, self.num_items, self._on_device(),
                                        to_device(ability, np.float32)))
 
 
