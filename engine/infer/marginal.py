@@ -1608,7 +1608,7 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
     U, n, k = int((counts > 0).sum()), x.shape[0], x.shape[1]
     # the sampler's grid in two sizes a doubling (a finer grid, at most 50% more points):
     # its chains are the fit's largest program (24 x 120 2PL: 3.9 of 5.7 s compiling), and
-    # boards of one shape had grids of 32, 40 and 48 points
+    # two 24 x 120 boards had grids of 40 and 48 points
     nodes = _DrawNodes(spec, quad, counts, settings.importance_nodes,
                        max_points=settings.sampler_grid_max,
                        per_doubling=2 if settings.bucket_patterns else 8)

@@ -94,7 +94,7 @@ def response_probabilities(spec: ModelSpec, num_items: int, params: dict, subjec
 @partial(jax.jit, static_argnums=(0, 1))
 def _information(spec: ModelSpec, num_items: int, params: dict, ability):
     """:meth:`ItemBank.information` as one program (its clip and quotient run eagerly were
-    four more programs a shape)."""
+    seven more programs a shape)."""
     def prob(theta):
         return response_probabilities(spec, num_items, params, {"ability": theta})
 
