@@ -44,7 +44,8 @@ def _fits(board: str, parts: list[str]) -> dict:
         out[part] = (res, {"wall_s": round(time.perf_counter() - t, 1), "load": round(load, 2),
                            "method": (res.extra.get("ability_factor") or {}).get("method", "nuts"),
                            "rhat_max": diag.get("rhat_max"), "ess_bulk_min": diag.get("ess_bulk_min"),
-                           "divergences": diag.get("divergences"), "converged": res.converged})
+                           "divergences": diag.get("divergences"), "extended": diag.get("extended"),
+                           "converged": res.converged})
     return {"board": board, "shape": list(y.shape), "cells": int((y >= 0).sum()), "fits": out}
 
 

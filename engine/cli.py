@@ -242,7 +242,7 @@ def _nuts_and_save(args) -> None:
     budget = parse_bytes(args.memory_budget) if args.memory_budget is not None else None
     settings = NutsSettings(num_chains=args.chains, num_warmup=args.warmup,
                             num_samples=args.samples, seed=args.seed, memory_budget=budget,
-                            low_rank=args.low_rank)
+                            low_rank=args.low_rank, extend=args.extend)
     if args.resume:
         raise SettingsError("--resume applies to --method vi only; a NUTS run starts afresh")
     out = Path(args.out)
@@ -251,7 +251,7 @@ def _nuts_and_save(args) -> None:
                    signed_discrimination=args.signed_discrimination,
                    model_options=_skill_options(args.store, args))
     run = save_run(res, out, top_k=args.top_k, seed=args.seed, overwrite=args.overwrite)
-    print(_nuts_status(args.model, res, "--warmup/--samples"))
+    print(_nuts_status(args.model, res, "--warmup/--samples or --extend"))
     print(f"wrote {run.path} (draws in draws.nc, ArviZ)")
 
 
@@ -846,6 +846,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chains", type=int, default=4, help="NUTS chains (R-hat needs >= 2)")
     p.add_argument("--warmup", type=int, default=500, help="NUTS adaptation steps per chain")
     p.add_argument("--samples", type=int, default=1000, help="NUTS draws kept per chain")
+    p.add_argument("--extend", type=int, default=0,
+                   help="NUTS: up to this many rounds of --samples more draws per chain, "
+                        "continued from where the chains stopped, while an R-hat exceeds 1.01")
     p.add_argument("--low-rank", type=int, default=0, metavar="K",
                    help="NUTS: adapt a diagonal plus up to K directions of mass matrix (0 = "
                         "diagonal): for many items, where all abilities and difficulties "

@@ -141,7 +141,7 @@ def test_auto_samples_a_small_matrix_with_nuts_when_quadrature_does_not_converge
         f"{d['rhat_max']:.3f}" + ("" if res.converged else f" > {d['max_rhat']}: not converged")
         + ")")
     assert res.converged == (d["rhat_max"] <= d["max_rhat"])
-    reference = fit_nuts(y, "2pl", NutsSettings(seed=3))
+    reference = fit_nuts(y, "2pl", NutsSettings(seed=3, extend=1))
     for name, draws in reference.draws.items():
         np.testing.assert_array_equal(res.draws[name], draws)
     rows = [",".join(["subject"] + [f"i{j}" for j in range(y.shape[1])])]
@@ -183,7 +183,7 @@ def test_auto_samples_a_board_of_few_subjects_with_nuts_first_where_asked():
     assert record["method"] == "nuts"
     assert record["nuts_first"] == "100 subjects, fewer than nuts_first_subjects (101)"
     assert res.extra["compile"]["programs"] >= 0 and "quadrature" not in res.extra
-    reference = fit_nuts(y, "2pl", NutsSettings(seed=3))
+    reference = fit_nuts(y, "2pl", NutsSettings(seed=3, extend=1))
     for name, draws in reference.draws.items():
         np.testing.assert_array_equal(res.draws[name], draws)
     for settings in (FitSettings(nuts_first_subjects=100),  # the other side of the switch

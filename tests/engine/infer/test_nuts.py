@@ -456,3 +456,41 @@ def test_nuts_samples_constant_items_with_their_data_under_pooled_priors_only():
         aside = nuts_responses(y, response_stats(y), "binary", get_model(model, prior="vague"))
         assert (aside[:, [1, 4]] == -1).all()
         np.testing.assert_array_equal(np.delete(aside, [1, 4], 1), np.delete(y, [1, 4], 1))
+
+
+def test_extend_draws_on_from_where_the_chains_stopped_while_rhat_is_over_the_bound():
+    """``extend``: while an R-hat exceeds ``max_rhat`` the chains draw ``num_samples`` more
+    each, from their last state with their adapted step size and metric. The first round's
+    draws are the unextended run's, to the bit; the draws after it still sample the exact
+    posterior (conjugate normal, closed form); a run that converges is not extended; the
+    memory estimate counts the extra draws; a negative count is refused, naming the flag."""
+    from engine.infer import nuts
+
+    rng = np.random.default_rng(1)
+    y = (rng.normal(size=(6, 8)) + np.linspace(-2, 2, 6)[:, None] + 5.0).astype(np.float32)
+    spec = _normal_model()
+    settings = NutsSettings(num_chains=4, num_warmup=200, num_samples=300, seed=0,
+                            chain_threads=2, max_rhat=1.0)  # never met: every round runs
+    once = nuts_fit_result(spec, y, settings)
+    more = nuts_fit_result(spec, y, settings.replace(extend=2))
+    d = more.extra["diagnostics"]
+    assert (d["extended"], d["num_samples"]) == (2, 900) and not more.converged
+    assert more.draws["ability"].shape == (4, 900, 6)
+    np.testing.assert_array_equal(more.draws["ability"][:, :300], once.draws["ability"])
+    assert once.extra["diagnostics"]["extended"] == 0
+    assert more.extra["idata"].posterior.sizes["draw"] == 900
+    later = more.draws["ability"][:, 300:].reshape(-1, 6)
+    precision = 1.0 + y.shape[1]
+    sd = 1.0 / np.sqrt(precision)
+    np.testing.assert_allclose(later.mean(axis=0), (y - 5.0).sum(axis=1) / precision,
+                               atol=0.15 * sd)
+    np.testing.assert_allclose(later.std(axis=0), sd, rtol=0.15)
+    # round 1 is continue_nuts from the first round's last states, to the bit
+    steps, _ = nuts.continue_nuts(spec, y, settings, nuts.sample_nuts(spec, y, settings)[0], 1, 2)
+    np.testing.assert_array_equal(steps.position["ability"], more.draws["ability"][:, 300:600])
+    converged = nuts_fit_result(spec, y, settings.replace(max_rhat=1.05, extend=3))
+    assert converged.converged and converged.extra["diagnostics"]["extended"] == 0
+    base = nuts.nuts_memory_bytes(spec, 6, 8, settings)
+    assert nuts.nuts_memory_bytes(spec, 6, 8, settings.replace(extend=1)) > base
+    with pytest.raises(SettingsError, match=r"extend=-1 \(--extend\): must be an integer >= 0"):
+        settings.replace(extend=-1)
