@@ -78,6 +78,8 @@ def _settings(args):
                        checkpoint_every=getattr(args, "checkpoint_every", 0),
                        mc_draws=getattr(args, "mc_draws", 0),
                        ability_factor=getattr(args, "ability_factor", "auto"),
+                       nuts_first_subjects=getattr(args, "nuts_first_subjects",
+                                                   FitSettings.nuts_first_subjects),
                        memory_budget=parse_bytes(budget) if budget is not None else None)
 
 
@@ -707,6 +709,10 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
                         "gaussian: mean-field; auto (default): quadrature where it applies, "
                         "up to 1,000 responses per subject and 500,000 observed cells "
                         "(fit.json records which)")
+    p.add_argument("--nuts-first-subjects", type=_NONNEGATIVE, default=30, metavar="S",
+                   help="auto: sample a board of fewer subjects with NUTS (the exact "
+                        "posterior) where the quadrature fit would run, up to 12,000 observed "
+                        "cells (default 30; 0: never)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--dims", type=_POSITIVE, default=None, help="skills D of mirt-comp/mirt-noncomp/irt-vec")
     p.add_argument("--inflation-owner", default=None, choices=["both", "subject", "item"],

@@ -140,8 +140,10 @@ class FitSettings:
     nuts_first_subjects : ``auto`` samples a matrix with fewer subjects than this by NUTS
         (within ``nuts_fallback_max_cells``) where it would take the quadrature fit: there
         every item is seen by few subjects, and the quadrature fit's item sds were a median
-        0.85-0.95 of NUTS's on the 18-subject NLU boards, the least 0.71 (BENCHMARKS.md).
-        0 (the default) never: the fit.json ``ability_factor`` says which ran and why.
+        0.85-0.95 of NUTS's on the 18-subject NLU boards, the least 0.71 (BENCHMARKS.md),
+        where NUTS's sds are the posterior's. 30 (the default) is where the pools'
+        sampling coordinates change (``engine.infer.nuts.NONCENTRED_SUBJECTS``); 0 never.
+        fit.json's ``ability_factor`` says which ran and why.
     bucket_shapes : pad a matrix held in memory in one tile with missing cells to bucketed
         sizes (``engine.infer.fit.bucket_size``), so data sets of similar shape share compiled
         programs; the padding takes no part in the fit.
@@ -171,7 +173,7 @@ class FitSettings:
     quadrature_max_items: int = 1000
     quadrature_max_cells: int = 500_000
     nuts_fallback_max_cells: int = 12_000
-    nuts_first_subjects: int = 0
+    nuts_first_subjects: int = 30
     bucket_shapes: bool = True
 
     def for_model(self, spec) -> "FitSettings":

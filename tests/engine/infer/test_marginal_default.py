@@ -172,7 +172,7 @@ def test_auto_samples_a_board_of_few_subjects_with_nuts_first_where_asked():
     ``nuts_fallback_max_cells``) is sampled by NUTS where ``auto`` would take the quadrature
     fit: ``fit_nuts``'s result at the same seed, to the bit, with fit.json's
     ``ability_factor`` saying why. At as many subjects as the bound, above the cell bound,
-    or with the default 0, the quadrature fit runs."""
+    at the default (30) or with 0, the quadrature fit runs."""
     from engine.api import fit_nuts
     from engine.errors import SettingsError
     from engine.infer.nuts import NutsSettings
@@ -188,7 +188,7 @@ def test_auto_samples_a_board_of_few_subjects_with_nuts_first_where_asked():
         np.testing.assert_array_equal(res.draws[name], draws)
     for settings in (FitSettings(nuts_first_subjects=100),  # the other side of the switch
                      FitSettings(nuts_first_subjects=101, nuts_fallback_max_cells=999),
-                     FitSettings()):
+                     FitSettings(), FitSettings(nuts_first_subjects=0)):
         other = fit(y, "2pl", settings)
         assert other.extra["ability_factor"]["method"] == "quadrature"
         assert "nuts_first" not in other.extra["ability_factor"]
@@ -297,3 +297,17 @@ def test_a_mode_search_out_of_iterations_is_sampled_from_its_last_pass():
     ratio = np.exp(np.asarray(res.guide.log_scale["ability"], np.float64)) / np.exp(
         np.asarray(ref.guide.log_scale["ability"], np.float64))
     assert 0.8 < ratio.min() and ratio.max() < 1.25
+
+
+def test_the_command_line_sets_nuts_first_subjects_and_refuses_a_negative_count(capsys):
+    """``fit --nuts-first-subjects S`` reaches the fit's settings (default 30, 0 turns NUTS-first
+    off); a negative count is refused by the parser, naming the flag."""
+    from engine.cli import _settings, build_parser
+
+    parser = build_parser()
+    assert _settings(parser.parse_args(["fit", "st", "--out", "r"])).nuts_first_subjects == 30
+    args = parser.parse_args(["fit", "st", "--out", "r", "--nuts-first-subjects", "0"])
+    assert _settings(args).nuts_first_subjects == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["fit", "st", "--out", "r", "--nuts-first-subjects", "-1"])
+    assert "--nuts-first-subjects" in capsys.readouterr().err
