@@ -2,7 +2,8 @@
 draws (issue 16).
 
 For each board (``bench_marginal._load`` names: ``nlu:copa``, ``openml:kc2`` ...), seed 0,
-2PL: the default ``fit``; ``fit`` with ``FitSettings(nuts_first_subjects=30)``; and
+2PL: the default ``fit`` (NUTS first below 30 subjects since 6d251b7); ``fit`` with
+``FitSettings(nuts_first_subjects=30)``; and
 ``fit_nuts`` with 4 x (1,000 + 2,000) draws as the reference. Per block, |mean - reference
 mean| / reference sd and sd / reference sd on the unconstrained scale; wall times, and the
 sampled fits' R-hat, least bulk ESS and divergences. One JSON line a board and part.
@@ -43,6 +44,8 @@ def _fits(board: str, parts: list[str]) -> dict:
         diag = res.extra.get("diagnostics") or {}
         out[part] = (res, {"wall_s": round(time.perf_counter() - t, 1), "load": round(load, 2),
                            "method": (res.extra.get("ability_factor") or {}).get("method", "nuts"),
+                           "route": sorted(k for k in ("nuts_first", "quadrature_not_converged")
+                                           if k in (res.extra.get("ability_factor") or {})),
                            "rhat_max": diag.get("rhat_max"), "ess_bulk_min": diag.get("ess_bulk_min"),
                            "divergences": diag.get("divergences"), "extended": diag.get("extended"),
                            "converged": res.converged})
