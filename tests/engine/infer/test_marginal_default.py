@@ -305,7 +305,8 @@ def test_the_command_line_sets_nuts_first_subjects_and_refuses_a_negative_count(
     from engine.cli import _settings, build_parser
 
     parser = build_parser()
-    assert _settings(parser.parse_args(["fit", "st", "--out", "r"])).nuts_first_subjects == 30
+    default = _settings(parser.parse_args(["fit", "st", "--out", "r"])).nuts_first_subjects
+    assert default == FitSettings.nuts_first_subjects == 30  # the parser's and the library's
     args = parser.parse_args(["fit", "st", "--out", "r", "--nuts-first-subjects", "0"])
     assert _settings(args).nuts_first_subjects == 0
     with pytest.raises(SystemExit):
