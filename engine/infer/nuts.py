@@ -453,6 +453,12 @@ def _run_shares(program, y, shares: list[tuple]) -> NutsDraws:
     return jax.tree.map(lambda *v: np.concatenate(v, axis=0), *parts)
 
 
+def _seed_keys(settings: NutsSettings) -> tuple:
+    """``(init_key, chain_key)`` from the seed: the chains' starts, and their draws (the
+    first round's and, folded with the round, each added round's)."""
+    return tuple(jax.random.split(jax.random.PRNGKey(settings.seed)))
+
+
 def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
                 sampler: Callable | None = None) -> tuple[NutsDraws, dict]:
     """Draw from the exact posterior of ``spec`` given the whole matrix ``y``.
@@ -473,7 +479,7 @@ def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     """
     start = time.perf_counter()
     _check_model(spec)
-    init_key, chain_key = jax.random.split(jax.random.PRNGKey(settings.seed))
+    init_key, chain_key = _seed_keys(settings)
     positions = _initial_positions(spec, y, settings, init_key)
     keys = jax.random.split(chain_key, settings.num_chains)
     yd = jnp.asarray(y)
@@ -505,8 +511,8 @@ def continue_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, draws:
     :func:`sample_nuts` ran them; round ``round_`` (1, 2, ...) has its own keys. Returns
     ``(draws, timings)`` of the new draws alone (:func:`join_draws` appends them)."""
     start = time.perf_counter()
-    chain_key = jax.random.split(jax.random.PRNGKey(settings.seed))[1]
-    keys = jax.random.split(jax.random.fold_in(chain_key, round_), settings.num_chains)
+    keys = jax.random.split(jax.random.fold_in(_seed_keys(settings)[1], round_),
+                            settings.num_chains)
     yd = jnp.asarray(y)
     args = (keys, draws.last, draws.step_size, draws.inverse_mass_matrix)
     shares = _shares(args, threads)
