@@ -505,21 +505,29 @@ def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
 
 
 def continue_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, draws: NutsDraws,
-                  round_: int, threads: int) -> tuple[NutsDraws, dict]:
+                  round_: int, threads: int, *, program: Callable | None = None
+                  ) -> tuple[NutsDraws, dict]:
     """The chains of ``draws`` (from :func:`sample_nuts`, or an earlier round of this) drawn
     on for ``settings.num_samples`` more draws each, in ``threads`` host threads as
-    :func:`sample_nuts` ran them; round ``round_`` (1, 2, ...) has its own keys. Returns
-    ``(draws, timings)`` of the new draws alone (:func:`join_draws` appends them)."""
+    :func:`sample_nuts` ran them; round ``round_`` (1, 2, ...) has its own keys.
+
+    ``program`` is an earlier round's ``timings["program"]`` (the continuation compiled for
+    this shape and share), reused so that a fit compiles it once however many rounds it
+    adds. Returns ``(draws, timings)`` of the new draws alone (:func:`join_draws` appends
+    them); ``timings`` hold ``wall_s``, ``compile_s`` (0 when ``program`` was given) and
+    ``program``."""
     start = time.perf_counter()
     keys = jax.random.split(jax.random.fold_in(_seed_keys(settings)[1], round_),
                             settings.num_chains)
     yd = jnp.asarray(y)
     args = (keys, draws.last, draws.step_size, draws.inverse_mass_matrix)
     shares = _shares(args, threads)
-    more = make_continuation(spec, *np.shape(y), settings).lower(yd, *shares[0]).compile()
+    if program is None:
+        program = make_continuation(spec, *np.shape(y), settings).lower(yd, *shares[0]).compile()
     compile_s = time.perf_counter() - start
-    out = _run_shares(more, yd, shares)
-    return out, {"wall_s": time.perf_counter() - start, "compile_s": compile_s}
+    out = _run_shares(program, yd, shares)
+    return out, {"wall_s": time.perf_counter() - start, "compile_s": compile_s,
+                 "program": program}
 
 
 def join_draws(first: NutsDraws, then: NutsDraws) -> NutsDraws:
@@ -673,10 +681,12 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     constrained = constrain_draws(spec, draws.position)
     idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
     diag = diagnostics(spec, idata, settings, draws)  # of the chains as drawn
-    rounds = 0
+    rounds, program = 0, None
     while not diag["converged"] and rounds < settings.extend and settings.num_chains > 1:
         rounds += 1
-        more, t = continue_nuts(spec, y, settings, draws, rounds, timings["chain_threads"])
+        more, t = continue_nuts(spec, y, settings, draws, rounds, timings["chain_threads"],
+                                program=program)
+        program = t["program"]  # compiled once, on the first added round
         draws = join_draws(draws, more)
         timings["wall_s"] += t["wall_s"]
         timings["compile_s"] += t["compile_s"]

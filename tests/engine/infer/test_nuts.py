@@ -485,9 +485,15 @@ def test_extend_draws_on_from_where_the_chains_stopped_while_rhat_is_over_the_bo
     np.testing.assert_allclose(later.mean(axis=0), (y - 5.0).sum(axis=1) / precision,
                                atol=0.15 * sd)
     np.testing.assert_allclose(later.std(axis=0), sd, rtol=0.15)
-    # round 1 is continue_nuts from the first round's last states, to the bit
-    steps, _ = nuts.continue_nuts(spec, y, settings, nuts.sample_nuts(spec, y, settings)[0], 1, 2)
+    # round 1 is continue_nuts from the first round's last states, to the bit; round 2
+    # reuses round 1's compiled program (no compile) and gives the fit's last draws
+    first = nuts.sample_nuts(spec, y, settings)[0]
+    steps, t1 = nuts.continue_nuts(spec, y, settings, first, 1, 2)
     np.testing.assert_array_equal(steps.position["ability"], more.draws["ability"][:, 300:600])
+    then, t2 = nuts.continue_nuts(spec, y, settings, nuts.join_draws(first, steps), 2, 2,
+                                  program=t1["program"])
+    assert t2["program"] is t1["program"] and t2["compile_s"] < t1["compile_s"]
+    np.testing.assert_array_equal(then.position["ability"], more.draws["ability"][:, 600:])
     converged = nuts_fit_result(spec, y, settings.replace(max_rhat=1.05, extend=3))
     assert converged.converged and converged.extra["diagnostics"]["extended"] == 0
     base = nuts.nuts_memory_bytes(spec, 6, 8, settings)
