@@ -307,6 +307,10 @@ def test_the_command_line_sets_nuts_first_subjects_and_refuses_a_negative_count(
     parser = build_parser()
     default = _settings(parser.parse_args(["fit", "st", "--out", "r"])).nuts_first_subjects
     assert default == FitSettings.nuts_first_subjects == 30  # the parser's and the library's
+    fit_help = next(a for a in parser._subparsers._group_actions[0].choices["fit"]._actions
+                    if "--nuts-first-subjects" in a.option_strings).help
+    assert f"up to {FitSettings.nuts_fallback_max_cells:,} observed cells" in fit_help
+    assert f"default {FitSettings.nuts_first_subjects};" in fit_help
     args = parser.parse_args(["fit", "st", "--out", "r", "--nuts-first-subjects", "0"])
     assert _settings(args).nuts_first_subjects == 0
     with pytest.raises(SystemExit):
