@@ -420,6 +420,64 @@ def test_default_standardises_only_few_entries_under_a_vague_location():
         NutsSettings(noncentred_below=-1)
 
 
+def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
+    """``anchor``: the blocks the 2PL's common shift and scale move are sampled relative to
+    the abilities' mean and spread (a standardised block through its moved globals; none
+    where the abilities are themselves standardised). The map inverts, its log-Jacobian is
+    the numerical Jacobian's, and moving the abilities alone along either symmetry moves
+    the model's blocks along it: the likelihood's value stays."""
+    import jax
+
+    from engine.infer import nuts
+    from engine.infer.elbo import make_log_likelihood
+
+    spec = get_model("2pl", prior="population")
+    coords = lambda s, **kw: nuts.sampler_coordinates(spec, s, 6, NutsSettings(**kw))
+    big, small = coords(40, anchor="all"), coords(19, anchor="all")
+    assert [(a.kind, a.anchor, a.moves) for a in big.anchored] == [
+        ("log_sd", "ability", {"difficulty": (1.0, 0.0), "discrimination": (0.0, -1.0),
+                               "mu_difficulty": (1.0, 0.0), "u_difficulty": (0.0, -2.0),
+                               "mu_discrimination": (0.0, -1.0)}),
+        ("mean", "ability", {"difficulty": (0.0, 1.0), "mu_difficulty": (0.0, 1.0)})]
+    assert [sorted(a.moves) for a in small.anchored] == [  # item blocks standardised
+        ["mu_difficulty", "mu_discrimination", "u_difficulty"], ["mu_difficulty"]]
+    assert [a.kind for a in coords(40, anchor="translations").anchored] == ["mean"]
+    assert coords(40, anchor="none").anchored == ()
+    assert nuts.sampler_coordinates(get_model("2pl", prior="hierarchical"), 19, 6,
+                                    NutsSettings(anchor="all")).anchored == ()  # ability pooled
+    # the default: both where there are 50 items or more and no item block standardised
+    at = lambda s, n: [a.kind for a in nuts.sampler_coordinates(spec, s, n,
+                                                                NutsSettings()).anchored]
+    assert at(40, 6) == at(1000, 49) == at(29, 500) == [] and at(30, 50) == ["log_sd", "mean"]
+    rng = np.random.default_rng(0)
+    y = jnp.asarray(rng.integers(0, 2, (40, 6)), jnp.float32)
+    for s, c in ((40, big), (19, small)):
+        z = {p.name: jnp.asarray(rng.normal(size=p.full_shape(s, 6)), jnp.float32)
+             for p in spec.params}
+        x, log_jac = nuts._centre(spec, c, z)
+        back = nuts._standardise(spec, c, x)
+        for k in z:
+            np.testing.assert_allclose(back[k], z[k], atol=1e-5)
+        names = sorted(z)
+        flat = lambda d: jnp.concatenate([jnp.ravel(d[k]) for k in names])
+        cut = np.cumsum([z[k].size for k in names])[:-1]
+        unflat = lambda v: {k: part.reshape(z[k].shape)
+                            for k, part in zip(names, jnp.split(v, cut))}
+        jac = jax.jacfwd(lambda v: flat(nuts._centre(spec, c, unflat(v))[0]))(flat(z))
+        np.testing.assert_allclose(float(log_jac), float(jnp.linalg.slogdet(jac)[1]), atol=1e-3)
+        loglik = make_log_likelihood(spec, s, 6)
+        whole = slice(None)
+        at = lambda zz: float(loglik(nuts._centre(spec, c, zz)[0], whole, whole, y[:s]))
+        for moved in (z["ability"] + 0.5, z["ability"] * 1.7):
+            np.testing.assert_allclose(at({**z, "ability": moved}), at(z), rtol=1e-5)
+        assert abs(at({**z, "discrimination": z["discrimination"] + 0.5}) - at(z)) > 1e-3
+    with pytest.raises(SettingsError, match="anchor="):
+        NutsSettings(anchor="scale")
+    with pytest.raises(SettingsError, match="init_jitter=0 with anchor=None"):
+        NutsSettings(init_jitter=0.0)  # a scale is read from the abilities' spread
+    assert NutsSettings(init_jitter=0.0, anchor="translations").init_jitter == 0.0
+
+
 def test_mcse_of_the_sd_is_arviz_own():
     """``mcse_sd`` (whole arrays; ArviZ 0.23's per-entry loop fails under numpy 2.5, seen on
     the H200 image) equals ``az.mcse(method="sd")`` where that still runs."""
