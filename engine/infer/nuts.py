@@ -259,12 +259,12 @@ def anchored_moves(spec: ModelSpec, num_subjects: int, pooled: dict,
     scalar = lambda n: by_name[n].owner == "subject" and by_name[n].shape == () and n not in pooled
     found = []
     for sym in spec.symmetries:
-        moves = sym.with_hypers(spec.params).moves
-        if any(isinstance(m, tuple) or isinstance(v, tuple) for _, m, v in moves):
+        moves = sym.plain_moves(spec.params)
+        if moves is None:
             continue
         if all(m == 0.0 for _, m, _ in moves):
             kind, anchors = "mean", [(n, v) for n, _, v in moves if scalar(n) and v != 0.0]
-        elif which == "all" and num_subjects >= 2 and all(m * v == 0.0 for _, m, v in moves):
+        elif which == "all" and num_subjects >= 2:
             kind, anchors = "log_sd", [(n, m) for n, m, v in moves if scalar(n) and m != 0.0]
         else:
             continue

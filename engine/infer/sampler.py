@@ -178,18 +178,16 @@ def _symmetry_moves(spec: ModelSpec, names: list[str], hyper: list[str]):
 
     out = []
     for sym in spec.symmetries:
-        full = sym.with_hypers(spec.params)
+        moves = sym.plain_moves(spec.params)
+        if moves is None:  # per component, or scaled and shifted at once: its moves by t
+            continue  # and by -t would not undo each other, so a random walk in t is not symmetric
         items, globs = still()
-        for name, m, v in full.moves:
-            if isinstance(m, tuple) or isinstance(v, tuple) or (m and v):
-                break  # per component, or scaled and shifted at once: its moves by t and
-                # by -t would not undo each other, so a random walk in t is not symmetric
+        for name, m, v in moves:
             if name in names:
                 items[names.index(name), :2] = (m, v)
             elif name in hyper:
                 globs[hyper.index(name)] = (m, v)
-        else:
-            out.append((sym.name, items, globs))
+        out.append((sym.name, items, globs))
     by_name = {p.name: p for p in spec.params}
     for j, name in enumerate(names):
         loc, prec = pool_of(by_name[name], by_name)

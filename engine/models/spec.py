@@ -112,6 +112,16 @@ class Symmetry:
                 moved.add(prec)
         return Symmetry(self.name, tuple(moves))
 
+    def plain_moves(self, params: "tuple[ParamSpec, ...]") -> tuple | None:
+        """The moves of :meth:`with_hypers` where each is one scalar ``(m, v)`` that scales
+        or shifts its block, not both; None where any moves per component or scales and
+        shifts at once (its moves by ``t`` and by ``-t`` would not undo each other, and ``t``
+        cannot be read back from one block's mean or spread)."""
+        moves = self.with_hypers(params).moves
+        if any(isinstance(m, tuple) or isinstance(v, tuple) or (m and v) for _, m, v in moves):
+            return None
+        return moves
+
 
 def pool_of(param: "ParamSpec", by_name: dict) -> tuple[str | None, str | None]:
     """The globals a block ``x ~ N(mu, 1/u)`` is pooled by: ``(mu, u)``, each named where it
