@@ -138,11 +138,6 @@ class NutsSettings:
         if self.anchor not in (None, "all", "translations", "none"):
             raise SettingsError(f"NUTS setting anchor={self.anchor!r}: must be None (the "
                                 f"default rule), 'all', 'translations' or 'none'")
-        if self.anchor in (None, "all") and not self.init_jitter > 0.0:
-            raise SettingsError(f"NUTS setting init_jitter=0 with anchor={self.anchor!r}: every "
-                                f"chain would start with all abilities at one value, where "
-                                f"their spread, which a scale is read from, is 0; use "
-                                f"init_jitter > 0, or anchor='translations' or 'none'")
         if self.chain_threads is not None and self.num_chains % self.chain_threads:
             raise SettingsError(f"NUTS setting chain_threads={self.chain_threads}: must divide "
                                 f"num_chains={self.num_chains} (--chains)")
@@ -416,6 +411,12 @@ def _initial_positions(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, k
     if spec.initial is not None:
         loc.update({k: np.asarray(v, np.float32) for k, v in spec.initial(y).items()})
     coords = sampler_coordinates(spec, *np.shape(y), settings)
+    if not settings.init_jitter > 0.0 and any(a.kind == "log_sd" for a in coords.anchored):
+        raise SettingsError(f"NUTS setting init_jitter=0 with anchor={settings.anchor!r}, which "
+                            f"at {np.shape(y)[1]} items takes up the scale: every chain would "
+                            f"start with all abilities at one value, where their spread, which "
+                            f"the scale is read from, is 0; use init_jitter > 0, or "
+                            f"anchor='translations' or 'none'")
     if coords.pooled:
         start = {k: jnp.asarray(v, jnp.float32) for k, v in loc.items()}
         plain = coords._replace(anchored=())

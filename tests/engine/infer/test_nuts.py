@@ -473,9 +473,17 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
         assert abs(at({**z, "discrimination": z["discrimination"] + 0.5}) - at(z)) > 1e-3
     with pytest.raises(SettingsError, match="anchor="):
         NutsSettings(anchor="scale")
-    with pytest.raises(SettingsError, match="init_jitter=0 with anchor=None"):
-        NutsSettings(init_jitter=0.0)  # a scale is read from the abilities' spread
-    assert NutsSettings(init_jitter=0.0, anchor="translations").init_jitter == 0.0
+    # a scale is read from the abilities' spread, which is 0 at an unjittered start: refused
+    # where the resolved anchor takes up a scale, and only there
+    key = jax.random.PRNGKey(0)
+    wide = np.asarray(rng.integers(0, 2, (30, 50)), np.float32)
+    with pytest.raises(SettingsError, match="init_jitter=0 with anchor=None, which at 50 items"):
+        nuts._initial_positions(spec, wide, NutsSettings(init_jitter=0.0), key)
+    for settings, data in ((NutsSettings(init_jitter=0.0), np.asarray(y)),  # default: none
+                           (NutsSettings(init_jitter=0.0, anchor="translations"), wide)):
+        start = nuts._initial_positions(spec, data, settings, key)
+        assert all(np.isfinite(np.asarray(v)).all() for v in start.values())
+        assert float(jnp.ptp(start["ability"][0])) == 0.0  # no jitter: all at one value
 
 
 def test_mcse_of_the_sd_is_arviz_own():
