@@ -171,15 +171,22 @@ def make_observation_terms(spec: ModelSpec, num_subjects: int, num_items: int,
     return _terms_fn(spec, over_obs, reduce, consts, const_owner, with_hessian)
 
 
-def make_log_likelihood(spec: ModelSpec, num_subjects: int, num_items: int) -> Callable:
+def make_log_likelihood(spec: ModelSpec, num_subjects: int, num_items: int,
+                        *, per_cell: bool = False) -> Callable:
     """Return ``loglik(z, subject_idx, item_idx, y) -> scalar``: the summed log-likelihood of
-    one dense tile at unconstrained ``z`` (the value :func:`make_block_terms` sums, with no
-    derivatives taken), for samplers that differentiate the log joint themselves.
+    one dense tile at unconstrained ``z`` (the value :func:`make_block_terms` sums), for
+    samplers that differentiate the log joint themselves.
 
     The model's ``loglik`` sees the whole tile at once, blocks expanded for broadcasting
     (subject ``(s, 1, ...)``, item ``(1, n, ...)``) as :class:`ModelSpec` documents: one
-    vectorised pass, about 3x faster to differentiate than per-cell ``vmap``.
+    vectorised pass, about 3x faster to differentiate than per-cell ``vmap``. A model that
+    declares a linear predictor has its derivative from :mod:`engine.infer.linear`'s terms
+    instead (a ``custom_jvp``, so reverse, forward and second order all work): 2PL 200 x 400,
+    value and gradient 0.49 ms against 2.4 ms by autodiff of the tile; ``per_cell=True``
+    forces autodiff of the model's ``loglik``.
     """
+    if not per_cell and supports_linear(spec):
+        return _linear_log_likelihood(spec, num_subjects, num_items)
     lik = spec.likelihood_params
     consts, const_owner = _constants(spec, num_subjects, num_items)
     owner = {p.name: p.owner for p in lik} | const_owner
@@ -195,6 +202,28 @@ def make_log_likelihood(spec: ModelSpec, num_subjects: int, num_items: int) -> C
         mask = (y >= 0).astype(jnp.float32)  # -1 (int8) and NaN (float32) are missing
         yf = jnp.where(y >= 0, y, 0).astype(jnp.float32)
         return jnp.sum(mask * spec.loglik(params, yf, mask))
+
+    return loglik
+
+
+def _linear_log_likelihood(spec: ModelSpec, num_subjects: int, num_items: int) -> Callable:
+    """:func:`make_log_likelihood` with the derivative of the linear predictor's terms:
+    the gradient of the blocks the cells read, contracted with the tangent."""
+    terms = make_linear_block_terms(spec, num_subjects, num_items, with_hessian=False)
+
+    def loglik(z, subject_idx, item_idx, y):
+        @jax.custom_jvp
+        def total(z, y):
+            return terms(z, subject_idx, item_idx, y).value
+
+        @total.defjvp
+        def _derivative(primals, tangents):
+            z, y = primals
+            t = terms(z, subject_idx, item_idx, y)
+            dz = tangents[0]  # the cells read no other block: those terms are 0
+            return t.value, sum(jnp.sum(g * dz[k]) for k, g in t.grad.items())
+
+        return total(z, y)
 
     return loglik
 

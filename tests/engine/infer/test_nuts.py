@@ -3,6 +3,7 @@
 import json
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -242,6 +243,14 @@ def test_log_joint_likelihood_equals_the_fit_terms(model):
     fit_terms = make_block_terms(spec, *shape, with_hessian=False, per_cell=True)
     assert float(ours) == pytest.approx(float(fit_terms(z, rows, cols, jnp.asarray(y)).value),
                                         rel=1e-5)
+    # a linear predictor's derivative comes from its terms: gradient and Hessian equal
+    # autodiff of the model's own loglik
+    at = lambda f: lambda zz: f(zz, rows, cols, jnp.asarray(y))
+    fast, plain = (at(make_log_likelihood(spec, *shape, per_cell=p)) for p in (False, True))
+    for d in (jax.grad, jax.hessian):
+        got, want = d(fast)(z), d(plain)(z)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 def test_new_data_of_one_shape_reuses_the_compiled_sampler(monkeypatch):
