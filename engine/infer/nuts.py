@@ -92,16 +92,23 @@ class NutsSettings:
         the diagnostics are read from all draws. ``fit``'s ``auto`` samples with 1: at
         4 x 1,000 draws NLU mutual (18 x 443) ended at R-hat 1.012 and OpenML kc2 (19 x 157)
         at 1.019, and with 2,000 draws a chain both converged.
-    anchor : the likelihood's symmetries taken up by the abilities (:func:`anchored_moves`),
-        the same posterior in other coordinates: ``all`` samples the blocks a common shift or
-        scale moves relative to the abilities' mean and spread, ``translations`` the shift
-        alone, ``none`` the blocks as they are. None (the default): ``all`` where there are
-        at least 50 items (:data:`ANCHOR_ITEMS`) and no item block is standardised, else
-        ``none``. Measured (2PL, seed 0, 4 x (500 + 1,000), R-hat / least bulk ESS / steps
-        per draw, none -> all): 200 x 400 1.045 / 76 / 24.5 -> 1.010 / 376 / 28.9, where the
-        shift and scale every item shares were the slow directions; LSAT7 (5 items) 1.008 /
-        923 / 34 -> 1.010 / 634 / 25; OpenML ilpd (19 x 175, items standardised) 1.020 / 264
-        -> 1.159 / 17.
+    anchor : the likelihood's symmetries taken up by the abilities (:func:`anchored_moves`), the
+        same posterior in other coordinates: ``all`` samples the blocks a common shift or scale
+        moves relative to the abilities' mean and spread, ``translations`` the shift alone,
+        ``none`` the blocks as they are. None (the default): ``translations`` where an item
+        block is standardised, else ``all`` where there are at least 50 items
+        (:data:`ANCHOR_ITEMS`), else ``none``. Measured (2PL, seed 0, 4 x (500 + 1,000), R-hat /
+        least bulk ESS / steps per draw, none -> all): 200 x 400 1.045 / 76 / 24.5 -> 1.010 /
+        376 / 28.9, where the shift and scale every item shares were the slow directions; LSAT7
+        (5 items) 1.008 / 923 / 34 -> 1.010 / 634 / 25; OpenML ilpd (19 x 175, items
+        standardised) 1.020 / 264 -> 1.159 / 17. Where an item block is standardised (fewer than
+        30 subjects) the default is ``translations``: the items follow their pool's location,
+        and the slowest direction left was that location shifting with every ability (4 x 1,000
+        draws, R-hat / least bulk ESS, none -> translations): OpenML kc2 (19 x 157) 1.035 / 181
+        -> 1.017 / 207, and after ``auto``'s one added round 1.033 / 225 -> 1.009 / 592; ilpd
+        (one round added) 1.010 / 469 -> 1.010 / 712; NLU mutual 1.007 / 288 -> 1.006 / 514, rte
+        1.011 / 531 -> 1.009 / 528, cb 1.010 / 866 -> 1.006 / 1,089, copa 1.004 / 1,181 -> 1.005
+        / 912, wsc 1.005 / 1,508 -> 1.004 / 1,466.
     chain_threads : host threads the chains are split over, each running the same compiled
         sampler on its share (must divide ``num_chains``). None (the default): on a CPU,
         the largest divisor of ``num_chains`` up to the cores this process may use, because
@@ -284,10 +291,12 @@ class Coordinates(NamedTuple):
 
 
 def default_anchor(spec: ModelSpec, num_items: int, pooled: dict) -> str:
-    """``NutsSettings.anchor=None``: ``all`` where there are at least :data:`ANCHOR_ITEMS`
-    items and no item block is standardised, ``none`` otherwise (see ``NutsSettings``)."""
-    items_pooled = any(spec.param(n).owner == "item" for n in pooled)
-    return "all" if num_items >= ANCHOR_ITEMS and not items_pooled else "none"
+    """``NutsSettings.anchor=None``: ``translations`` where an item block is standardised,
+    else ``all`` where there are at least :data:`ANCHOR_ITEMS` items, ``none`` otherwise
+    (see ``NutsSettings``)."""
+    if any(spec.param(n).owner == "item" for n in pooled):
+        return "translations"
+    return "all" if num_items >= ANCHOR_ITEMS else "none"
 
 
 def sampler_coordinates(spec: ModelSpec, num_subjects: int, num_items: int,

@@ -454,10 +454,14 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
     assert coords(40, anchor="none").anchored == ()
     assert nuts.sampler_coordinates(get_model("2pl", prior="hierarchical"), 19, 6,
                                     NutsSettings(anchor="all")).anchored == ()  # ability pooled
-    # the default: both where there are 50 items or more and no item block standardised
+    # the default: the shift alone where the item blocks are standardised (fewer than 30
+    # subjects, at any item count); else both at 50 items or more; else neither
     at = lambda s, n: [a.kind for a in nuts.sampler_coordinates(spec, s, n,
                                                                 NutsSettings()).anchored]
-    assert at(40, 6) == at(1000, 49) == at(29, 500) == [] and at(30, 50) == ["log_sd", "mean"]
+    assert at(40, 6) == at(1000, 49) == [] and at(30, 50) == ["log_sd", "mean"]
+    assert at(29, 500) == at(19, 6) == ["mean"]
+    assert [sorted(a.moves) for a in nuts.sampler_coordinates(spec, 19, 157, NutsSettings())
+            .anchored] == [["mu_difficulty"]]  # the difficulties follow their moved location
     rng = np.random.default_rng(0)
     y = jnp.asarray(rng.integers(0, 2, (40, 6)), jnp.float32)
     for s, c in ((40, big), (19, small)):
