@@ -40,7 +40,7 @@ from engine.atomic import atomic_write
 from engine.compile_cache import compilation_cache_dir, compilation_cache_enabled
 
 __all__ = ["exported_jit", "fingerprint", "Unkeyable", "source_digest", "register_structures",
-           "compiler_options", "QUICK_COMPILE"]
+           "compiler_options", "QUICK_COMPILE", "load_or_export"]
 
 _MAGIC = b"irt-engine exported program 1\n"
 _PACKAGE = Path(__file__).resolve().parent
@@ -192,10 +192,9 @@ def _without_lapack(jitted: Callable) -> Callable:
     return call
 
 
-def _write(path: Path, exp) -> None:
-    """Write atomically (:func:`engine.atomic.atomic_write`); a cache that cannot be written
-    is skipped, not an error of the fit."""
-    payload = bytes(exp.serialize())
+def _write(path: Path, payload: bytes) -> None:
+    """Write a serialized program atomically (:func:`engine.atomic.atomic_write`); a cache
+    that cannot be written is skipped, not an error of the fit."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: tmp.write_bytes(
@@ -290,24 +289,49 @@ class _ExportedJit:
 
         xla = dict(options) if options else None
         try:
-            key = hashlib.sha256("\n".join([
-                fingerprint(self.fn), source_digest(), jax.default_backend(),
-                f"x64={jax.config.jax_enable_x64}", str(tree), repr(types),
-                fingerprint(sorted(named.items()))]
-                + ([f"xla={fingerprint(options)}"] if options else [])).encode()).hexdigest()
+            parts = [fingerprint(self.fn), fingerprint(sorted(named.items()))] + (
+                [f"xla={fingerprint(options)}"] if options else [])
         except Unkeyable:
             return jax.jit(bound, compiler_options=xla)
-        path = _folder() / f"{self.fn.__name__.lstrip('_')}-{key[:40]}.exported"
-        exp = _read(path)
-        if exp is None:
-            specs = [jax.ShapeDtypeStruct(t.shape, t.dtype, weak_type=t.weak_type) for t in types]
-            try:
-                exp = jax.export.export(jax.jit(bound))(*jax.tree.unflatten(tree, specs))
-                _write(path, exp)
-            except Exception:  # not exportable (a structure without serialization, or an
-                return jax.jit(bound, compiler_options=xla)  # error the plain call reports)
+        exp = load_or_export(self.fn.__name__.lstrip("_"), parts, jax.jit(bound),
+                             jax.tree.unflatten(tree, list(types)))
+        if exp is None:  # not exportable (a structure without serialization, or an error
+            return jax.jit(bound, compiler_options=xla)  # the plain call reports)
         jitted = jax.jit(exp.call, compiler_options=xla)
         return jitted if uses_lapack(exp) else _without_lapack(jitted)
+
+
+def load_or_export(name: str, key_parts: list[str], jitted: Callable, args):
+    """The ``jax.export`` program of ``jitted`` for arguments of ``args``' structure, shapes
+    and dtypes (``args``: a list of pytrees of arrays or abstract values), read from the
+    traces folder, or traced, exported and written there now; None where the cache is off
+    (``IRT_ENGINE_COMPILATION_CACHE=0``) or the program cannot be exported.
+
+    ``key_parts``: texts that determine everything else the program depends on (the
+    function, its static values: :func:`fingerprint`); the entry's key adds every source
+    file of ``engine`` and the JAX versions (:func:`source_digest`), the backend, the
+    ``x64`` flag and the arguments' structure and types. ``name`` starts the file's name.
+    Call the result through ``jax.jit(exp.call)``: its compiled code then comes from the
+    compilation cache, and a later process neither traces nor lowers ``jitted`` again."""
+    if not compilation_cache_enabled():
+        return None
+    leaves, tree = jax.tree.flatten(args)
+    types = tuple(leaf if isinstance(leaf, jax.core.ShapedArray) else jax.typeof(leaf)
+                  for leaf in leaves)
+    key = hashlib.sha256("\n".join([*key_parts, source_digest(), jax.default_backend(),
+                                    f"x64={jax.config.jax_enable_x64}", str(tree),
+                                    repr(types)]).encode()).hexdigest()
+    path = _folder() / f"{name}-{key[:40]}.exported"
+    exp = _read(path)
+    if exp is None:
+        specs = [jax.ShapeDtypeStruct(t.shape, t.dtype, weak_type=t.weak_type) for t in types]
+        try:  # a structure without serialization is not exportable either
+            exp = jax.export.export(jitted)(*jax.tree.unflatten(tree, specs))
+            payload = bytes(exp.serialize())
+        except Exception:
+            return None
+        _write(path, payload)
+    return exp
 
 
 def exported_jit(fn: Callable | None = None, *, static_argnames: tuple[str, ...] = ()):

@@ -227,3 +227,49 @@ def test_a_long_lived_process_keeps_the_most_recent_programs_only(tmp_path, monk
     np.asarray(_node_loglik(spec, *_node_inputs(U=9 + MAX_PROGRAMS)))
     assert list(_node_loglik.programs) == keys[1:] + keys[:1]
     assert _node_loglik.programs[keys[0]] is again
+
+
+_NUTS_CHILD = """
+import json, sys
+import numpy as np
+from engine.api import fit_nuts
+from engine.compile_cache import count_compiles
+from engine.infer.nuts import NutsSettings
+
+y = np.load(sys.argv[1])
+with count_compiles() as stats:  # max_rhat 1.0: never met, so one round is always added
+    res = fit_nuts(y, "2pl", NutsSettings(num_chains=2, num_warmup=60, num_samples=40,
+                                          max_rhat=1.0, extend=1, seed=4))
+print(json.dumps({"trace_s": stats.trace_s, "extended": res.extra["diagnostics"]["extended"],
+                  "draws": {k: np.asarray(v).tolist() for k, v in res.draws.items()}}))
+"""
+
+
+def test_a_new_process_reads_the_nuts_programs_instead_of_tracing_them(tmp_path):
+    """NUTS's sampler and continuation (blackjax's adaptation and tree building: seconds
+    to trace) are kept as exported programs: a second process traces next to nothing and
+    draws the first's draws to the bit; so does a process with the cache off, which traces
+    plain ``jax.jit`` programs."""
+    data = tmp_path / "y.npy"
+    np.save(data, _simulate(20, 6, seed=3))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "IRT_ENGINE_"))}
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "cache")
+
+    def child(environment):
+        out = subprocess.run([sys.executable, "-c", _NUTS_CHILD, str(data)], cwd=REPO,
+                             env=environment, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = child(env)
+    traces = tmp_path / "cache" / "traces"
+    kept = {p.name: p.stat().st_mtime_ns for p in traces.glob("nuts-*")}
+    assert first["extended"] == 1
+    assert sorted(n.rsplit("-", 1)[0] for n in kept) == ["nuts-continuation", "nuts-sampler"]
+    second = child(env)
+    assert {p.name: p.stat().st_mtime_ns for p in traces.glob("nuts-*")} == kept  # read
+    assert second["trace_s"] < 0.2 * first["trace_s"]
+    assert second["draws"] == first["draws"]
+    off = child({**env, "IRT_ENGINE_COMPILATION_CACHE": "0"})
+    assert off["trace_s"] > 0.2 * first["trace_s"]
+    assert off["draws"] == first["draws"]
