@@ -12,7 +12,9 @@ It is the compilation cache's folder (``traces/`` inside it) and switch:
 ``IRT_ENGINE_COMPILATION_CACHE=0`` turns both off, and then a decorated function is plain
 ``jax.jit``. An entry's key covers everything its program depends on: the function, every
 source file of the ``engine`` package, the JAX and jaxlib versions, the backend, the
-``x64`` flag, the arguments' shapes, dtypes and structure, and the static arguments' values.
+``x64`` and partitionable-threefry flags, the arguments' shapes, dtypes and structure, and
+the static arguments' values (:func:`load_or_export` callers add the version of any other
+package whose code the program holds: NUTS's blackjax).
 A static argument whose value cannot be written down completely (a model with a function
 from outside ``engine``, whose code the key cannot cover) is not cached: that call is plain
 ``jax.jit``. Each entry carries a SHA-256 of its bytes; one that does not match, or does not
@@ -293,8 +295,11 @@ class _ExportedJit:
                 [f"xla={fingerprint(options)}"] if options else [])
         except Unkeyable:
             return jax.jit(bound, compiler_options=xla)
-        exp = load_or_export(self.fn.__name__.lstrip("_"), parts, jax.jit(bound),
-                             jax.tree.unflatten(tree, list(types)))
+        try:
+            args = jax.tree.unflatten(tree, list(types))
+        except Exception:  # a structure that does not take abstract values: not kept
+            return jax.jit(bound, compiler_options=xla)
+        exp = load_or_export(self.fn.__name__.lstrip("_"), parts, jax.jit(bound), args)
         if exp is None:  # not exportable (a structure without serialization, or an error
             return jax.jit(bound, compiler_options=xla)  # the plain call reports)
         jitted = jax.jit(exp.call, compiler_options=xla)
@@ -308,9 +313,11 @@ def load_or_export(name: str, key_parts: list[str], jitted: Callable, args):
     (``IRT_ENGINE_COMPILATION_CACHE=0``) or the program cannot be exported.
 
     ``key_parts``: texts that determine everything else the program depends on (the
-    function, its static values: :func:`fingerprint`); the entry's key adds every source
-    file of ``engine`` and the JAX versions (:func:`source_digest`), the backend, the
-    ``x64`` flag and the arguments' structure and types. ``name`` starts the file's name.
+    function, its static values: :func:`fingerprint`, and the version of any other package
+    whose code it holds); the entry's key adds every source file of ``engine`` and the JAX
+    versions (:func:`source_digest`), the backend, the ``x64`` and partitionable-threefry
+    flags (random numbers drawn inside a program follow the latter) and the arguments'
+    structure and types. ``name`` starts the file's name.
     Call the result through ``jax.jit(exp.call)``: its compiled code then comes from the
     compilation cache, and a later process neither traces nor lowers ``jitted`` again."""
     if not compilation_cache_enabled():
@@ -318,9 +325,10 @@ def load_or_export(name: str, key_parts: list[str], jitted: Callable, args):
     leaves, tree = jax.tree.flatten(args)
     types = tuple(leaf if isinstance(leaf, jax.core.ShapedArray) else jax.typeof(leaf)
                   for leaf in leaves)
-    key = hashlib.sha256("\n".join([*key_parts, source_digest(), jax.default_backend(),
-                                    f"x64={jax.config.jax_enable_x64}", str(tree),
-                                    repr(types)]).encode()).hexdigest()
+    key = hashlib.sha256("\n".join([
+        *key_parts, source_digest(), jax.default_backend(), f"x64={jax.config.jax_enable_x64}",
+        f"threefry_partitionable={jax.config.jax_threefry_partitionable}", str(tree),
+        repr(types)]).encode()).hexdigest()
     path = _folder() / f"{name}-{key[:40]}.exported"
     exp = _read(path)
     if exp is None:

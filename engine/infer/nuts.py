@@ -25,6 +25,7 @@ from engine.infer.elbo import log_prior, make_log_likelihood
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState, init_guide
 from engine.memory import size_text, usable_cores
+from engine.versions import installed
 from engine.models.spec import ModelSpec
 
 __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "make_sampler",
@@ -97,13 +98,14 @@ class NutsSettings:
         same posterior in other coordinates: ``all`` samples the blocks a common shift or scale
         moves relative to the abilities' mean and spread, ``translations`` the shift alone,
         ``none`` the blocks as they are. None (the default): ``translations`` where an item
-        block is standardised, else ``all`` where there are at least 50 items
-        (:data:`ANCHOR_ITEMS`), else ``none``. Measured (2PL, seed 0, 4 x (500 + 1,000), R-hat /
-        least bulk ESS / steps per draw, none -> all): 200 x 400 1.045 / 76 / 24.5 -> 1.010 /
-        376 / 28.9, where the shift and scale every item shares were the slow directions; LSAT7
-        (5 items) 1.008 / 923 / 34 -> 1.010 / 634 / 25; OpenML ilpd (19 x 175, items
-        standardised) 1.020 / 264 -> 1.159 / 17. Where an item block is standardised (fewer than
-        30 subjects) the default is ``translations``: the items follow their pool's location,
+        block is standardised for fewer than 30 subjects, else ``all`` where there are at least
+        50 items (:data:`ANCHOR_ITEMS`), else ``none``. Measured (2PL, seed 0, 4 x (500 +
+        1,000), R-hat / least bulk ESS / steps per draw, none -> all): 200 x 400 1.045 / 76 /
+        24.5 -> 1.010 / 376 / 28.9, where the shift and scale every item shares were the slow
+        directions; LSAT7 (5 items) 1.008 / 923 / 34 -> 1.010 / 634 / 25; OpenML ilpd (19 x 175,
+        items standardised) 1.020 / 264 -> 1.159 / 17. Where an item block is standardised for
+        fewer than 30 subjects the default is ``translations`` (``none`` where it is
+        standardised for another reason: not measured): the items follow their pool's location,
         and the slowest direction left was that location shifting with every ability (4 x 1,000
         draws, R-hat / least bulk ESS, none -> translations): OpenML kc2 (19 x 157) 1.035 / 181
         -> 1.017 / 207, and after ``auto``'s one added round 1.033 / 225 -> 1.009 / 592; ilpd
@@ -294,12 +296,13 @@ class Coordinates(NamedTuple):
     anchored: tuple
 
 
-def default_anchor(spec: ModelSpec, num_items: int, pooled: dict) -> str:
-    """``NutsSettings.anchor=None``: ``translations`` where an item block is standardised,
-    else ``all`` where there are at least :data:`ANCHOR_ITEMS` items, ``none`` otherwise
-    (see ``NutsSettings``)."""
+def default_anchor(spec: ModelSpec, num_subjects: int, num_items: int, pooled: dict) -> str:
+    """``NutsSettings.anchor=None``: where an item block is standardised, ``translations``
+    if that is for fewer than :data:`NONCENTRED_SUBJECTS` subjects and ``none`` otherwise
+    (a vague location, or ``noncentred_below``: not measured); else ``all`` where there are
+    at least :data:`ANCHOR_ITEMS` items, ``none`` otherwise (see ``NutsSettings``)."""
     if any(spec.param(n).owner == "item" for n in pooled):
-        return "translations"
+        return "translations" if num_subjects < NONCENTRED_SUBJECTS else "none"
     return "all" if num_items >= ANCHOR_ITEMS else "none"
 
 
@@ -307,7 +310,7 @@ def sampler_coordinates(spec: ModelSpec, num_subjects: int, num_items: int,
                         settings: "NutsSettings") -> Coordinates:
     """The coordinates NUTS samples ``spec`` in for this shape and these settings."""
     pooled = pooled_blocks(spec, num_subjects, num_items, settings.noncentred_below)
-    which = settings.anchor or default_anchor(spec, num_items, pooled)
+    which = settings.anchor or default_anchor(spec, num_subjects, num_items, pooled)
     return Coordinates(pooled, anchored_moves(spec, num_subjects, pooled, which))
 
 
@@ -602,9 +605,14 @@ def _traced(name: str, spec: ModelSpec, settings: NutsSettings, jitted: Callable
     settings reads the trace instead of tracing blackjax's adaptation and the tree building
     again (cb, 18 x 28: 3.6 s of tracing and lowering against 0.15 s). ``jitted`` itself
     where the model cannot be keyed (a function from outside ``engine``), the cache is off
-    or the program does not export."""
+    or the program does not export. The key adds blackjax's version, whose code the program
+    holds. A low-rank metric (``low_rank``) is a structure that does not serialize: that
+    sampler is not exported."""
+    if settings.low_rank:
+        return jitted
     try:
-        parts = [name, fingerprint(spec), fingerprint(settings.replace(**_OUTSIDE_PROGRAM))]
+        parts = [name, fingerprint(spec), fingerprint(settings.replace(**_OUTSIDE_PROGRAM)),
+                 f"blackjax={installed('blackjax')}"]
     except Unkeyable:
         return jitted
     exp = load_or_export(name, parts, jitted, list(args))

@@ -273,3 +273,29 @@ def test_a_new_process_reads_the_nuts_programs_instead_of_tracing_them(tmp_path)
     off = child({**env, "IRT_ENGINE_COMPILATION_CACHE": "0"})
     assert off["trace_s"] > 0.2 * first["trace_s"]
     assert off["draws"] == first["draws"]
+
+
+def test_an_entry_is_keyed_by_the_random_number_flag(tmp_path, monkeypatch):
+    """A program that draws random numbers draws other numbers under the other
+    partitionable-threefry flag, so each flag value keeps its own entry, and each entry
+    gives that flag's own numbers."""
+    import jax
+
+    from engine.exported import load_or_export
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE", "1")
+    draw = jax.jit(lambda key: jax.random.uniform(jax.random.split(key, 3)[1], (5,)))
+    key = jax.random.PRNGKey(0)
+    seen = {}
+    for flag in (True, False):
+        with jax.threefry_partitionable(flag):
+            exp = load_or_export("rng", ["a test's draw"], draw, [key])
+            seen[flag] = ({p.name for p in (tmp_path / "traces").iterdir()},
+                          np.asarray(jax.jit(exp.call)(key)), np.asarray(draw(key)))
+    assert len(seen[True][0]) == 1 and len(seen[False][0]) == 2
+    for flag, (_, kept, plain) in seen.items():
+        np.testing.assert_array_equal(kept, plain)
+    assert not np.array_equal(seen[True][1], seen[False][1])
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE", "0")
+    assert load_or_export("rng", ["a test's draw"], draw, [key]) is None

@@ -462,6 +462,11 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
     assert at(29, 500) == at(19, 6) == ["mean"]
     assert [sorted(a.moves) for a in nuts.sampler_coordinates(spec, 19, 157, NutsSettings())
             .anchored] == [["mu_difficulty"]]  # the difficulties follow their moved location
+    # items standardised for another reason (a vague location; noncentred_below): neither
+    vague = get_model("2pl", prior="hierarchical")
+    assert "difficulty" in nuts.pooled_blocks(vague, 1000, 5, None)
+    assert nuts.sampler_coordinates(vague, 1000, 5, NutsSettings()).anchored == ()
+    assert nuts.sampler_coordinates(spec, 40, 60, NutsSettings(noncentred_below=100)).anchored == ()
     rng = np.random.default_rng(0)
     y = jnp.asarray(rng.integers(0, 2, (40, 6)), jnp.float32)
     for s, c in ((40, big), (19, small)):
