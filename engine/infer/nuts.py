@@ -25,8 +25,8 @@ from engine.infer.elbo import log_prior, make_log_likelihood
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState, init_guide
 from engine.memory import size_text, usable_cores
-from engine.versions import installed
 from engine.models.spec import ModelSpec
+from engine.versions import installed
 
 __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "make_sampler",
            "pooled_blocks",
@@ -654,19 +654,22 @@ def sample_nuts(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     # so does a passed sampler already compiled for one chain count (no ``lower``)
     threads = 1 if settings.low_rank else chain_threads(settings)
     plain = sampler if sampler is not None else make_sampler(spec, *np.shape(y), settings)
-    share = lambda n: _shares((keys, positions), n)[0]
-    program = lambda n: plain if sampler is not None else _traced(
-        "nuts-sampler", spec, settings, plain, (yd, *share(n)))
-    jitted = program(threads)
-    lowered = None
+
+    def program(shares):  # the sampler for one share's shapes, exported where it can be
+        return plain if sampler is not None else _traced(
+            "nuts-sampler", spec, settings, plain, (yd, *shares[0]))
+
+    shares = _shares((keys, positions), threads)
+    jitted, lowered = program(shares), None
     if threads > 1 and not hasattr(jitted, "lower"):
         threads = 1
     elif threads > 1:
-        lowered = jitted.lower(yd, *share(threads))
+        lowered = jitted.lower(yd, *shares[0])
         if _calls_lapack(jitted, lowered):
             threads, lowered = 1, None
-            jitted = program(1)
-    shares = _shares((keys, positions), threads)
+    if len(shares) != threads:  # one thread after all: all chains in one share
+        shares = _shares((keys, positions), threads)
+        jitted = program(shares)
     if sampler is None:  # compile apart, to report the time it takes
         sampler = (lowered or jitted.lower(yd, *shares[0])).compile()
     compile_s = time.perf_counter() - start
