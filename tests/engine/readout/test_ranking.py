@@ -116,3 +116,35 @@ def test_pairwise_beats_with_a_nan_draw_compares_the_values():
     draws[3, 2] = np.nan
     direct = (draws[:, :, None] > draws[:, None, :]).mean(axis=0)
     np.testing.assert_array_equal(pairwise_beats(draws), direct.astype(np.float32))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 300), st.integers(1, 30), st.integers(1, 12), st.integers(0, 2 ** 32 - 1),
+       st.booleans())
+def test_rank_stats_of_shared_columns_equal_ranking_every_column(T, S, U, seed, grid):
+    """Subjects sharing draws (identical answer sheets) ranked once and repeated: every
+    statistic equals the one from ranking all the columns, to the bit, with ties between
+    distinct columns on a coarse grid too."""
+    rng = np.random.default_rng(seed)
+    distinct = rng.normal(size=(T, U)).astype(np.float32)
+    if grid:
+        distinct = np.round(distinct)
+    draws = distinct[:, rng.integers(0, U, S)]
+    ranks = ranks_from_draws(draws)
+    expected = {"rank_mean": ranks.mean(axis=0),
+                "rank_q05": np.quantile(ranks, 0.05, axis=0),
+                "rank_q95": np.quantile(ranks, 0.95, axis=0),
+                "p_top1": (ranks == 1).mean(axis=0), "p_top3": (ranks <= 3).mean(axis=0)}
+    stats = rank_stats(draws)
+    assert stats.keys() == expected.keys()
+    for key, value in expected.items():
+        np.testing.assert_array_equal(stats[key], value, err_msg=key)
+
+
+def test_rank_stats_with_a_nan_draw_rank_every_column():
+    """A NaN has no order: with one in the draws, the columns are ranked as they are."""
+    rng = np.random.default_rng(7)
+    draws = rng.normal(size=(40, 3)).astype(np.float32)[:, [0, 1, 1, 2, 0]]
+    draws[5, 1] = np.nan
+    ranks = ranks_from_draws(draws)
+    np.testing.assert_array_equal(rank_stats(draws)["rank_mean"], ranks.mean(axis=0))
