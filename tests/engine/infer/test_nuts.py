@@ -443,13 +443,14 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
     spec = get_model("2pl", prior="population")
     coords = lambda s, **kw: nuts.sampler_coordinates(spec, s, 6, NutsSettings(**kw))
     big, small = coords(40, anchor="all"), coords(19, anchor="all")
-    assert [(a.kind, a.anchor, a.moves) for a in big.anchored] == [
-        ("log_sd", "ability", {"difficulty": (1.0, 0.0), "discrimination": (0.0, -1.0),
-                               "mu_difficulty": (1.0, 0.0), "u_difficulty": (0.0, -2.0),
-                               "mu_discrimination": (0.0, -1.0)}),
+    assert [(a.kind, a.anchor, a.moves) for a in big.anchored] == [  # the scale read from the
+        ("value", "mu_discrimination", {  # log discriminations' pool location
+            "ability": (1.0, 0.0), "difficulty": (1.0, 0.0), "discrimination": (0.0, -1.0),
+            "mu_difficulty": (1.0, 0.0), "u_difficulty": (0.0, -2.0)}),
         ("mean", "ability", {"difficulty": (0.0, 1.0), "mu_difficulty": (0.0, 1.0)})]
-    assert [sorted(a.moves) for a in small.anchored] == [  # item blocks standardised
-        ["mu_difficulty", "mu_discrimination", "u_difficulty"], ["mu_difficulty"]]
+    assert [(a.kind, sorted(a.moves)) for a in small.anchored] == [  # item blocks standardised:
+        ("log_sd", ["mu_difficulty", "mu_discrimination", "u_difficulty"]),  # from the spread
+        ("mean", ["mu_difficulty"])]
     assert [a.kind for a in coords(40, anchor="translations").anchored] == ["mean"]
     assert coords(40, anchor="none").anchored == ()
     assert nuts.sampler_coordinates(get_model("2pl", prior="hierarchical"), 19, 6,
@@ -458,7 +459,7 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
     # subjects, at any item count); else both at 50 items or more; else neither
     at = lambda s, n: [a.kind for a in nuts.sampler_coordinates(spec, s, n,
                                                                 NutsSettings()).anchored]
-    assert at(40, 6) == at(1000, 49) == [] and at(30, 50) == ["log_sd", "mean"]
+    assert at(40, 6) == at(1000, 49) == [] and at(30, 50) == ["value", "mean"]
     assert at(29, 500) == at(19, 6) == ["mean"]
     assert [sorted(a.moves) for a in nuts.sampler_coordinates(spec, 19, 157, NutsSettings())
             .anchored] == [["mu_difficulty"]]  # the difficulties follow their moved location
@@ -486,8 +487,22 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
         loglik = make_log_likelihood(spec, s, 6)
         whole = slice(None)
         at = lambda zz: float(loglik(nuts._centre(spec, c, zz)[0], whole, whole, y[:s]))
-        for moved in (z["ability"] + 0.5, z["ability"] * 1.7):
-            np.testing.assert_allclose(at({**z, "ability": moved}), at(z), rtol=1e-5)
+        # the abilities' first coordinate is sqrt(n) times their mean (reflected,
+        # `_mean_first`): the shift moves it alone, the scale all of them
+        # the scale moves the log discriminations' location alone at 40 subjects, the
+        # abilities' spread at 19
+        first = jnp.zeros(s).at[0].set(0.5 * np.sqrt(s))
+        scale = ({"mu_discrimination": z["mu_discrimination"] + 0.3} if s == 40
+                 else {"ability": z["ability"] * 1.7})
+        for moved in ({"ability": z["ability"] + first}, scale):
+            np.testing.assert_allclose(at({**z, **moved}), at(z), rtol=1e-5)
+        for moved in ("ability", "mu_discrimination" if s == 19 else None):
+            if moved:  # not the symmetry there
+                assert abs(at({**z, moved: z[moved] + 0.5}) - at(z)) > 1e-3
+        mean = lambda zz: float(jnp.mean(nuts._centre(spec, c, zz)[0]["ability"]))
+        spread = float(jnp.exp(-z["mu_discrimination"])) if s == 40 else 1.0  # the scale's t
+        np.testing.assert_allclose(mean({**z, "ability": z["ability"] + first}),
+                                   mean(z) + 0.5 * spread, atol=1e-5)
         assert abs(at({**z, "discrimination": z["discrimination"] + 0.5}) - at(z)) > 1e-3
     with pytest.raises(SettingsError, match="anchor="):
         NutsSettings(anchor="scale")
@@ -495,13 +510,17 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
     # where the resolved anchor takes up a scale, and only there
     key = jax.random.PRNGKey(0)
     wide = np.asarray(rng.integers(0, 2, (30, 50)), np.float32)
-    with pytest.raises(SettingsError, match="init_jitter=0 with anchor=None, which at 50 items"):
-        nuts._initial_positions(spec, wide, NutsSettings(init_jitter=0.0), key)
+    few = np.asarray(y)[:19]
+    with pytest.raises(SettingsError, match="init_jitter=0 with anchor='all', which at 6 items"):
+        nuts._initial_positions(spec, few, NutsSettings(init_jitter=0.0, anchor="all"), key)
     for settings, data in ((NutsSettings(init_jitter=0.0), np.asarray(y)),  # default: none
+                           (NutsSettings(init_jitter=0.0), wide),  # the scale from a location
                            (NutsSettings(init_jitter=0.0, anchor="translations"), wide)):
         start = nuts._initial_positions(spec, data, settings, key)
         assert all(np.isfinite(np.asarray(v)).all() for v in start.values())
-        assert float(jnp.ptp(start["ability"][0])) == 0.0  # no jitter: all at one value
+        model = nuts._centre(spec, nuts.sampler_coordinates(spec, *data.shape, settings),
+                             start)[0]
+        assert float(jnp.ptp(model["ability"][0])) == 0.0  # no jitter: all at one value
 
 
 def test_mcse_of_the_sd_is_arviz_own():
