@@ -46,7 +46,8 @@ ANCHOR_ITEMS = 50  # items from which the shift and scale are taken up by the ab
 
 
 _OPTION = {"num_chains": " (--chains)", "num_samples": " (--samples)", "num_warmup": " (--warmup)",
-           "low_rank": " (--low-rank)", "extend": " (--extend)"}
+           "low_rank": " (--low-rank)", "extend": " (--extend)",
+           "target_accept": " (--target-accept)"}
 _HINT = {"num_chains": "; 4 is usual, R-hat needs at least 2",
          "num_warmup": "; a few hundred adapt the step size and mass matrix"}
 
@@ -59,7 +60,11 @@ class NutsSettings:
     num_warmup : window-adaptation steps per chain (step size, diagonal mass matrix).
     num_samples : draws kept per chain after warm-up (1,000: with 500, the largest of a
         thousand abilities' R-hats passed 1.01 by chance on LSAT7).
-    target_accept : the acceptance rate the step size is adapted to.
+    target_accept : the acceptance rate the step size is adapted to. Raise it (0.95) where
+        transitions diverge: OpenML kc2 (19 x 157, 2PL, seed 0, one added round) 466 -> 47
+        divergences in 8,000 draws, in 3.2x the time (765 leapfrog steps a draw against
+        241), with the same posterior (``mu_discrimination`` 0.678 / 0.666, log
+        discriminations' mean 0.696 / 0.698).
     max_tree_depth : at most ``2^max_tree_depth - 1`` leapfrog steps per draw.
     max_rhat : a run is converged only when every parameter's R-hat is at most this.
     init_jitter : chains start at the model's initial values plus ``U(-j, j)`` noise on the
@@ -156,8 +161,9 @@ class NutsSettings:
             raise SettingsError(f"NUTS setting chain_threads={self.chain_threads}: must divide "
                                 f"num_chains={self.num_chains} (--chains)")
         if not 0.0 < self.target_accept < 1.0:
-            raise SettingsError(f"NUTS setting target_accept={self.target_accept!r}: must be in "
-                                f"(0, 1), e.g. 0.8")
+            raise SettingsError(f"NUTS setting target_accept={self.target_accept!r}"
+                                f"{_OPTION['target_accept']}: must be in (0, 1), e.g. 0.8, or "
+                                f"0.95 where transitions diverge")
         if not self.max_rhat >= 1.0:
             raise SettingsError(f"NUTS setting max_rhat={self.max_rhat!r}: must be >= 1, e.g. 1.01")
         if not self.init_jitter >= 0.0:
@@ -855,7 +861,8 @@ def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
             "mcse_sd_rel_max": max((b["mcse_sd_rel_max"] for b in blocks.values()
                                     if np.isfinite(b["mcse_sd_rel_max"])), default=float("nan")),
             "blocks": blocks, "divergences": divergences, "converged": converged,
-            "max_rhat": settings.max_rhat,
+            "max_rhat": settings.max_rhat, "target_accept": settings.target_accept,
+            "transitions": int(np.size(draws.diverging)),
             "step_size": [float(s) for s in np.asarray(draws.step_size)],
             "mean_steps_per_draw": float(np.mean(draws.num_steps)),
             "mean_acceptance": float(np.mean(draws.acceptance_rate))}

@@ -186,6 +186,15 @@ def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:
                          "narrower than the posterior's where subjects are few (fit.json "
                          "ability_factor.quadrature_not_converged says why); `irt-engine fit "
                          "--method nuts` samples the exact posterior")
+    divergent = info.get("divergences") or 0
+    if divergent and (info.get("method") == "nuts" or factor.get("method") == "nuts"):
+        of = info.get("transitions")
+        target = info.get("target_accept")
+        notes.append(f"note: {divergent}" + (f" of {of}" if of else "") + " NUTS transitions "
+                     "diverged" + (f" (target acceptance {target:g})" if target else "")
+                     + ": where the posterior curves sharply the chains may have missed some "
+                     "of it; refit with `fit --method nuts --target-accept 0.95` (smaller "
+                     "steps) and compare (fit.json `divergences`)")
     if convergence and info.get("converged") is False:
         fallback = factor.get("method") == "nuts"  # a default fit: the option is not given
         notes.append("note: the fit did not converge (fit.json `converged`): refit with "

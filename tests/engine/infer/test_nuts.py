@@ -152,7 +152,7 @@ def test_too_large_for_memory_names_size_and_alternative(tmp_path):
         fit_nuts(y, "2pl", FAST.replace(memory_budget=1 << 20))
 
 
-def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path):
+def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path, capsys):
     rng = np.random.default_rng(3)
     theta, b = rng.normal(size=40), rng.normal(size=6)
     y = (rng.random((40, 6)) < 1 / (1 + np.exp(-(theta[:, None] - b)))).astype(int)
@@ -166,9 +166,14 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path):
     assert main(bad + ["--chains", "0"]) == 2 and not out.exists()
     assert main(bad + ["--samples", "0"]) == 2 and not out.exists()
     assert main(bad + ["--low-rank", "-1"]) == 2 and not out.exists()
-    assert main(bad + ["--chains", "2", "--warmup", "200", "--samples", "300", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(bad + ["--target-accept", "1.5"]) == 2 and not out.exists()
+    assert "target_accept=1.5 (--target-accept): must be in (0, 1)" in capsys.readouterr().err
+    assert main(bad + ["--chains", "2", "--warmup", "200", "--samples", "300", "--quiet",
+                       "--target-accept", "0.9"]) == 0
     info = json.loads((out / "fit.json").read_text())
     assert info["method"] == "nuts" and info["num_chains"] == 2 and info["num_samples"] == 300
+    assert info["target_accept"] == 0.9 and info["transitions"] == 600
     assert info["converged"] == (info["rhat_max"] <= 1.01)
     # the 1PL's default population priors: the difficulties pool through mu and u
     assert info["model_options"]["prior"] == "population"

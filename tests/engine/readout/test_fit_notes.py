@@ -51,3 +51,15 @@ def test_compare_names_the_fit_each_fallen_back_row_scores():
     assert second.startswith("2pl: ") and second.endswith("its row scores the NUTS fit")
     older = {"model": ["1pl"], "fit_note": ["3 iterations"]}  # written before fit_method
     assert fallback_notes(older)[0].endswith("the mean-field fit")
+
+
+def test_divergent_nuts_transitions_are_named_with_the_remedy():
+    info = {"converged": True, "method": "nuts", "divergences": 466, "transitions": 8000,
+            "target_accept": 0.8}
+    (note,) = fit_notes(info)
+    assert note.startswith("note: 466 of 8000 NUTS transitions diverged (target acceptance 0.8)")
+    assert "`fit --method nuts --target-accept 0.95`" in note
+    fallback = {"converged": True, "divergences": 3, "ability_factor": {"method": "nuts"}}
+    assert fit_notes(fallback)[0].startswith("note: 3 NUTS transitions diverged: ")
+    assert fit_notes({**info, "divergences": 0}) == []
+    assert fit_notes({"converged": True, "method": "vi", "divergences": 5}) == []
