@@ -662,7 +662,10 @@ def _grid_log_weights(spec, x, grid, log_base, y1, y0=None, answered=None):
         if answered is not None:
             log_zero = jnp.where(answered > 0, log_zero, 0.0)
         return y1 @ (log_one - log_zero).T + (log_zero.sum(axis=1) + log_base)[None, :]
-    return y1 @ log_one.T + y0 @ log_zero.T + log_base
+    # one matrix product over the ones and zeros side by side, not two and their sum
+    # (LSAT7's 4,000 importance draws at XLA's level 0: 26 -> 12 ms)
+    return (jnp.concatenate([y1, y0], axis=1)
+            @ jnp.concatenate([log_one, log_zero], axis=1).T + log_base)
 
 
 @exported_jit(static_argnames=("spec",))
@@ -1174,9 +1177,13 @@ def _pattern_moments(lw, theta):
     ``(Q,)`` shared by every pattern) (traced)."""
     top = lw.max(axis=1, keepdims=True)
     w = jnp.exp(lw - top)
-    total = w.sum(axis=1, keepdims=True)
-    w = w / total
-    return (top + jnp.log(total))[:, 0], (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1)
+    if theta.ndim == 1:  # one grid: the weights' three sums as one matrix product, and
+        # the weights never normalised in full (LSAT7's importance draws at XLA's level 0)
+        sums = w @ jnp.stack([jnp.ones_like(theta), theta, theta * theta], axis=1)
+        total, first, second = sums[:, 0], sums[:, 1], sums[:, 2]
+    else:
+        total, first, second = w.sum(axis=1), (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1)
+    return top[:, 0] + jnp.log(total), first / total, second / total
 
 
 @exported_jit(static_argnames=("spec",))
