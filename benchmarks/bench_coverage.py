@@ -186,6 +186,20 @@ def mirt_only(models: list[str], shapes: list[tuple[int, int]], seeds: range, py
     return runs, "\n".join(lines)
 
 
+def draws_coverage(sim: dict, draws: dict) -> dict:
+    """Per block, the share of the simulated truth inside the draws' central 90% interval
+    (their 5% and 95% quantiles); draws ``(chains, draws, *block)``."""
+    out = {}
+    for block, block_draws in draws.items():
+        truth = sim.get(block)
+        if truth is None or np.shape(truth) != np.shape(block_draws)[2:]:
+            continue
+        flat = np.asarray(block_draws).reshape((-1,) + np.shape(truth))
+        lo, hi = np.quantile(flat, [0.05, 0.95], axis=0)
+        out[block] = float(np.mean((truth >= lo) & (truth <= hi)))
+    return out
+
+
 def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     """Coverage of NUTS's central 90% intervals (the draws' 5% and 95% quantiles, at
     ``fit --method nuts``'s defaults) of the raw truth, per block, with the run's largest
@@ -200,14 +214,8 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     start = time.perf_counter()
     res = engine.fit_nuts(sim["responses"], model=model, prior=prior)
     out = {"wall_s": time.perf_counter() - start,
-           "rhat_max": float(res.extra["diagnostics"]["rhat_max"])}
-    for block, draws in res.draws.items():
-        truth = sim.get(block)
-        if truth is None or np.shape(truth) != np.shape(draws)[2:]:
-            continue
-        flat = np.asarray(draws).reshape((-1,) + np.shape(truth))
-        lo, hi = np.quantile(flat, [0.05, 0.95], axis=0)
-        out[block] = float(np.mean((truth >= lo) & (truth <= hi)))
+           "rhat_max": float(res.extra["diagnostics"]["rhat_max"]),
+           **draws_coverage(sim, res.draws)}
     if fit is not None:
         out["agreement"] = {}
         for owner in ("item", "subject"):

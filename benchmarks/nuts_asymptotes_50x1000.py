@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_coverage import simulate
+from bench_coverage import draws_coverage, simulate
 import engine
 from engine.readout.posterior import draw_summary_columns
 model = sys.argv[1]
@@ -21,13 +21,7 @@ out = {"model": model, "shape": [50, 1000], "seed": 0, "wall_s": round(wall, 1),
        "ess_bulk_min": d["ess_bulk_min"], "divergences": d["divergences"],
        "by_block": {k: {"rhat_max": round(v["rhat_max"], 4), "ess_bulk_min": round(v["ess_bulk_min"])} for k, v in d["blocks"].items()},
        "steps": d["mean_steps_per_draw"], "converged": res.converged}
-for block, draws in res.draws.items():
-    truth = sim.get(block)
-    if truth is None or np.shape(truth) != np.shape(draws)[2:]:
-        continue
-    flat = np.asarray(draws).reshape((-1,) + np.shape(truth))
-    lo, hi = np.quantile(flat, [0.05, 0.95], axis=0)
-    out.setdefault("coverage", {})[block] = float(np.mean((truth >= lo) & (truth <= hi)))
+out["coverage"] = draws_coverage(sim, res.draws)
 old = json.load(open(Path(__file__).resolve().parent / f"results/coverage_{model}_50x1000_nuts_seed0-2026-11-30.json"))
 exact = draw_summary_columns(res.spec, res.draws, "item")
 def find(o):
