@@ -187,11 +187,17 @@ def _fit_and_save(store_path, out, args) -> "object":
         print(f"exact boundary values {res.extra['data'].get('boundary')}: fitted with "
               f"{inflation} inflation (recorded in fit.json)")
     print(f"wrote {run.path}")
+    _print_fit_notes(run)  # e.g. auto's mean-field fallback
+    return run
+
+
+def _print_fit_notes(run) -> None:
+    """What the leaderboard will say about how ``run`` was fitted, on stderr (not its
+    convergence: the fit command's own line says that)."""
     from engine.readout.leaderboard import fit_notes
 
-    for note in fit_notes(run.info, convergence=False):  # e.g. auto's mean-field fallback
+    for note in fit_notes(run.info, convergence=False):
         print(note, file=sys.stderr)
-    return run
 
 
 def _skill_options(store_path, args) -> dict:
@@ -256,10 +262,7 @@ def _nuts_and_save(args) -> None:
     run = save_run(res, out, top_k=args.top_k, seed=args.seed, overwrite=args.overwrite)
     print(_nuts_status(args.model, res, "--warmup/--samples or --extend"))
     print(f"wrote {run.path} (draws in draws.nc, ArviZ)")
-    from engine.readout.leaderboard import fit_notes
-
-    for note in fit_notes(run.info, convergence=False):  # e.g. divergent transitions
-        print(note, file=sys.stderr)
+    _print_fit_notes(run)  # e.g. divergent transitions
 
 
 def _nuts_status(model: str, res, remedy: str) -> str:

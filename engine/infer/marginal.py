@@ -1182,7 +1182,8 @@ def _pattern_moments(lw, theta):
         sums = w @ jnp.stack([jnp.ones_like(theta), theta, theta * theta], axis=1)
         total, first, second = sums[:, 0], sums[:, 1], sums[:, 2]
     else:
-        total, first, second = w.sum(axis=1), (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1)
+        total = w.sum(axis=1)
+        first, second = (w * theta).sum(axis=1), (w * theta ** 2).sum(axis=1)
     return top[:, 0] + jnp.log(total), first / total, second / total
 
 

@@ -111,7 +111,8 @@ class NutsSettings:
         none -> all with the scale from the abilities' spread): 200 x 400 1.045 / 76 / 24.5 ->
         1.010 / 376 / 28.9, where the shift and scale every item shares were the slow
         directions, and with the scale from ``mu_discrimination`` and the mean as its own
-        coordinate 1.006 / 2,130 / 27.3 (seeds 1-2: 1.006 / 1,890-2,330); LSAT7 (5 items) 1.008 / 923 / 34 -> 1.010 / 634 / 25; OpenML ilpd (19 x 175,
+        coordinate 1.006 / 2,130 / 27.3 (seeds 1-2: 1.006 / 1,890-2,330); LSAT7 (5 items)
+        1.008 / 923 / 34 -> 1.010 / 634 / 25; OpenML ilpd (19 x 175,
         items standardised) 1.020 / 264 -> 1.159 / 17. Where an item block is standardised for
         fewer than 30 subjects the default is ``translations`` (``none`` where it is
         standardised for another reason: not measured): the items follow their pool's location,
@@ -350,9 +351,10 @@ def _anchor_t(a: Anchored, values: dict):
 
 
 def _anchor(coords: Coordinates, values: dict, inverse: bool = False) -> tuple[dict, jax.Array]:
-    """``values`` moved by the anchored symmetries (sampler -> model coordinates; ``inverse``:
-    back), and the forward map's ``log |det|``. Leading axes (chains, draws) are carried."""
-    out, log_jac = dict(values), jnp.float32(0.0)
+    """``values`` moved by the anchored symmetries (sampler -> model coordinates, the
+    translations' anchors reflected first, :func:`_mean_first`; ``inverse``: back), and the
+    forward map's ``log |det|``. Leading axes (chains, draws) are carried."""
+    out, log_jac = (dict(values) if inverse else _mean_first(coords, values)), jnp.float32(0.0)
     for a in (reversed(coords.anchored) if inverse else coords.anchored):
         t = _anchor_t(a, out)  # the anchor is the same in both coordinates
         for name, (m, v) in a.moves.items():
@@ -362,7 +364,7 @@ def _anchor(coords: Coordinates, values: dict, inverse: bool = False) -> tuple[d
             else:
                 out[name] = out[name] * jnp.exp(tw * m) + tw * v
                 log_jac = log_jac + jnp.sum(tw * m * jnp.ones_like(out[name]))
-    return out, log_jac
+    return (_mean_first(coords, out) if inverse else out), log_jac
 
 
 def _mean_first(coords: Coordinates, values: dict) -> dict:
@@ -410,7 +412,7 @@ def _centre(spec: ModelSpec, coords: Coordinates, z: dict) -> tuple[dict, jax.Ar
     taken up, :func:`anchored_moves`, then pooled blocks as standardised ``(x - mu) sqrt(u)``
     about their moved globals), and ``log |dx / dz|`` summed. Leading axes (chains, draws)
     are carried through."""
-    x, log_jac = _anchor(coords, _mean_first(coords, z))
+    x, log_jac = _anchor(coords, z)
     for name, (loc, scale) in _loc_scale(spec, coords.pooled, x).items():
         x[name] = loc + z[name] * scale
         log_jac = log_jac + jnp.sum(jnp.log(scale) * jnp.ones_like(z[name]))
@@ -423,7 +425,7 @@ def _standardise(spec: ModelSpec, coords: Coordinates, x: dict) -> dict:
     z = dict(x)
     for name, (loc, scale) in _loc_scale(spec, coords.pooled, x).items():
         z[name] = (x[name] - loc) / scale
-    return _mean_first(coords, _anchor(coords, z, inverse=True)[0])
+    return _anchor(coords, z, inverse=True)[0]
 
 
 def make_log_density(spec: ModelSpec, num_subjects: int, num_items: int) -> Callable:
@@ -497,7 +499,7 @@ def _initial_positions(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, k
         out[name] = jnp.asarray(v, jnp.float32)[None] + noise
     # the anchored symmetries are taken up from the jittered abilities: a scale's ``log sd``
     # needs abilities that differ (the model's start puts them all at one value)
-    return _mean_first(coords, _anchor(coords, out, inverse=True)[0]) if coords.anchored else out
+    return _anchor(coords, out, inverse=True)[0] if coords.anchored else out
 
 
 def _target(spec: ModelSpec, num_subjects: int, num_items: int, settings: NutsSettings):

@@ -59,11 +59,11 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
 
 def _draw_blocks(params, key, seeded, locs, log_scales, inverses, shapes):
     """Every block's constrained draws in one compiled program (one a process, not one a
-    block: with LSAT7's and `ability`'s seven blocks, a warm first call 0.51 -> 0.29 s, the
-    same draws to the bit): block ``i``'s noise
-    from the ``i``-th of ``len(params)`` keys split from ``key`` (a seed where ``seeded``);
-    ``shapes[i]`` is ``(draws, owners or distinct factors)``; ``inverses[i]`` maps each
-    owner to its distinct factor (None: every owner its own)."""
+    block: the 2PL's seven blocks at LSAT7's shape, a warm first call 0.51 -> 0.29 s, the
+    same draws to the bit): block ``i``'s noise from the ``i``-th of ``len(params)`` keys
+    split from ``key`` (a seed where ``seeded``); ``shapes[i]`` is ``(draws, owners or
+    distinct factors)``; ``inverses[i]`` maps each owner to its distinct factor (None:
+    every owner its own)."""
     keys = jax.random.split(jax.random.PRNGKey(key) if seeded else key, len(params))
     out = []
     for i, (param, loc, log_scale, inverse, shape) in enumerate(
