@@ -76,6 +76,15 @@ def _load(name: str, seed: int = 0, model: str = "2pl", negative: float = 0.0) -
         if rows.empty:
             raise SystemExit(f"{NLU}: no dataset {dataset!r}")
         return rows[[c for c in df.columns if c.endswith("_best")]].to_numpy().T.astype(np.int8)
+    if name.startswith("nlu90:"):  # one test set's leaderboard of all 90 checkpoints
+        import pandas as pd
+
+        dataset = name.split(":", 1)[1]
+        df = pd.read_parquet(NLU)
+        rows = df[df["dataset"] == dataset]
+        if rows.empty:
+            raise SystemExit(f"{NLU}: no dataset {dataset!r}")
+        return rows.iloc[:, 3:].to_numpy().T.astype(np.int8)
     with_constant = re.fullmatch(r"(\d+x\d+)c(\d+)", name)
     if with_constant:  # SxNcK: the last K of the N items constant, half all right, half all wrong
         y = _load(with_constant[1], seed, model, negative).copy()

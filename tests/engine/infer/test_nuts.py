@@ -174,6 +174,8 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path, capsys):
     info = json.loads((out / "fit.json").read_text())
     assert info["method"] == "nuts" and info["num_chains"] == 2 and info["num_samples"] == 300
     assert info["target_accept"] == 0.9 and info["transitions"] == 600
+    # the sampler's coordinates: 40 subjects x 6 items, the blocks as they are
+    assert info["coordinates"] == {"standardised": [], "anchored": []}
     assert info["converged"] == (info["rhat_max"] <= 1.01)
     # the 1PL's default population priors: the difficulties pool through mu and u
     assert info["model_options"]["prior"] == "population"
@@ -436,10 +438,11 @@ def test_default_standardises_only_few_entries_under_a_vague_location():
 
 def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
     """``anchor``: the blocks the 2PL's common shift and scale move are sampled relative to
-    the abilities' mean and spread (a standardised block through its moved globals; none
-    where the abilities are themselves standardised). The map inverts, its log-Jacobian is
-    the numerical Jacobian's, and moving the abilities alone along either symmetry moves
-    the model's blocks along it: the likelihood's value stays."""
+    the abilities' mean and to the scale (read from the discriminations' pool location, a
+    standardised block's too, else from the abilities' spread); a standardised block
+    follows its moved globals. The map inverts, its log-Jacobian is the numerical
+    Jacobian's, and moving the anchor alone along either symmetry moves the model's blocks
+    along it: the likelihood's value stays."""
     import jax
 
     from engine.infer import nuts
@@ -453,13 +456,21 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
             "ability": (1.0, 0.0), "difficulty": (1.0, 0.0), "discrimination": (0.0, -1.0),
             "mu_difficulty": (1.0, 0.0), "u_difficulty": (0.0, -2.0)}),
         ("mean", "ability", {"difficulty": (0.0, 1.0), "mu_difficulty": (0.0, 1.0)})]
-    assert [(a.kind, sorted(a.moves)) for a in small.anchored] == [  # item blocks standardised:
-        ("log_sd", ["mu_difficulty", "mu_discrimination", "u_difficulty"]),  # from the spread
-        ("mean", ["mu_difficulty"])]
+    assert [(a.kind, a.anchor, sorted(a.moves)) for a in small.anchored] == [  # item blocks
+        ("value", "mu_discrimination", ["ability", "mu_difficulty", "u_difficulty"]),  # standardised:
+        ("mean", "ability", ["mu_difficulty"])]  # the same location, the items following it
     assert [a.kind for a in coords(40, anchor="translations").anchored] == ["mean"]
     assert coords(40, anchor="none").anchored == ()
-    assert nuts.sampler_coordinates(get_model("2pl", prior="hierarchical"), 19, 6,
-                                    NutsSettings(anchor="all")).anchored == ()  # ability pooled
+    # no pool location: the scale read from the abilities' spread
+    vague, hier = get_model("2pl", prior="vague"), get_model("2pl", prior="hierarchical")
+    spread = nuts.sampler_coordinates(vague, 40, 6, NutsSettings(anchor="all"))
+    assert [(a.kind, a.anchor, sorted(a.moves)) for a in spread.anchored] == [
+        ("log_sd", "ability", ["difficulty", "discrimination"]), ("mean", "ability", ["difficulty"])]
+    # the abilities standardised too (seed 003's hierarchical family): no shift anchor; the
+    # scale from the discriminations' location moves the abilities' globals
+    pooled = nuts.sampler_coordinates(hier, 19, 6, NutsSettings(anchor="all"))
+    assert [(a.kind, a.anchor, sorted(a.moves)) for a in pooled.anchored] == [
+        ("value", "mu_discrimination", ["mu_ability", "mu_difficulty", "u_ability", "u_difficulty"])]
     # the default: the shift alone where the item blocks are standardised (fewer than 30
     # subjects, at any item count); else both at 50 items or more; else neither
     at = lambda s, n: [a.kind for a in nuts.sampler_coordinates(spec, s, n,
@@ -469,17 +480,24 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
     assert [sorted(a.moves) for a in nuts.sampler_coordinates(spec, 19, 157, NutsSettings())
             .anchored] == [["mu_difficulty"]]  # the difficulties follow their moved location
     # items standardised for another reason (a vague location; noncentred_below): neither
-    vague = get_model("2pl", prior="hierarchical")
-    assert "difficulty" in nuts.pooled_blocks(vague, 1000, 5, None)
-    assert nuts.sampler_coordinates(vague, 1000, 5, NutsSettings()).anchored == ()
+    # by default; asked for, the scale is read from the standardised block's location
+    assert "difficulty" in nuts.pooled_blocks(hier, 1000, 5, None)
+    assert nuts.sampler_coordinates(hier, 1000, 5, NutsSettings()).anchored == ()
     assert nuts.sampler_coordinates(spec, 40, 60, NutsSettings(noncentred_below=100)).anchored == ()
+    asked = nuts.sampler_coordinates(spec, 50, 1000, NutsSettings(noncentred_below=1001,
+                                                                   anchor="all"))
+    assert nuts.coordinates_summary(asked) == {
+        "standardised": ["difficulty", "discrimination"],
+        "anchored": [{"anchor": "mu_discrimination", "kind": "value",
+                      "moves": ["ability", "mu_difficulty", "u_difficulty"]},
+                     {"anchor": "ability", "kind": "mean", "moves": ["mu_difficulty"]}]}
     rng = np.random.default_rng(0)
     y = jnp.asarray(rng.integers(0, 2, (40, 6)), jnp.float32)
-    for s, c in ((40, big), (19, small)):
+    for model, s, c in ((spec, 40, big), (spec, 19, small), (vague, 40, spread), (hier, 19, pooled)):
         z = {p.name: jnp.asarray(rng.normal(size=p.full_shape(s, 6)), jnp.float32)
-             for p in spec.params}
-        x, log_jac = nuts._centre(spec, c, z)
-        back = nuts._standardise(spec, c, x)
+             for p in model.params}
+        x, log_jac = nuts._centre(model, c, z)
+        back = nuts._standardise(model, c, x)
         for k in z:
             np.testing.assert_allclose(back[k], z[k], atol=1e-5)
         names = sorted(z)
@@ -487,28 +505,27 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
         cut = np.cumsum([z[k].size for k in names])[:-1]
         unflat = lambda v: {k: part.reshape(z[k].shape)
                             for k, part in zip(names, jnp.split(v, cut))}
-        jac = jax.jacfwd(lambda v: flat(nuts._centre(spec, c, unflat(v))[0]))(flat(z))
+        jac = jax.jacfwd(lambda v: flat(nuts._centre(model, c, unflat(v))[0]))(flat(z))
         np.testing.assert_allclose(float(log_jac), float(jnp.linalg.slogdet(jac)[1]), atol=1e-3)
-        loglik = make_log_likelihood(spec, s, 6)
+        loglik = make_log_likelihood(model, s, 6)
         whole = slice(None)
-        at = lambda zz: float(loglik(nuts._centre(spec, c, zz)[0], whole, whole, y[:s]))
+        at = lambda zz: float(loglik(nuts._centre(model, c, zz)[0], whole, whole, y[:s]))
         # the abilities' first coordinate is sqrt(n) times their mean (reflected,
-        # `_mean_first`): the shift moves it alone, the scale all of them
-        # the scale moves the log discriminations' location alone at 40 subjects, the
-        # abilities' spread at 19
+        # `_mean_first`): the shift moves it alone; the scale moves the log discriminations'
+        # location alone where it is read from there, else all the abilities
+        kinds = [a.kind for a in c.anchored]
         first = jnp.zeros(s).at[0].set(0.5 * np.sqrt(s))
-        scale = ({"mu_discrimination": z["mu_discrimination"] + 0.3} if s == 40
+        scale = ({"mu_discrimination": z["mu_discrimination"] + 0.3} if "value" in kinds
                  else {"ability": z["ability"] * 1.7})
-        for moved in ({"ability": z["ability"] + first}, scale):
+        for moved in [scale] + ([{"ability": z["ability"] + first}] if "mean" in kinds else []):
             np.testing.assert_allclose(at({**z, **moved}), at(z), rtol=1e-5)
-        for moved in ("ability", "mu_discrimination" if s == 19 else None):
-            if moved:  # not the symmetry there
-                assert abs(at({**z, moved: z[moved] + 0.5}) - at(z)) > 1e-3
-        mean = lambda zz: float(jnp.mean(nuts._centre(spec, c, zz)[0]["ability"]))
-        spread = float(jnp.exp(-z["mu_discrimination"])) if s == 40 else 1.0  # the scale's t
-        np.testing.assert_allclose(mean({**z, "ability": z["ability"] + first}),
-                                   mean(z) + 0.5 * spread, atol=1e-5)
-        assert abs(at({**z, "discrimination": z["discrimination"] + 0.5}) - at(z)) > 1e-3
+        for moved in ("ability", "discrimination"):  # not a symmetry
+            assert abs(at({**z, moved: z[moved] + 0.5}) - at(z)) > 1e-3
+        if "mean" in kinds:
+            mean = lambda zz: float(jnp.mean(nuts._centre(model, c, zz)[0]["ability"]))
+            factor = float(jnp.exp(-z["mu_discrimination"])) if "value" in kinds else 1.0
+            np.testing.assert_allclose(mean({**z, "ability": z["ability"] + first}),
+                                       mean(z) + 0.5 * factor, atol=1e-5)
     with pytest.raises(SettingsError, match="anchor="):
         NutsSettings(anchor="scale")
     # a scale is read from the abilities' spread, which is 0 at an unjittered start: refused
@@ -517,9 +534,11 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
     wide = np.asarray(rng.integers(0, 2, (30, 50)), np.float32)
     few = np.asarray(y)[:19]
     with pytest.raises(SettingsError, match="init_jitter=0 with anchor='all', which at 6 items"):
-        nuts._initial_positions(spec, few, NutsSettings(init_jitter=0.0, anchor="all"), key)
+        nuts._initial_positions(vague, np.asarray(y), NutsSettings(init_jitter=0.0, anchor="all"),
+                                key)
     for settings, data in ((NutsSettings(init_jitter=0.0), np.asarray(y)),  # default: none
                            (NutsSettings(init_jitter=0.0), wide),  # the scale from a location
+                           (NutsSettings(init_jitter=0.0, anchor="all"), few),  # a standardised one's
                            (NutsSettings(init_jitter=0.0, anchor="translations"), wide)):
         start = nuts._initial_positions(spec, data, settings, key)
         assert all(np.isfinite(np.asarray(v)).all() for v in start.values())
