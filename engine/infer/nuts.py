@@ -29,7 +29,7 @@ from engine.models.spec import ModelSpec
 from engine.versions import installed
 
 __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "make_sampler",
-           "pooled_blocks",
+           "pooled_blocks", "shrinkage", "shrinkage_restart",
            "sample_nuts", "pool_identical_rows", "nuts_fit_result",
            "nuts_memory_bytes", "check_nuts_memory", "diagnostics", "to_inference_data",
            "NUTS_CELL_FACTOR"]
@@ -43,6 +43,7 @@ NONCENTRED_ENTRIES = 50
 NONCENTRED_SUBJECTS = 30  # item blocks standardised where fewer subjects answer (see NutsSettings)
 VAGUE_LOCATION_VARIANCE = 100.0
 ANCHOR_ITEMS = 50  # items from which the shift and scale are taken up by the abilities (NutsSettings.anchor)
+SHRINKAGE_RESTART = 0.5  # an item block's mean shrinkage from which an unconverged run restarts standardised
 
 
 _OPTION = {"num_chains": " (--chains)", "num_samples": " (--samples)", "num_warmup": " (--warmup)",
@@ -122,6 +123,13 @@ class NutsSettings:
         (one round added) 1.010 / 469 -> 1.010 / 712; NLU mutual 1.007 / 288 -> 1.006 / 514, rte
         1.011 / 531 -> 1.009 / 528, cb 1.010 / 866 -> 1.006 / 1,089, copa 1.004 / 1,181 -> 1.005
         / 912, wsc 1.005 / 1,508 -> 1.004 / 1,466.
+    standardise : sample exactly these pooled blocks standardised (a tuple of names), in
+        place of ``noncentred_below``'s rule; None (the default): that rule. Set by the
+        default rule's restart (:func:`shrinkage_restart`): where a run at 30 subjects or
+        more and 50 items or more ends unconverged with its item blocks as they are, and an
+        item block's draws are mostly its pool's prior (mean shrinkage ``u Var(x_i | y)``
+        over 0.5, :data:`SHRINKAGE_RESTART`), it samples again with every pooled item block
+        standardised, the scale read from the discriminations' pool location.
     chain_threads : host threads the chains are split over, each running the same compiled
         sampler on its share (must divide ``num_chains``). None (the default): on a CPU,
         the largest divisor of ``num_chains`` up to the cores this process may use, because
@@ -144,6 +152,7 @@ class NutsSettings:
     low_rank: int = 0
     extend: int = 0
     anchor: str | None = None
+    standardise: tuple | None = None
 
     def __post_init__(self):
         for name, low in (("num_chains", 1), ("num_samples", 1), ("max_tree_depth", 1),
@@ -155,6 +164,13 @@ class NutsSettings:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise SettingsError(f"NUTS setting {name}={value!r}{_OPTION.get(name, '')}: must "
                                     f"be an integer >= {low}{_HINT.get(name, '')}")
+        if self.standardise is not None and (
+                not isinstance(self.standardise, (tuple, list))
+                or not all(isinstance(n, str) for n in self.standardise)):
+            raise SettingsError(f"NUTS setting standardise={self.standardise!r}: must be None "
+                                f"(the default rule) or a tuple of pooled block names")
+        if self.standardise is not None:
+            object.__setattr__(self, "standardise", tuple(sorted(self.standardise)))
         if self.anchor not in (None, "all", "translations", "none"):
             raise SettingsError(f"NUTS setting anchor={self.anchor!r}: must be None (the "
                                 f"default rule), 'all', 'translations' or 'none'")
@@ -224,12 +240,21 @@ def _vague_location(spec: ModelSpec, loc) -> bool:
 
 
 def pooled_blocks(spec: ModelSpec, num_subjects: int, num_items: int,
-                  below: int | None) -> dict[str, tuple]:
+                  below: int | None, names: tuple | None = None) -> dict[str, tuple]:
     """The blocks whose prior is normal with a global precision (the hierarchical and
     population families) and that have fewer than ``below`` entries: name -> (loc,
     precision), each a number or a global's name. ``below=None``: fewer than
     :data:`NONCENTRED_ENTRIES` entries and a vague location, or an item block answered by
-    fewer than :data:`NONCENTRED_SUBJECTS` subjects (:class:`NutsSettings`)."""
+    fewer than :data:`NONCENTRED_SUBJECTS` subjects (:class:`NutsSettings`). ``names``
+    (``NutsSettings.standardise``): exactly these blocks, each of which must be pooled."""
+    if names is not None:
+        poolable = pooled_blocks(spec, num_subjects, num_items, 1 << 62)
+        unknown = sorted(set(names) - set(poolable))
+        if unknown:
+            raise SettingsError(f"NUTS setting standardise names {unknown}, which are not "
+                                f"pooled blocks of model {spec.name!r} (those are "
+                                f"{sorted(poolable)})")
+        return {n: poolable[n] for n in names}
     out = {}
     for p in spec.params:
         prior = p.prior
@@ -346,8 +371,11 @@ def coordinates_summary(coords: Coordinates) -> dict:
 def sampler_coordinates(spec: ModelSpec, num_subjects: int, num_items: int,
                         settings: "NutsSettings") -> Coordinates:
     """The coordinates NUTS samples ``spec`` in for this shape and these settings."""
-    pooled = pooled_blocks(spec, num_subjects, num_items, settings.noncentred_below)
-    which = settings.anchor or default_anchor(spec, num_subjects, num_items, pooled)
+    pooled = pooled_blocks(spec, num_subjects, num_items, settings.noncentred_below,
+                           settings.standardise)
+    which = settings.anchor or (
+        ("all" if num_items >= ANCHOR_ITEMS else "none") if settings.standardise is not None
+        else default_anchor(spec, num_subjects, num_items, pooled))
     return Coordinates(pooled, anchored_moves(spec, num_subjects, pooled, which))
 
 
@@ -881,6 +909,49 @@ def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
             "mean_acceptance": float(np.mean(draws.acceptance_rate))}
 
 
+def shrinkage(spec: ModelSpec, draws: NutsDraws) -> dict[str, float]:
+    """Each pooled item block's mean shrinkage over its entries, ``E[u] Var(x_i | y)`` with
+    ``u`` its pool's precision, from the draws: about ``u / (u + I_i)`` for an item whose
+    data give ``I_i``, so near 1 where the draws are mostly the pool's prior (the funnel
+    that standardising removes) and near 0 where the data decide the item."""
+    out = {}
+    for p in spec.params:
+        if (p.owner != "item" or p.prior.family != "normal"
+                or not isinstance(p.prior.precision, str)):
+            continue
+        x = np.asarray(draws.position[p.name], np.float64)
+        precision = spec.param(p.prior.precision)
+        u = np.asarray(precision.constrain(jnp.asarray(draws.position[precision.name])),
+                       np.float64)
+        out[p.name] = float(np.mean(u.mean() * x.reshape((-1,) + x.shape[2:]).var(axis=0)))
+    return out
+
+
+def shrinkage_restart(spec: ModelSpec, shape: tuple, settings: NutsSettings, draws: NutsDraws,
+                      converged: bool) -> tuple[NutsSettings | None, dict]:
+    """The default rule's second look (``NutsSettings.standardise``): settings that sample
+    again with every pooled item block standardised where a run under the default rule, at
+    :data:`NONCENTRED_SUBJECTS` subjects or more and :data:`ANCHOR_ITEMS` items or more,
+    with no item block standardised, did not converge and an item block's mean
+    :func:`shrinkage` is over :data:`SHRINKAGE_RESTART`; else None. Also the shrinkages
+    read (empty where none was). The subjects and items alone do not decide it: at 90
+    subjects the NLU test sets' items are decided by their data (2PL, shrinkage of the
+    discriminations 0.08-0.30) and sample better as they are, while 50 simulated subjects
+    leave them near their prior (about 0.55) and standardising converges the 3PL at 50 x
+    1,000 (BENCHMARKS.md)."""
+    num_subjects, num_items = shape
+    if (converged or settings.noncentred_below is not None or settings.standardise is not None
+            or settings.num_chains < 2 or num_subjects < NONCENTRED_SUBJECTS
+            or num_items < ANCHOR_ITEMS
+            or any(spec.param(n).owner == "item"
+                   for n in sampler_coordinates(spec, *shape, settings).pooled)):
+        return None, {}
+    kappa = shrinkage(spec, draws)
+    if not kappa or max(kappa.values()) <= SHRINKAGE_RESTART:
+        return None, kappa
+    return settings.replace(standardise=tuple(sorted(kappa))), kappa
+
+
 def pool_identical_rows(spec: ModelSpec, y: np.ndarray, draws: NutsDraws) -> tuple[NutsDraws, int]:
     """Give subjects with identical response rows (missing cells included) the same draws.
 
@@ -923,6 +994,19 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     constrained = constrain_draws(spec, draws.position)
     idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
     diag = diagnostics(spec, idata, settings, draws)  # of the chains as drawn
+    restart, kappa = shrinkage_restart(spec, np.shape(y), settings, draws, diag["converged"])
+    first = None
+    if restart is not None:  # the items mostly their pools' prior: sampled standardised
+        first = {"rhat_max": diag["rhat_max"], "ess_bulk_min": diag["ess_bulk_min"],
+                 "wall_s": timings["wall_s"], "coordinates": coordinates_summary(
+                     sampler_coordinates(spec, *np.shape(y), settings))}
+        settings = restart
+        draws, t = sample_nuts(spec, y, settings)
+        timings = {**t, "wall_s": timings["wall_s"] + t["wall_s"],
+                   "compile_s": timings["compile_s"] + t["compile_s"]}
+        constrained = constrain_draws(spec, draws.position)
+        idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
+        diag = diagnostics(spec, idata, settings, draws)
     rounds, program = 0, None
     while not diag["converged"] and rounds < settings.extend and settings.num_chains > 1:
         rounds += 1
@@ -952,7 +1036,8 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
             "num_warmup": settings.num_warmup, "num_samples": settings.num_samples * (1 + rounds),
             "extended": rounds, **diag,
             "ess_bulk_min_per_s": ess_per_s, "chain_threads": timings["chain_threads"],
-            "coordinates": coordinates_summary(coords)}
+            "coordinates": coordinates_summary(coords) | {
+                "shrinkage": kappa, "restarted_from": first}}
     return FitResult(spec=spec, guide=guide, settings=settings, trace=[],
                      converged=diag["converged"], wall_time_s=timings["wall_s"],
                      compile_time_s=timings["compile_s"], num_subjects=y.shape[0],

@@ -174,8 +174,11 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path, capsys):
     info = json.loads((out / "fit.json").read_text())
     assert info["method"] == "nuts" and info["num_chains"] == 2 and info["num_samples"] == 300
     assert info["target_accept"] == 0.9 and info["transitions"] == 600
-    # the sampler's coordinates: 40 subjects x 6 items, the blocks as they are
-    assert info["coordinates"] == {"standardised": [], "anchored": []}
+    # the sampler's coordinates: 40 subjects x 6 items, the blocks as they are; fewer than
+    # 50 items, so no shrinkage is read, converged or not
+    assert info["coordinates"] == {"standardised": [], "anchored": [], "shrinkage": {},
+                                   "restarted_from": None}
+    assert info["settings"]["standardise"] is None
     assert info["converged"] == (info["rhat_max"] <= 1.01)
     # the 1PL's default population priors: the difficulties pool through mu and u
     assert info["model_options"]["prior"] == "population"
@@ -627,3 +630,62 @@ def test_extend_draws_on_from_where_the_chains_stopped_while_rhat_is_over_the_bo
     assert nuts.nuts_memory_bytes(spec, 6, 8, settings.replace(extend=1)) > base
     with pytest.raises(SettingsError, match=r"extend=-1 \(--extend\): must be an integer >= 0"):
         settings.replace(extend=-1)
+
+
+def _simulated_2pl(num_subjects: int, num_items: int, seed: int, log_a=(0.0, 0.3)) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    theta, b = rng.normal(size=num_subjects), rng.normal(size=num_items)
+    a = np.exp(rng.normal(*log_a, size=num_items))
+    p = 1.0 / (1.0 + np.exp(-a * (theta[:, None] - b)))
+    return (rng.random(p.shape) < p).astype(np.int8)
+
+
+def test_unconverged_run_of_items_near_their_prior_restarts_standardised():
+    """The default rule's second look, read from the draws: at 30 subjects or more and 50
+    items or more, a run with its items as they are that does not converge samples again
+    with every pooled item block standardised where an item block's mean shrinkage ``E[u]
+    Var(x_i)`` is over 0.5, and not where the data decide the items. fit.json's coordinates
+    record the shrinkages, the first run and the coordinates sampled; the draws are those
+    of the standardised settings asked for directly, to the bit."""
+    from engine.infer import nuts
+
+    spec = get_model("2pl", prior="population")
+    never = NutsSettings(num_chains=2, num_warmup=150, num_samples=150, seed=0, max_rhat=1.0)
+    weak = _simulated_2pl(30, 50, seed=1)  # each discrimination seen by 30 subjects
+    res = nuts_fit_result(spec, weak, never)
+    coords = res.extra["diagnostics"]["coordinates"]
+    both = ("difficulty", "discrimination")
+    assert coords["shrinkage"]["discrimination"] > 0.5 > coords["shrinkage"]["difficulty"]
+    assert res.settings.standardise == both and coords["standardised"] == list(both)
+    assert [a["kind"] for a in coords["anchored"]] == ["value", "mean"]
+    first = coords["restarted_from"]
+    assert first["coordinates"]["standardised"] == [] and first["rhat_max"] > 1.0
+    asked = nuts_fit_result(spec, weak, never.replace(standardise=both))
+    for name, draws in asked.draws.items():
+        np.testing.assert_array_equal(res.draws[name], draws)
+    assert asked.extra["diagnostics"]["coordinates"]["restarted_from"] is None
+    # draws that are the pool's prior itself shrink fully; draws a tenth as wide, to 0.01
+    rng = np.random.default_rng(0)
+    prior = {"u_discrimination": np.full((4, 2000), np.log(4.0)), "u_difficulty": np.zeros((4, 2000)),
+             "discrimination": rng.normal(0.0, 0.5, (4, 2000, 50)),
+             "difficulty": rng.normal(0.0, 0.1, (4, 2000, 50)), "ability": np.zeros((4, 2000, 30)),
+             "mu_discrimination": np.zeros((4, 2000)), "mu_difficulty": np.zeros((4, 2000))}
+    kappa = nuts.shrinkage(spec, NutsDraws(prior, *([None] * 5)))
+    assert kappa == pytest.approx({"discrimination": 1.0, "difficulty": 0.01}, rel=0.02)
+    # items decided by their data (100 subjects, log discriminations spread with sd 1:
+    # measured shrinkage 0.17 against 0.84 above): not restarted
+    strong = _simulated_2pl(100, 50, seed=2, log_a=(0.0, 1.0))
+    kept = nuts_fit_result(spec, strong, never)
+    coords = kept.extra["diagnostics"]["coordinates"]
+    assert not kept.converged and coords["restarted_from"] is None
+    assert max(coords["shrinkage"].values()) < 0.5 and coords["standardised"] == []
+    assert kept.settings.standardise is None
+    # fewer than 50 items: the rule is not read
+    assert nuts.shrinkage_restart(spec, (30, 49), never, None, False) == (None, {})
+    with pytest.raises(SettingsError, match=r"standardise names \['ability'\], which are not "
+                                            r"pooled blocks of model '2pl'"):
+        nuts.sampler_coordinates(spec, 30, 50, NutsSettings(standardise=("ability",)))
+    with pytest.raises(SettingsError, match="standardise='difficulty': must be None"):
+        NutsSettings(standardise="difficulty")
+    assert NutsSettings.from_dict(NutsSettings(standardise=["discrimination", "difficulty"])
+                                  .to_dict()).standardise == both
