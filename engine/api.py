@@ -398,8 +398,9 @@ def _nuts_instead(spec, y, stats: dict, info: dict, settings: FitSettings, subje
         with tqdm.external_write_mode(file=sys.stderr):  # clear of a progress bar
             print(f"{why}: {nuts.num_chains} chains x ({nuts.num_warmup} warm-up + "
                   f"{nuts.num_samples} draws) over {observed:,} cells ({nuts.num_samples} "
-                  f"more a chain where an R-hat exceeds {nuts.max_rhat}), no progress shown "
-                  f"while it runs", file=sys.stderr, flush=True)
+                  f"more a chain where an R-hat exceeds {nuts.max_rhat}; from the start with "
+                  f"the items standardised where they are mostly their pools' prior), no "
+                  f"progress shown while it runs", file=sys.stderr, flush=True)
     return _sample_nuts(spec, y, stats, dict(info), nuts, subjects, items)
 
 

@@ -128,8 +128,11 @@ class NutsSettings:
         default rule's restart (:func:`shrinkage_restart`): where a run at 30 subjects or
         more and 50 items or more ends unconverged with its item blocks as they are, and an
         item block's draws are mostly its pool's prior (mean shrinkage ``u Var(x_i | y)``
-        over 0.5, :data:`SHRINKAGE_RESTART`), it samples again with every pooled item block
-        standardised, the scale read from the discriminations' pool location.
+        within chains, over 0.5, :data:`SHRINKAGE_RESTART`), it samples again from the start
+        with every pooled item block standardised (and any block the rule had standardised),
+        the scale read from the discriminations' pool location: a second full run, so up to
+        twice the time. Named blocks take both symmetries up at 30 subjects or more and 50
+        items or more, and the ``anchor`` default's rule otherwise.
     chain_threads : host threads the chains are split over, each running the same compiled
         sampler on its share (must divide ``num_chains``). None (the default): on a CPU,
         the largest divisor of ``num_chains`` up to the cores this process may use, because
@@ -170,7 +173,7 @@ class NutsSettings:
             raise SettingsError(f"NUTS setting standardise={self.standardise!r}: must be None "
                                 f"(the default rule) or a tuple of pooled block names")
         if self.standardise is not None:
-            object.__setattr__(self, "standardise", tuple(sorted(self.standardise)))
+            object.__setattr__(self, "standardise", tuple(sorted(set(self.standardise))))
         if self.anchor not in (None, "all", "translations", "none"):
             raise SettingsError(f"NUTS setting anchor={self.anchor!r}: must be None (the "
                                 f"default rule), 'all', 'translations' or 'none'")
@@ -274,7 +277,7 @@ def pooled_blocks(spec: ModelSpec, num_subjects: int, num_items: int,
 class Anchored(NamedTuple):
     """One of the likelihood's symmetries taken up by one block (:func:`anchored_moves`)."""
 
-    anchor: str  # a scalar subject block, the same in both coordinates
+    anchor: str  # a scalar subject block, or a global (kind value); the same in both coordinates
     kind: str  # "mean" (a translation) or "log_sd" (a scale)
     per: float  # the anchor's own v (mean) or m (log_sd)
     moves: dict  # block -> (m, v): its value is z exp(t m) + t v
@@ -374,7 +377,10 @@ def sampler_coordinates(spec: ModelSpec, num_subjects: int, num_items: int,
     pooled = pooled_blocks(spec, num_subjects, num_items, settings.noncentred_below,
                            settings.standardise)
     which = settings.anchor or (
-        ("all" if num_items >= ANCHOR_ITEMS else "none") if settings.standardise is not None
+        # blocks named (the restart's): both symmetries where the rule would sample the items
+        # as they are, the measured shift alone below 30 subjects
+        ("all" if num_items >= ANCHOR_ITEMS else "none")
+        if settings.standardise is not None and num_subjects >= NONCENTRED_SUBJECTS
         else default_anchor(spec, num_subjects, num_items, pooled))
     return Coordinates(pooled, anchored_moves(spec, num_subjects, pooled, which))
 
@@ -923,7 +929,8 @@ def shrinkage(spec: ModelSpec, draws: NutsDraws) -> dict[str, float]:
         precision = spec.param(p.prior.precision)
         u = np.asarray(precision.constrain(jnp.asarray(draws.position[precision.name])),
                        np.float64)
-        out[p.name] = float(np.mean(u.mean() * x.reshape((-1,) + x.shape[2:]).var(axis=0)))
+        # within each chain: an unconverged run's chains that disagree do not widen it
+        out[p.name] = float(np.mean(u.mean() * x.var(axis=1).mean(axis=0)))
     return out
 
 
@@ -942,14 +949,14 @@ def shrinkage_restart(spec: ModelSpec, shape: tuple, settings: NutsSettings, dra
     num_subjects, num_items = shape
     if (converged or settings.noncentred_below is not None or settings.standardise is not None
             or settings.num_chains < 2 or num_subjects < NONCENTRED_SUBJECTS
-            or num_items < ANCHOR_ITEMS
-            or any(spec.param(n).owner == "item"
-                   for n in sampler_coordinates(spec, *shape, settings).pooled)):
+            or num_items < ANCHOR_ITEMS):  # (at 50 items the default standardises no item)
         return None, {}
     kappa = shrinkage(spec, draws)
-    if not kappa or max(kappa.values()) <= SHRINKAGE_RESTART:
+    if not any(k > SHRINKAGE_RESTART for k in kappa.values()):  # NaN: not over
         return None, kappa
-    return settings.replace(standardise=tuple(sorted(kappa))), kappa
+    # the blocks the rule standardised already (a vague location's abilities) stay so
+    already = sampler_coordinates(spec, *shape, settings).pooled
+    return settings.replace(standardise=tuple(sorted(set(kappa) | set(already)))), kappa
 
 
 def pool_identical_rows(spec: ModelSpec, y: np.ndarray, draws: NutsDraws) -> tuple[NutsDraws, int]:
@@ -1001,6 +1008,7 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
                  "wall_s": timings["wall_s"], "coordinates": coordinates_summary(
                      sampler_coordinates(spec, *np.shape(y), settings))}
         settings = restart
+        draws = constrained = idata = None  # at most one run's draws held at once
         draws, t = sample_nuts(spec, y, settings)
         timings = {**t, "wall_s": timings["wall_s"] + t["wall_s"],
                    "compile_s": timings["compile_s"] + t["compile_s"]}

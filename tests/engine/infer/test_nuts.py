@@ -640,52 +640,76 @@ def _simulated_2pl(num_subjects: int, num_items: int, seed: int, log_a=(0.0, 0.3
     return (rng.random(p.shape) < p).astype(np.int8)
 
 
-def test_unconverged_run_of_items_near_their_prior_restarts_standardised():
+def test_unconverged_run_of_items_near_their_prior_restarts_standardised(tmp_path):
     """The default rule's second look, read from the draws: at 30 subjects or more and 50
     items or more, a run with its items as they are that does not converge samples again
-    with every pooled item block standardised where an item block's mean shrinkage ``E[u]
-    Var(x_i)`` is over 0.5, and not where the data decide the items. fit.json's coordinates
-    record the shrinkages, the first run and the coordinates sampled; the draws are those
-    of the standardised settings asked for directly, to the bit."""
+    from the start with every pooled item block standardised where an item block's mean
+    shrinkage ``E[u] Var(x_i)`` (within chains) is over 0.5, and not where the data decide
+    the items. The added rounds go on in the new coordinates; fit.json's coordinates record
+    the shrinkages, the first run and the coordinates sampled, and its settings name the
+    blocks; the draws are those of the standardised settings asked for directly, to the
+    bit."""
     from engine.infer import nuts
 
     spec = get_model("2pl", prior="population")
     never = NutsSettings(num_chains=2, num_warmup=150, num_samples=150, seed=0, max_rhat=1.0)
     weak = _simulated_2pl(30, 50, seed=1)  # each discrimination seen by 30 subjects
-    res = nuts_fit_result(spec, weak, never)
-    coords = res.extra["diagnostics"]["coordinates"]
+    res = fit_nuts(weak, "2pl", never.replace(extend=1))
+    d = res.extra["diagnostics"]
+    coords = d["coordinates"]
     both = ("difficulty", "discrimination")
     assert coords["shrinkage"]["discrimination"] > 0.5 > coords["shrinkage"]["difficulty"]
     assert res.settings.standardise == both and coords["standardised"] == list(both)
     assert [a["kind"] for a in coords["anchored"]] == ["value", "mean"]
     first = coords["restarted_from"]
     assert first["coordinates"]["standardised"] == [] and first["rhat_max"] > 1.0
+    assert d["extended"] == 1 and d["num_samples"] == 300  # a round added after the restart
     asked = nuts_fit_result(spec, weak, never.replace(standardise=both))
     for name, draws in asked.draws.items():
-        np.testing.assert_array_equal(res.draws[name], draws)
+        np.testing.assert_array_equal(res.draws[name][:, :150], draws)
     assert asked.extra["diagnostics"]["coordinates"]["restarted_from"] is None
-    # draws that are the pool's prior itself shrink fully; draws a tenth as wide, to 0.01
-    rng = np.random.default_rng(0)
-    prior = {"u_discrimination": np.full((4, 2000), np.log(4.0)), "u_difficulty": np.zeros((4, 2000)),
-             "discrimination": rng.normal(0.0, 0.5, (4, 2000, 50)),
-             "difficulty": rng.normal(0.0, 0.1, (4, 2000, 50)), "ability": np.zeros((4, 2000, 30)),
-             "mu_discrimination": np.zeros((4, 2000)), "mu_difficulty": np.zeros((4, 2000))}
-    kappa = nuts.shrinkage(spec, NutsDraws(prior, *([None] * 5)))
-    assert kappa == pytest.approx({"discrimination": 1.0, "difficulty": 0.01}, rel=0.02)
+    save_run(res, tmp_path / "run")
+    info = json.loads((tmp_path / "run" / "fit.json").read_text())
+    assert info["coordinates"]["restarted_from"]["coordinates"]["standardised"] == []
+    assert NutsSettings.from_dict(info["settings"]).standardise == both
     # items decided by their data (100 subjects, log discriminations spread with sd 1:
     # measured shrinkage 0.17 against 0.84 above): not restarted
     strong = _simulated_2pl(100, 50, seed=2, log_a=(0.0, 1.0))
     kept = nuts_fit_result(spec, strong, never)
     coords = kept.extra["diagnostics"]["coordinates"]
-    assert not kept.converged and coords["restarted_from"] is None
-    assert max(coords["shrinkage"].values()) < 0.5 and coords["standardised"] == []
+    assert coords["restarted_from"] is None and coords["standardised"] == []
+    assert 0.0 < max(coords["shrinkage"].values()) < 0.5
     assert kept.settings.standardise is None
-    # fewer than 50 items: the rule is not read
-    assert nuts.shrinkage_restart(spec, (30, 49), never, None, False) == (None, {})
+    # draws that are the pool's prior itself shrink fully, however far apart the chains;
+    # draws a tenth as wide, to 0.01
+    rng = np.random.default_rng(0)
+    prior = {"u_discrimination": np.full((4, 2000), np.log(4.0)), "u_difficulty": np.zeros((4, 2000)),
+             "discrimination": rng.normal(0.0, 0.5, (4, 2000, 50)) + 10.0 * np.arange(4)[:, None, None],
+             "difficulty": rng.normal(0.0, 0.1, (4, 2000, 50)), "ability": np.zeros((4, 2000, 40)),
+             "mu_discrimination": np.zeros((4, 2000)), "mu_difficulty": np.zeros((4, 2000))}
+    draws = NutsDraws(prior, *([None] * 5))
+    assert nuts.shrinkage(spec, draws) == pytest.approx(
+        {"discrimination": 1.0, "difficulty": 0.01}, rel=0.02)
+    assert nuts.shrinkage_restart(spec, (40, 50), never, draws, False)[0].standardise == both
+    assert nuts.shrinkage_restart(spec, (40, 50), never, draws, True) == (None, {})  # converged
+    assert nuts.shrinkage_restart(spec, (40, 49), never, draws, False) == (None, {})  # few items
+    assert nuts.shrinkage_restart(spec, (29, 50), never, draws, False) == (None, {})  # rule's own
+    nan = NutsDraws(prior | {"u_discrimination": np.full((4, 2000), np.nan)}, *([None] * 5))
+    assert nuts.shrinkage_restart(spec, (40, 50), never, nan, False)[0] is None  # NaN: not over
+    # seed 003's hierarchical family standardises its 40 abilities (a vague location): the
+    # restart keeps them so, beside the items
+    hier = get_model("2pl", prior="hierarchical")
+    assert list(nuts.pooled_blocks(hier, 40, 60, None)) == ["ability"]
+    hier_draws = NutsDraws(prior | {"mu_ability": np.zeros((4, 2000)), "u_ability": np.zeros((4, 2000))},
+                           *([None] * 5))
+    assert nuts.shrinkage_restart(hier, (40, 50), never, hier_draws, False)[0].standardise == (
+        "ability",) + both
     with pytest.raises(SettingsError, match=r"standardise names \['ability'\], which are not "
                                             r"pooled blocks of model '2pl'"):
         nuts.sampler_coordinates(spec, 30, 50, NutsSettings(standardise=("ability",)))
     with pytest.raises(SettingsError, match="standardise='difficulty': must be None"):
         NutsSettings(standardise="difficulty")
-    assert NutsSettings.from_dict(NutsSettings(standardise=["discrimination", "difficulty"])
-                                  .to_dict()).standardise == both
+    assert NutsSettings(standardise=["discrimination", "difficulty", "difficulty"]).standardise == both
+    # named blocks below 30 subjects: the anchor default's shift alone, as the rule samples
+    assert [a.kind for a in nuts.sampler_coordinates(spec, 19, 175, NutsSettings(
+        standardise=both)).anchored] == ["mean"]
