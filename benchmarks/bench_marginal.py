@@ -67,24 +67,16 @@ def _load(name: str, seed: int = 0, model: str = "2pl", negative: float = 0.0) -
         if rows.empty:
             raise SystemExit(f"{OPENML}: no dataset {dataset!r}")
         return rows.iloc[:, 3:].to_numpy().T.astype(np.int8)
-    if name.startswith("nlu:"):  # one test set's leaderboard of the 18 final (``_best``) checkpoints
-        import pandas as pd
+    if name.startswith(("nlu:", "nlu90:")):  # one test set's leaderboard: ``nlu:`` the 18
+        import pandas as pd  # final (``_best``) checkpoints, ``nlu90:`` all 90
 
         dataset = name.split(":", 1)[1]
         df = pd.read_parquet(NLU)
         rows = df[df["dataset"] == dataset]
         if rows.empty:
             raise SystemExit(f"{NLU}: no dataset {dataset!r}")
-        return rows[[c for c in df.columns if c.endswith("_best")]].to_numpy().T.astype(np.int8)
-    if name.startswith("nlu90:"):  # one test set's leaderboard of all 90 checkpoints
-        import pandas as pd
-
-        dataset = name.split(":", 1)[1]
-        df = pd.read_parquet(NLU)
-        rows = df[df["dataset"] == dataset]
-        if rows.empty:
-            raise SystemExit(f"{NLU}: no dataset {dataset!r}")
-        return rows.iloc[:, 3:].to_numpy().T.astype(np.int8)
+        keep = [c for c in df.columns[3:] if name.startswith("nlu90:") or c.endswith("_best")]
+        return rows[keep].to_numpy().T.astype(np.int8)
     with_constant = re.fullmatch(r"(\d+x\d+)c(\d+)", name)
     if with_constant:  # SxNcK: the last K of the N items constant, half all right, half all wrong
         y = _load(with_constant[1], seed, model, negative).copy()
