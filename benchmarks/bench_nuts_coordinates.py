@@ -5,11 +5,14 @@ a simulated ``SxN`` board is drawn from ``--model``'s own generator, as ``bench_
 draws it) a ``fit_nuts`` at the default 4 x (500 + 1,000) draws in two coordinate systems of
 the same posterior: ``centred`` (``noncentred_below=0``: every block as it is, the default at
 30 subjects or more) and ``std`` (``noncentred_below=N+1, anchor="all"``: every pooled item
-block as ``(x - mu) sqrt(u)``, the scale read from the discriminations' pool location). Wall
+block as ``(x - mu) sqrt(u)``, the scale read from the discriminations' pool location), or
+``default`` (the default rule, with its restart in standardised coordinates where an
+unconverged run's items are mostly their pools' prior: fit.json's shrinkages and first run
+are in ``coords``). Wall
 time, compile time, R-hat and least bulk ESS with the three worst blocks, divergences,
 leapfrog steps per draw and the coordinates fit.json records. One JSON line a run.
 
-    python benchmarks/bench_nuts_coordinates.py 50x1000 nlu90:rte --model 3pl [--modes centred,std]
+    python benchmarks/bench_nuts_coordinates.py 50x1000 nlu90:rte --model 3pl [--modes centred,std,default]
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ def run(board: str, model: str, mode: str, seed: int) -> dict:
     shape = re.fullmatch(r"(\d+)x(\d+)", board)
     y = (simulate(model, (int(shape[1]), int(shape[2])), seed)["responses"] if shape
          else _load(board))
-    settings = NutsSettings(seed=seed, **({"noncentred_below": 0} if mode == "centred" else
-                                          {"noncentred_below": y.shape[1] + 1, "anchor": "all"}))
+    settings = NutsSettings(seed=seed, **{
+        "centred": {"noncentred_below": 0},
+        "std": {"noncentred_below": y.shape[1] + 1, "anchor": "all"},
+        "default": {}}[mode])
     start = time.perf_counter()
     res = fit_nuts(y, model, settings)
     wall = time.perf_counter() - start
