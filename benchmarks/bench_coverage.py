@@ -203,7 +203,8 @@ def draws_coverage(sim: dict, draws: dict) -> dict:
 def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     """Coverage of NUTS's central 90% intervals (the draws' 5% and 95% quantiles, at
     ``fit --method nuts``'s defaults) of the raw truth, per block, with the run's largest
-    R-hat and wall time: the exact posterior's own calibration, beside the fit's. With the
+    R-hat, wall time and sampler coordinates (fit.json's, with any restart in standardised
+    ones): the exact posterior's own calibration, beside the fit's. With the
     variational ``fit`` also ``agreement``: per block, ``|fit mean - NUTS mean| / NUTS sd``
     (median, max) and the sd ratio fit / NUTS (min, median, max), comparing the columns
     ``items.parquet`` / ``subjects.parquet`` report (constrained scale), and for item blocks
@@ -215,6 +216,7 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     res = engine.fit_nuts(sim["responses"], model=model, prior=prior)
     out = {"wall_s": time.perf_counter() - start,
            "rhat_max": float(res.extra["diagnostics"]["rhat_max"]),
+           "coordinates": res.extra["diagnostics"]["coordinates"],  # and any restart
            **draws_coverage(sim, res.draws)}
     if fit is not None:
         out["agreement"] = {}

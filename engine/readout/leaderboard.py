@@ -186,6 +186,16 @@ def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:
                          "narrower than the posterior's where subjects are few (fit.json "
                          "ability_factor.quadrature_not_converged says why); `irt-engine fit "
                          "--method nuts` samples the exact posterior")
+    first = (info.get("coordinates") or {}).get("restarted_from")
+    if first:  # NUTS sampled again with the items standardised (engine.infer.nuts)
+        shrunk = {k: v for k, v in (info["coordinates"].get("shrinkage") or {}).items()
+                  if isinstance(v, (int, float)) and v > 0.5}
+        notes.append(f"note: NUTS's first run did not converge (R-hat {first['rhat_max']:.3f}, "
+                     f"{first['wall_s']:.0f} s) and its item draws were mostly their pools' "
+                     f"prior (" + ", ".join(f"{k} shrinkage {v:.2f}" for k, v in sorted(
+                         shrunk.items())) + "), so it sampled again from the start with the "
+                     "item blocks standardised; these are the second run's draws (fit.json "
+                     "`coordinates`)")
     divergent = info.get("divergences") or 0
     if divergent and (info.get("method") == "nuts" or factor.get("method") == "nuts"):
         of = info.get("transitions")

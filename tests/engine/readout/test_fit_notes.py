@@ -63,3 +63,19 @@ def test_divergent_nuts_transitions_are_named_with_the_remedy():
     assert fit_notes(fallback)[0].startswith("note: 3 NUTS transitions diverged: ")
     assert fit_notes({**info, "divergences": 0}) == []
     assert fit_notes({"converged": True, "method": "vi", "divergences": 5}) == []
+
+
+def test_nuts_restart_in_standardised_coordinates_is_named():
+    first = {"rhat_max": 1.0246, "ess_bulk_min": 254.0, "wall_s": 95.6,
+             "coordinates": {"standardised": [], "anchored": []}}
+    info = {"converged": True, "method": "nuts", "divergences": 0,
+            "coordinates": {"standardised": ["difficulty", "discrimination"], "anchored": [],
+                            "shrinkage": {"difficulty": 0.29, "discrimination": 0.94},
+                            "restarted_from": first}}
+    (note,) = fit_notes(info)
+    assert note.startswith("note: NUTS's first run did not converge (R-hat 1.025, 96 s) and "
+                           "its item draws were mostly their pools' prior (discrimination "
+                           "shrinkage 0.94), so it sampled again from the start")
+    assert fit_notes(info, convergence=False) == [note]  # the fit command prints it too
+    kept = {**info, "coordinates": {**info["coordinates"], "restarted_from": None}}
+    assert fit_notes(kept) == [] and fit_notes({"converged": True, "method": "nuts"}) == []
