@@ -1658,6 +1658,14 @@ def _proposal_off(centre, proposal_cov, mean, cov, settings: MarginalSettings) -
                 or (np.abs(mean - centre) > settings.importance_refit_shift * sd0).any())
 
 
+def _aside_counts(inverse: np.ndarray, aside: np.ndarray, num_patterns: int) -> tuple:
+    """``(n1, n0)`` ``(m, U)``: each set-aside item's ones and zeros per pattern, from its
+    responses ``aside`` ``(S, m)`` (-1 missing) and each subject's pattern ``inverse``."""
+    aside, U = np.asarray(aside), num_patterns
+    return tuple(np.stack([np.bincount(inverse, weights=(c == r), minlength=U)[:U]
+                           for c in aside.T]) for r in (1, 0))
+
+
 class _SetAsideGrid:
     """Items the fit set aside, on a fixed grid of their values: each one's likelihood
     against the fitted abilities, and what it says about the globals.
@@ -1682,10 +1690,7 @@ class _SetAsideGrid:
         k = len(self.blocks)
         th = to_device(theta, jnp.float32)
         U = w.shape[0]
-        aside = np.asarray(aside)
-        n1 = np.stack([np.bincount(inverse, weights=(c == 1), minlength=U)[:U] for c in aside.T])
-        n0 = np.stack([np.bincount(inverse, weights=(c == 0), minlength=U)[:U] for c in aside.T])
-        self.n1, self.n0 = n1, n0  # (m, U): each item's ones and zeros per pattern
+        self.n1, self.n0 = n1, n0 = _aside_counts(inverse, aside, U)  # (m, U)
         axes, log_da = [], []
         for loc, prec in self.priors(np.asarray(g, np.float64)[None, :])[0]:
             axis = _set_aside_axis(float(loc[0]), float(prec[0]) ** -0.5, {1: 121, 2: 41}[k])
@@ -2389,6 +2394,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     # 30 x 20: their log discriminations' ranks chi-square 24.0 over 9 df read on the grid
     # after importance sampling, 4.5 sampled)
     left_out = moments is not None and aside_found is not None and aside_moments is None
+    with_aside = None  # the set-aside items' (columns, n1, n0) where sampled with their answers
     if moments is None or left_out:
         # sampled where the Laplace approximation
         # departs from the posterior; where the mode search stalled (a 4PL at 50 x 1,000: no
@@ -2405,6 +2411,12 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             ok = aside_found[2]
             x_s[columns[ok]], cov_s[columns[ok]] = aside_found[0][ok], aside_found[1][ok]
             with_aside = (columns, aside_grid.n1, aside_grid.n0)
+        elif aside is not None and hyper and len(aside[0]):  # no grid read-out (three item
+            # blocks, or an asymptote's beta prior): sampled with their answers from the
+            # pool's prior, where the sampler would hold them at one value (3PL 50 x 200 with
+            # an item all subjects answered right and one all answered wrong: both read as
+            # difficulty -0.08 with sd 0)
+            with_aside = (aside[0], *_aside_counts(inverse, aside[1], counts_f.shape[0]))
         sampled, moments_record["sampler"] = _sampled(
             spec, x_s, g, cov_s, g_cov, quad, yy, mask, counts_f,
             # where items were set aside the Laplace approximation is the pool's without
@@ -2426,7 +2438,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     if sampled is not None:
         x, g, cov, g_cov, mean, total_var, quantiles, constrained = sampled
         sd = np.sqrt(total_var)
-        if aside_found is not None:  # sampled with their answers
+        if with_aside is not None:  # sampled with their answers
             aside_moments = (x[aside[0]], cov[aside[0]])
             moments_record["sampler"]["set_aside"] = "sampled with their answers"
         moments_record |= {"method": "sampled", "abilities": "sampled"}
@@ -2443,7 +2455,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         if aside_moments is not None:  # integrated out of each importance draw, or sampled
             means, covs = aside_moments
             ok = np.array([_usable_covariance(c) for c in covs])
-            moved = {k: v for k, v in aside_found[3].items() if k.startswith("pool_s")}
+            moved = {k: v for k, v in (aside_found[3] if aside_found is not None else {}).items()
+                     if k.startswith("pool_s")}
             found = (means, covs, ok, {"method": "sampled with their answers" if sampled
                                        is not None else "integrated out of every importance draw"}
                      | moved)
