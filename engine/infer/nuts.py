@@ -29,7 +29,7 @@ from engine.models.spec import ModelSpec
 from engine.versions import installed
 
 __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "make_sampler",
-           "pooled_blocks", "shrinkage", "shrinkage_restart",
+           "poolable_blocks", "pooled_blocks", "shrinkage", "shrinkage_restart",
            "sample_nuts", "pool_identical_rows", "nuts_fit_result",
            "nuts_memory_bytes", "check_nuts_memory", "diagnostics", "to_inference_data",
            "NUTS_CELL_FACTOR"]
@@ -242,16 +242,23 @@ def _vague_location(spec: ModelSpec, loc) -> bool:
             and prior.variance >= VAGUE_LOCATION_VARIANCE)
 
 
+def poolable_blocks(spec: ModelSpec) -> dict[str, tuple]:
+    """Every subject or item block whose prior is normal with a global precision (the
+    hierarchical and population families): name -> (loc, precision), each a number or a
+    global's name."""
+    return {p.name: (p.prior.loc, p.prior.precision) for p in spec.params
+            if p.owner != "global" and p.prior.family == "normal"
+            and isinstance(p.prior.precision, str)}
+
+
 def pooled_blocks(spec: ModelSpec, num_subjects: int, num_items: int,
                   below: int | None, names: tuple | None = None) -> dict[str, tuple]:
-    """The blocks whose prior is normal with a global precision (the hierarchical and
-    population families) and that have fewer than ``below`` entries: name -> (loc,
-    precision), each a number or a global's name. ``below=None``: fewer than
-    :data:`NONCENTRED_ENTRIES` entries and a vague location, or an item block answered by
-    fewer than :data:`NONCENTRED_SUBJECTS` subjects (:class:`NutsSettings`). ``names``
+    """The :func:`poolable_blocks` with fewer than ``below`` entries. ``below=None``: fewer
+    than :data:`NONCENTRED_ENTRIES` entries and a vague location, or an item block answered
+    by fewer than :data:`NONCENTRED_SUBJECTS` subjects (:class:`NutsSettings`). ``names``
     (``NutsSettings.standardise``): exactly these blocks, each of which must be pooled."""
+    poolable = poolable_blocks(spec)
     if names is not None:
-        poolable = pooled_blocks(spec, num_subjects, num_items, 1 << 62)
         unknown = sorted(set(names) - set(poolable))
         if unknown:
             raise SettingsError(f"NUTS setting standardise names {unknown}, which are not "
@@ -259,18 +266,16 @@ def pooled_blocks(spec: ModelSpec, num_subjects: int, num_items: int,
                                 f"{sorted(poolable)})")
         return {n: poolable[n] for n in names}
     out = {}
-    for p in spec.params:
-        prior = p.prior
+    for name, (loc, precision) in poolable.items():
+        p = spec.param(name)
         count = {"subject": num_subjects, "item": num_items}.get(p.owner, 0) * int(np.prod(p.shape))
-        if p.owner == "global" or prior.family != "normal" or not isinstance(prior.precision, str):
-            continue
         if below is None:
-            chosen = ((count < NONCENTRED_ENTRIES and _vague_location(spec, prior.loc))
+            chosen = ((count < NONCENTRED_ENTRIES and _vague_location(spec, loc))
                       or (p.owner == "item" and num_subjects < NONCENTRED_SUBJECTS))
         else:
             chosen = count < below
         if chosen:
-            out[p.name] = (prior.loc, prior.precision)
+            out[name] = (loc, precision)
     return out
 
 
@@ -921,16 +926,14 @@ def shrinkage(spec: ModelSpec, draws: NutsDraws) -> dict[str, float]:
     data give ``I_i``, so near 1 where the draws are mostly the pool's prior (the funnel
     that standardising removes) and near 0 where the data decide the item."""
     out = {}
-    for p in spec.params:
-        if (p.owner != "item" or p.prior.family != "normal"
-                or not isinstance(p.prior.precision, str)):
+    for name, (_, precision) in poolable_blocks(spec).items():
+        if spec.param(name).owner != "item":
             continue
-        x = np.asarray(draws.position[p.name], np.float64)
-        precision = spec.param(p.prior.precision)
-        u = np.asarray(precision.constrain(jnp.asarray(draws.position[precision.name])),
+        x = np.asarray(draws.position[name], np.float64)
+        u = np.asarray(spec.param(precision).constrain(jnp.asarray(draws.position[precision])),
                        np.float64)
         # within each chain: an unconverged run's chains that disagree do not widen it
-        out[p.name] = float(np.mean(u.mean() * x.var(axis=1).mean(axis=0)))
+        out[name] = float(np.mean(u.mean() * x.var(axis=1).mean(axis=0)))
     return out
 
 
@@ -997,10 +1000,13 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     still work; ``extra["idata"]`` is the ArviZ InferenceData and ``extra["diagnostics"]``
     goes to fit.json (``converged`` there is the R-hat rule).
     """
+    def read(draws, settings):  # constrained draws, InferenceData, diagnostics
+        constrained = constrain_draws(spec, draws.position)
+        idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
+        return constrained, idata, diagnostics(spec, idata, settings, draws)
+
     draws, timings = sample_nuts(spec, y, settings)
-    constrained = constrain_draws(spec, draws.position)
-    idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
-    diag = diagnostics(spec, idata, settings, draws)  # of the chains as drawn
+    constrained, idata, diag = read(draws, settings)  # of the chains as drawn
     restart, kappa = shrinkage_restart(spec, np.shape(y), settings, draws, diag["converged"])
     first = None
     if restart is not None:  # the items mostly their pools' prior: sampled standardised
@@ -1012,9 +1018,7 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
         draws, t = sample_nuts(spec, y, settings)
         timings = {**t, "wall_s": timings["wall_s"] + t["wall_s"],
                    "compile_s": timings["compile_s"] + t["compile_s"]}
-        constrained = constrain_draws(spec, draws.position)
-        idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
-        diag = diagnostics(spec, idata, settings, draws)
+        constrained, idata, diag = read(draws, settings)
     rounds, program = 0, None
     while not diag["converged"] and rounds < settings.extend and settings.num_chains > 1:
         rounds += 1
@@ -1024,9 +1028,7 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
         draws = join_draws(draws, more)
         timings["wall_s"] += t["wall_s"]
         timings["compile_s"] += t["compile_s"]
-        constrained = constrain_draws(spec, draws.position)
-        idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
-        diag = diagnostics(spec, idata, settings, draws)
+        constrained, idata, diag = read(draws, settings)
     draws, pooled = pool_identical_rows(spec, y, draws)
     if pooled:
         constrained = constrain_draws(spec, draws.position)
