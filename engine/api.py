@@ -299,7 +299,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
                 why += (f"; NUTS sampled the posterior instead ({d['num_chains']} chains x "
                         f"{d['num_samples']} draws, R-hat {d['rhat_max']:.3f}"
                         + ("" if result.converged else f" > {d['max_rhat']}: not converged")
-                        + ")")
+                        + (", sampled again from the start with the items standardised"
+                           if d["coordinates"].get("restarted_from") else "") + ")")
             else:
                 why += "; the mean-field fit was run instead"
             factor = factor | {"method": "nuts" if sampled is not None else "gaussian",

@@ -172,6 +172,11 @@ class NutsSettings:
                 or not all(isinstance(n, str) for n in self.standardise)):
             raise SettingsError(f"NUTS setting standardise={self.standardise!r}: must be None "
                                 f"(the default rule) or a tuple of pooled block names")
+        if self.standardise is not None and self.noncentred_below is not None:
+            raise SettingsError(
+                f"NUTS settings standardise={self.standardise!r} and noncentred_below="
+                f"{self.noncentred_below!r}: give one of them (standardise names the blocks "
+                f"outright, noncentred_below sets the rule that picks them)")
         if self.standardise is not None:
             object.__setattr__(self, "standardise", tuple(sorted(set(self.standardise))))
         if self.anchor not in (None, "all", "translations", "none"):
@@ -1012,7 +1017,9 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     if restart is not None:  # the items mostly their pools' prior: sampled standardised
         first = {"rhat_max": diag["rhat_max"], "ess_bulk_min": diag["ess_bulk_min"],
                  "wall_s": timings["wall_s"], "coordinates": coordinates_summary(
-                     sampler_coordinates(spec, *np.shape(y), settings))}
+                     sampler_coordinates(spec, *np.shape(y), settings)),
+                 "shrinkage_over": {b: v for b, v in kappa.items() if v > SHRINKAGE_RESTART},
+                 "shrinkage_threshold": SHRINKAGE_RESTART}
         settings = restart
         draws = constrained = idata = None  # at most one run's draws held at once
         draws, t = sample_nuts(spec, y, settings)

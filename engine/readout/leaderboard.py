@@ -188,8 +188,7 @@ def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:
                          "--method nuts` samples the exact posterior")
     first = (info.get("coordinates") or {}).get("restarted_from")
     if first:  # NUTS sampled again with the items standardised (engine.infer.nuts)
-        shrunk = {k: v for k, v in (info["coordinates"].get("shrinkage") or {}).items()
-                  if isinstance(v, (int, float)) and v > 0.5}
+        shrunk = first.get("shrinkage_over") or {}  # the blocks that sent the restart
         notes.append(f"note: NUTS's first run did not converge (R-hat {first['rhat_max']:.3f}, "
                      f"{first['wall_s']:.0f} s) and its item draws were mostly their pools' "
                      f"prior (" + ", ".join(f"{k} shrinkage {v:.2f}" for k, v in sorted(

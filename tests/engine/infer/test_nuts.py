@@ -663,6 +663,8 @@ def test_unconverged_run_of_items_near_their_prior_restarts_standardised(tmp_pat
     assert [a["kind"] for a in coords["anchored"]] == ["value", "mean"]
     first = coords["restarted_from"]
     assert first["coordinates"]["standardised"] == [] and first["rhat_max"] > 1.0
+    assert first["shrinkage_over"] == {"discrimination": coords["shrinkage"]["discrimination"]}
+    assert first["shrinkage_threshold"] == nuts.SHRINKAGE_RESTART
     assert d["extended"] == 1 and d["num_samples"] == 300  # a round added after the restart
     asked = nuts_fit_result(spec, weak, never.replace(standardise=both))
     for name, draws in asked.draws.items():
@@ -710,6 +712,9 @@ def test_unconverged_run_of_items_near_their_prior_restarts_standardised(tmp_pat
     with pytest.raises(SettingsError, match="standardise='difficulty': must be None"):
         NutsSettings(standardise="difficulty")
     assert NutsSettings(standardise=["discrimination", "difficulty", "difficulty"]).standardise == both
+    with pytest.raises(SettingsError, match=r"standardise=\('difficulty',\) and "
+                                            r"noncentred_below=50: give one of them"):
+        NutsSettings(standardise=("difficulty",), noncentred_below=50)
     # named blocks below 30 subjects: the anchor default's shift alone, as the rule samples
     assert [a.kind for a in nuts.sampler_coordinates(spec, 19, 175, NutsSettings(
         standardise=both)).anchored] == ["mean"]

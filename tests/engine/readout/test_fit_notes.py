@@ -67,7 +67,8 @@ def test_divergent_nuts_transitions_are_named_with_the_remedy():
 
 def test_nuts_restart_in_standardised_coordinates_is_named():
     first = {"rhat_max": 1.0246, "ess_bulk_min": 254.0, "wall_s": 95.6,
-             "coordinates": {"standardised": [], "anchored": []}}
+             "coordinates": {"standardised": [], "anchored": []},
+             "shrinkage_over": {"discrimination": 0.94}, "shrinkage_threshold": 0.5}
     info = {"converged": True, "method": "nuts", "divergences": 0,
             "coordinates": {"standardised": ["difficulty", "discrimination"], "anchored": [],
                             "shrinkage": {"difficulty": 0.29, "discrimination": 0.94},
