@@ -15,7 +15,12 @@ complete data, several chains at once (``jax.vmap``), each sweep:
    abilities a common shift or scale of the items is pinned, and given the items a pool's
    precision, so without these moves a chain crawls along them;
 2. every subject's ability from its posterior given the items, on the evenly spaced grid of
-   :class:`engine.infer.marginal._DrawNodes` (the rule the fit integrates with);
+   :class:`engine.infer.marginal._DrawNodes` (the rule the fit integrates with). That grid
+   spans the patterns' posteriors at the items' mode, and the items' uncertainty widens
+   them: where some pattern's posterior puts more than :data:`EDGE_MASS` on the grid's end
+   points in a call's sweeps, the grid is widened to its mean +- 8 sds over those sweeps
+   (fit.json ``item_moments.sampler.grid_widened``; the kept draws are drawn again where it
+   happens there);
 3. every item's values given the abilities by random-walk Metropolis steps, all items at
    once (given the abilities they are independent), shaped by each item's covariance
    (adapted during the warm-up), one step in five four times longer so that a chain
@@ -56,6 +61,13 @@ LONG_STEP, LONG_STEP_SHARE = 4.0, 0.2
 # and 1.02-1.12; 3PL at 1,000 x 50: 0.47-0.92 and 0.97-1.61)
 LAPLACE_SHIFT, LAPLACE_SD = 0.25, 1.25
 SYMMETRY_ACCEPTANCE = 0.4  # a move along one symmetry (one value)
+# a pattern's ability posterior with more than this mass on the grid's two end points, in
+# some sweep, is cut off by the grid: the grid is widened (at most MAX_WIDEN times). The grid
+# spans the patterns' posteriors at the items' mode; the items' uncertainty widens them
+# (feas at 50 x 1,000: 0.05 at the mode, 0.17-0.36 sampled), and a grid ending at -3.34
+# under a subject at -3.13 +- 0.36 pulled the sampled scale 4% in, every ability with it.
+EDGE_MASS = 1e-5
+MAX_WIDEN = 3
 MAX_LISTED = 20  # values not mixed listed in the record
 
 
@@ -203,7 +215,8 @@ def _symmetry_moves(spec: ModelSpec, names: list[str], hyper: list[str]):
 def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: bool, data,
             keys, x, g, chol, g_chol, sym_sd):
     """The chains: ``(x, g, (draws of x, of g, acceptance rates), (sums of each pattern's
-    ability mean and second moment))`` after ``steps`` kept sweeps, each after ``thin - 1``
+    ability mean and second moment, and the most posterior mass it had on the grid's two
+    end points))`` after ``steps`` kept sweeps, each after ``thin - 1``
     more, vmapped over chains (``keys``, ``x``, ``g``). ``complete``: every pattern answers
     every item that anyone answers (``y0 = 1 - y1`` there; the items nobody answers, such
     as the padding to a bucketed number, count in no pattern), which saves two matrix
@@ -259,7 +272,7 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
     gi_all = jnp.stack([mv[1] for mv in moves]) if moves else None  # (S, h, 2)
 
     def sweep(carry, key, chol, g_chol, sym_sd):
-        x, g, s1, s2, count = carry
+        x, g, s1, s2, edge, count = carry
         keys = jax.random.split(key, 8)
         lw = log_weights(x)
         sym_acc = jnp.zeros(len(moves), jnp.float32)
@@ -275,7 +288,11 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
         # the abilities: one grid point per subject (by the inverse of each pattern's
         # distribution function on the grid), each pattern's subjects counted there
         _, m1, m2 = _pattern_moments(lw, grid)
-        cdf = jnp.cumsum(jax.nn.softmax(lw, axis=1), axis=1)
+        post = jax.nn.softmax(lw, axis=1)
+        # each pattern's posterior mass on the grid's two end points: where it is not
+        # negligible the grid cuts the posterior off (sample_items widens it)
+        edge = jnp.maximum(edge, post[:, 0] + post[:, -1])
+        cdf = jnp.cumsum(post, axis=1)
         u = jax.random.uniform(keys[0], rows.shape) * cdf[rows, -1]
         idx = jnp.minimum(jnp.sum(cdf[rows] < u[:, None], axis=1), G - 1)
         if by_subject:  # fewer subjects than grid points: each item at each subject's
@@ -318,7 +335,7 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
             ok = jnp.log(jax.random.uniform(ku)) < log_prior(x, g2) - log_prior(x, g)
             g, g_acc = jnp.where(ok, g2, g), ok.astype(jnp.float32)
         stats = jnp.concatenate([item_acc.mean(axis=0), g_acc[None], sym_acc])
-        return (x, g, s1 + m1, s2 + m2, count + 1), stats
+        return (x, g, s1 + m1, s2 + m2, edge, count + 1), stats
 
     def kept(carry, key, chol, g_chol, sym_sd):
         carry, stats = jax.lax.scan(lambda c, k: sweep(c, k, chol, g_chol, sym_sd), carry,
@@ -327,9 +344,10 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
 
     def chain(key, x, g, chol, g_chol, sym_sd):
         zero = jnp.zeros(U, jnp.float32)
-        (x, g, s1, s2, _), out = jax.lax.scan(lambda c, k: kept(c, k, chol, g_chol, sym_sd),
-                                              (x, g, zero, zero, 0), jax.random.split(key, steps))
-        return x, g, out, (s1, s2)
+        (x, g, s1, s2, edge, _), out = jax.lax.scan(
+            lambda c, k: kept(c, k, chol, g_chol, sym_sd), (x, g, zero, zero, zero, 0),
+            jax.random.split(key, steps))
+        return x, g, out, (s1, s2, edge)
 
     return jax.vmap(chain, in_axes=(0, 0, 0, None, None, None))(keys, x, g, chol, g_chol, sym_sd)
 
@@ -382,9 +400,14 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         return np.asarray(a, np.float32)
 
     complete = bool(np.all(y1 + y0 == 1.0))
-    data = (f32(grid), f32(log_base), f32(grow(y1, 1)), f32(grow(y0, 1)), f32(counts),
-            rows.astype(np.int32), f32(row_weight),
-            tuple((f32(mi), f32(gi)) for _, mi, gi in moves))
+    grid, log_base = np.asarray(grid, np.float64), np.asarray(log_base, np.float64)
+
+    def with_grid(grid, log_base):  # the programs' data on this grid
+        return (f32(grid), f32(log_base), f32(grow(y1, 1)), f32(grow(y0, 1)), f32(counts),
+                rows.astype(np.int32), f32(row_weight),
+                tuple((f32(mi), f32(gi)) for _, mi, gi in moves))
+
+    data = with_grid(grid, log_base)
     # kept draws thinned to at most sampler_values item values a chain
     thin = max(1, int(np.ceil(keep * (N * k + h) / settings.sampler_values)))
     # every call runs one program of `chunk` sweeps: the warm-up is WARMUP_CALLS of them,
@@ -431,11 +454,45 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         # padding's values and acceptance rates cut off there
         dx, dg, stats = (np.asarray(a, np.float64) for a in out[2])
         stats = np.concatenate([stats[..., :n], stats[..., N:]], axis=-1)
-        return np.asarray(out[0])[:, :n], np.asarray(out[1]), (dx[:, :, :n], dg, stats), out[3]
+        sums = tuple(np.asarray(a, np.float64) for a in out[3])  # (chains, U) each
+        return np.asarray(out[0])[:, :n], np.asarray(out[1]), (dx[:, :, :n], dg, stats), sums
+
+    widened = []
+
+    def widen(sums, sweeps: int, when: str) -> bool:
+        """Where some pattern's posterior had more than EDGE_MASS on the grid's end
+        points in these sweeps (``sums`` of a call), a wider grid at the same spacing or
+        finer, spanning each pattern's mean +- SPAN of its sd over these sweeps (the items'
+        uncertainty in it), a quarter of its width further at least, and the programs on it.
+        False where none did, or it was widened MAX_WIDEN times."""
+        nonlocal grid, log_base, data, warm_program, keep_program
+        edge = float(sums[2].max())
+        if not edge > EDGE_MASS or len(widened) >= MAX_WIDEN:
+            return False
+        from engine.infer.marginal import _DrawNodes, _ability_prior
+
+        live = counts > 0
+        mean = sums[0].sum(axis=0)[live] / sweeps
+        sd = np.sqrt(np.maximum(sums[1].sum(axis=0)[live] / sweeps - mean ** 2, 0.0))
+        step, reach = grid[1] - grid[0], 0.25 * (grid[-1] - grid[0])
+        lo = min(grid[0] - reach, float((mean - _DrawNodes.SPAN * sd).min()))
+        hi = max(grid[-1] + reach, float((mean + _DrawNodes.SPAN * sd).max()))
+        points = bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2)  # a doubling's two sizes
+        grid = np.linspace(lo, hi, min(points, max(settings.sampler_grid_max, grid.size)))
+        log_base = _ability_prior(spec, grid) + np.log(grid[1] - grid[0])
+        data = with_grid(grid, log_base)
+        warm_program = partial(_chains, spec, chunk, 1, settings.sampler_item_steps, complete,
+                               data)
+        keep_program = partial(_chains, spec, chunk, thin, settings.sampler_item_steps,
+                               complete, data)
+        widened.append({"at": when, "edge_mass": edge, "points": int(grid.size),
+                        "span": [round(float(grid[0]), 3), round(float(grid[-1]), 3)]})
+        return True
 
     phase, lap_sd = [], np.sqrt(np.maximum(np.diagonal(item_cov, axis1=1, axis2=2), 1e-24))
     for i in range(WARMUP_CALLS):
-        xs, gs, draws, _ = call(warm_program)
+        xs, gs, draws, sums = call(warm_program)
+        widen(sums, chains * chunk, f"warm-up call {i + 1} of {WARMUP_CALLS}")
         phase.append(draws)
         if i not in PHASE_ENDS:
             continue
@@ -469,19 +526,25 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
             g_shape = _factor(np.cov(gt.T).reshape(1, h, h))[0]
             g_scale = g_scale * _towards(rate[n], TARGET_ACCEPTANCE)
         sym_sd = sym_sd * _towards(rate[n + 1:] * len(moves), SYMMETRY_ACCEPTANCE)
-    kept, s1, s2 = [], 0.0, 0.0
+    kept, s1, s2, edge = [], 0.0, 0.0, 0.0
     for extension in range(2):  # the kept draws, once more where they have not mixed
         for _ in range(calls):
             xs, gs, draws, sums = call(keep_program)
             kept.append(draws)
-            s1, s2 = s1 + np.asarray(sums[0], np.float64), s2 + np.asarray(sums[1], np.float64)
+            s1, s2, edge = s1 + sums[0], s2 + sums[1], max(edge, float(sums[2].max()))
+        if extension == 0 and widen((s1, s2, np.asarray(edge)), chains * len(kept) * chunk * thin,
+                                    "the kept draws"):
+            kept, s1, s2, edge = [], 0.0, 0.0, 0.0  # drawn again, all on the wider grid
+            continue
         dx, dg, stats = (np.concatenate(a, axis=1) for a in zip(*kept))  # (chains, keep, ...)
         keep = dx.shape[1]
         values = np.concatenate([dx.reshape(chains, keep, -1), dg], axis=2)
         rhat = split_rhat(values)
         if rhat.max() <= settings.sampler_rhat_max:
             break
-    record |= {"draws": keep, "extended": bool(extension)}
+    record |= {"draws": keep, "extended": bool(extension) and not (
+        widened and widened[-1]["at"] == "the kept draws"), "grid_points": int(grid.size),
+        "grid_edge_mass": float(f"{edge:.3g}"), **({"grid_widened": widened} if widened else {})}
     rate = stats.mean(axis=(0, 1))
     ess = effective_draws(values)
     flat = dx.reshape(-1, n, k)

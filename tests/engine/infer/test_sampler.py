@@ -401,3 +401,47 @@ def test_set_aside_items_keep_the_chains_running_and_the_pilot_judges_the_fitted
     assert z.max() < 0.25
     ratio = res.sds()["difficulty"] / exact.sds()["difficulty"]
     assert ((ratio > 0.8) & (ratio < 1.25)).all()
+
+
+def test_a_grid_that_cuts_the_posterior_off_is_widened(monkeypatch):
+    """The sampler's ability grid comes from the patterns' posteriors at the items' mode;
+    where the sampled items put some pattern's posterior against the grid's end (more than
+    ``EDGE_MASS`` on its end points), the grid is widened and the draws are those of a grid
+    that was wide from the start, within Monte Carlo error. Held to the narrow grid, the
+    extreme patterns' abilities are pulled in by a third or more of their sd: the case
+    this guards."""
+    from engine.infer import sampler
+    from engine.infer.sampler import sample_items
+
+    spec = get_model("1pl", prior="vague")
+    settings = MarginalSettings(**_SHORT)
+    rng = np.random.default_rng(3)
+    n = 6
+    patterns = ((np.arange(64)[:, None] >> np.arange(n)) & 1).astype(np.float64)
+    counts = np.bincount(rng.integers(0, 64, 400), minlength=64).astype(np.float64)
+    x0 = np.linspace(-1.0, 1.0, n)[:, None]
+
+    def run(lo, hi):
+        grid = np.arange(lo, hi + 1e-9, 0.1)
+        log_base = -0.5 * grid ** 2 - 0.5 * np.log(2 * np.pi) + np.log(0.1)
+        moments, record = sample_items(spec, x0, np.zeros(0), np.full((n, 1, 1), 0.05),
+                                       np.zeros((0, 0)), grid, log_base, patterns,
+                                       1 - patterns, counts, settings, seed=2)
+        assert record["method"] == "sampled", record
+        sd = np.sqrt(moments[5])
+        return moments[4], sd, record
+
+    wide_mean, wide_sd, wide = run(-6.0, 6.0)
+    assert "grid_widened" not in wide and wide["grid_edge_mass"] < sampler.EDGE_MASS
+    mean, sd, narrow = run(-1.5, 1.5)
+    (first, *_) = narrow["grid_widened"]
+    assert first["at"].startswith("warm-up call") and first["edge_mass"] > sampler.EDGE_MASS
+    assert first["span"][0] < -3.0 and first["span"][1] > 3.0
+    assert narrow["grid_edge_mass"] < sampler.EDGE_MASS
+    np.testing.assert_allclose(mean, wide_mean, atol=0.02)  # measured 0.0003
+    np.testing.assert_allclose(sd, wide_sd, rtol=0.02)
+    monkeypatch.setattr(sampler, "MAX_WIDEN", 0)  # the grid as given
+    cut_mean, cut_sd, cut = run(-1.5, 1.5)
+    assert "grid_widened" not in cut and cut["grid_edge_mass"] > 0.01
+    off = np.abs(cut_mean - wide_mean) / wide_sd
+    assert off.max() > 0.3  # the all-right and all-wrong answer sheets (measured 0.63)
