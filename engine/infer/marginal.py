@@ -1278,6 +1278,8 @@ class _DrawNodes:
     adaptive nodes."""
 
     SPAN = 8.0
+    EDGE_SDS = 5.0  # a posterior this near the grid's end is cut off (:meth:`cuts`)
+    MAX_WIDEN = 3  # widenings at most (each from the moments the last grid gave)
     GRID_PER_NODE = 8
     # 1,601 2PL item draws at 200 x 400 on a 68-point shared grid (8.7G multiply-adds) took
     # 1.0 s; 2,401 3PL draws there on 11 adaptive nodes (2.1G cells) 12.3 s: ~50 to a cell
@@ -1321,6 +1323,38 @@ class _DrawNodes:
                 self.theta, self.log_base = quad.log_base(spec, num_nodes)
         self.record = {"nodes": "shared grid" if self.shared else "adaptive",
                        "points": int(self.theta.shape[-1])}
+
+    def cuts(self, m1: np.ndarray, m2: np.ndarray, counts: np.ndarray) -> bool:
+        """Whether, on the shared grid, some answered pattern's ability posterior under some
+        item draw (mean ``m1``, second moment ``m2``, ``(D, U)``) comes within ``EDGE_SDS`` of
+        its sds of the grid's ends: the grid spans the posteriors at the items' mode, and
+        an item draw away from it moves and widens them (feas at 50 x 1,000: sds 0.05 at
+        the mode, 0.17-0.36 over the items' posterior)."""
+        if not self.shared:
+            return False
+        live = np.asarray(counts) > 0
+        mean, sd = m1[:, live], np.sqrt(np.maximum(m2[:, live] - m1[:, live] ** 2, 0.0))
+        return bool(((mean - self.EDGE_SDS * sd < self.theta[0])
+                     | (mean + self.EDGE_SDS * sd > self.theta[-1])).any())
+
+    def widened(self, spec, m1: np.ndarray, m2: np.ndarray, counts: np.ndarray) -> "_DrawNodes":
+        """A shared grid at this one's spacing or finer spanning every answered pattern's
+        posterior mean +- ``SPAN`` of its sd under every item draw (``m1``, ``m2``
+        ``(D, U)``), and this grid."""
+        from engine.infer.fit import bucket_size
+
+        live = np.asarray(counts) > 0
+        mean, sd = m1[:, live], np.sqrt(np.maximum(m2[:, live] - m1[:, live] ** 2, 0.0))
+        lo = min(float(self.theta[0]), float((mean - self.SPAN * sd).min()))
+        hi = max(float(self.theta[-1]), float((mean + self.SPAN * sd).max()))
+        step = float(self.theta[1] - self.theta[0])
+        out = object.__new__(_DrawNodes)
+        out.shared = True
+        out.theta = np.linspace(lo, hi, bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2))
+        out.log_base = _ability_prior(spec, out.theta) + np.log(out.theta[1] - out.theta[0])
+        out.record = {"nodes": "shared grid", "points": int(out.theta.size),
+                      "widened_from": self.record.get("widened_from", int(self.theta.size))}
+        return out
 
     def cells_per_draw(self, num_patterns: int, num_items: int) -> int:
         """What weighting one draw costs, in log-likelihood cells: ``patterns x nodes x
@@ -1446,9 +1480,16 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     pool = []  # each round's draws, log densities, ability moments and proposal
 
     def draw(count, centre, factor):  # draws, log posterior, log proposal (up to a constant),
-        z = rng.standard_normal((count, d))  # the abilities' moments, and the set-aside
-        xs = centre + z @ factor.T  # items' (none: (count, 0))
+        nonlocal nodes  # the abilities' moments, and the set-aside items' (none: (count, 0))
+        z = rng.standard_normal((count, d))
+        xs = centre + z @ factor.T
         lp, lm, m1, m2, *more_moments = nodes.moments(spec, xs, (n, k), y, mask, aside)
+        for _ in range(_DrawNodes.MAX_WIDEN):  # these draws on a grid that spans them
+            if not nodes.cuts(m1, m2, counts):  # (the earlier ones, not cut, integrate
+                break  # alike on either)
+            nodes = nodes.widened(spec, m1, m2, counts)
+            record["nodes"] = nodes.record
+            lp, lm, m1, m2, *more_moments = nodes.moments(spec, xs, (n, k), y, mask, aside)
         a1, a2 = more_moments or (np.zeros((count, 0)), np.zeros((count, 0)))
         return xs, lm @ counts + lp, -0.5 * (z ** 2).sum(axis=1), m1, m2, a1, a2
 
@@ -1595,8 +1636,13 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
     if not np.isfinite(xs).all():
         return None, record | {"method": "mode", "because": "covariance not finite"}
     nodes = _DrawNodes(spec, quad, counts, Q)
-    record["nodes"] = nodes.record
     _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
+    for _ in range(_DrawNodes.MAX_WIDEN):  # the draws move the posteriors off the mode's grid
+        if not nodes.cuts(m1, m2, counts):
+            break
+        nodes = nodes.widened(spec, m1, m2, counts)
+        _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
+    record["nodes"] = nodes.record
     mean = m1.mean(axis=0)
     return (mean, np.maximum(m2.mean(axis=0) - mean ** 2, 1e-24)), record
 
