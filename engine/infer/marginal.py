@@ -1279,7 +1279,7 @@ class _DrawNodes:
 
     SPAN = 8.0
     EDGE_SDS = 5.0  # a posterior this near the grid's end is cut off (:meth:`cuts`)
-    MAX_WIDEN = 3  # widenings at most (each from the moments the last grid gave)
+    MAX_WIDEN = 3  # widenings at most in all (each from the moments the last grid gave)
     GRID_PER_NODE = 8
     # 1,601 2PL item draws at 200 x 400 on a 68-point shared grid (8.7G multiply-adds) took
     # 1.0 s; 2,401 3PL draws there on 11 adaptive nodes (2.1G cells) 12.3 s: ~50 to a cell
@@ -1330,7 +1330,7 @@ class _DrawNodes:
         its sds of the grid's ends: the grid spans the posteriors at the items' mode, and
         an item draw away from it moves and widens them (feas at 50 x 1,000: sds 0.05 at
         the mode, 0.17-0.36 over the items' posterior)."""
-        if not self.shared:
+        if not self.shared or self.record.get("widenings", 0) >= self.MAX_WIDEN:
             return False
         live = np.asarray(counts) > 0
         mean, sd = m1[:, live], np.sqrt(np.maximum(m2[:, live] - m1[:, live] ** 2, 0.0))
@@ -1353,7 +1353,8 @@ class _DrawNodes:
         out.theta = np.linspace(lo, hi, bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2))
         out.log_base = _ability_prior(spec, out.theta) + np.log(out.theta[1] - out.theta[0])
         out.record = {"nodes": "shared grid", "points": int(out.theta.size),
-                      "widened_from": self.record.get("widened_from", int(self.theta.size))}
+                      "widened_from": self.record.get("widened_from", int(self.theta.size)),
+                      "widenings": self.record.get("widenings", 0) + 1}
         return out
 
     def cells_per_draw(self, num_patterns: int, num_items: int) -> int:
@@ -1484,9 +1485,8 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         z = rng.standard_normal((count, d))
         xs = centre + z @ factor.T
         lp, lm, m1, m2, *more_moments = nodes.moments(spec, xs, (n, k), y, mask, aside)
-        for _ in range(_DrawNodes.MAX_WIDEN):  # these draws on a grid that spans them
-            if not nodes.cuts(m1, m2, counts):  # (the earlier ones, not cut, integrate
-                break  # alike on either)
+        while nodes.cuts(m1, m2, counts):  # these draws on a grid that spans them (the
+            # earlier ones, not cut, integrate alike on either)
             nodes = nodes.widened(spec, m1, m2, counts)
             record["nodes"] = nodes.record
             lp, lm, m1, m2, *more_moments = nodes.moments(spec, xs, (n, k), y, mask, aside)
@@ -1637,9 +1637,7 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
         return None, record | {"method": "mode", "because": "covariance not finite"}
     nodes = _DrawNodes(spec, quad, counts, Q)
     _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
-    for _ in range(_DrawNodes.MAX_WIDEN):  # the draws move the posteriors off the mode's grid
-        if not nodes.cuts(m1, m2, counts):
-            break
+    while nodes.cuts(m1, m2, counts):  # the draws move the posteriors off the mode's grid
         nodes = nodes.widened(spec, m1, m2, counts)
         _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
     record["nodes"] = nodes.record

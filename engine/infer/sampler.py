@@ -289,9 +289,10 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
         # distribution function on the grid), each pattern's subjects counted there
         _, m1, m2 = _pattern_moments(lw, grid)
         post = jax.nn.softmax(lw, axis=1)
-        # each pattern's posterior mass on the grid's two end points: where it is not
-        # negligible the grid cuts the posterior off (sample_items widens it)
-        edge = jnp.maximum(edge, post[:, 0] + post[:, -1])
+        # each answered pattern's posterior mass on the grid's two end points: where it is
+        # not negligible the grid cuts the posterior off (sample_items widens it); padding
+        # patterns, counted zero times, answer nothing and would read the prior's tails
+        edge = jnp.maximum(edge, jnp.where(counts > 0, post[:, 0] + post[:, -1], 0.0))
         cdf = jnp.cumsum(post, axis=1)
         u = jax.random.uniform(keys[0], rows.shape) * cdf[rows, -1]
         idx = jnp.minimum(jnp.sum(cdf[rows] < u[:, None], axis=1), G - 1)
@@ -437,7 +438,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     # a symmetry's step starts small (its ridge is long and flat); a pool's spread by a
     # tenth (adapted from there: at most twice or half a phase)
     sym_sd = np.array([0.1 if (mi[:, 2] >= 0).any() else 0.02 for _, mi, _ in moves])
-    total = WARMUP_CALLS + 2 * calls  # the kept draws may be extended once
+    total = WARMUP_CALLS + 3 * calls  # the kept draws may be drawn again and extended once
     # the keys on the host: iterating over a device array compiles an unstacking program
     # with one output a call (1.3 s at 100 calls on 2 cores), for the same keys
     keys = iter(np.asarray(jax.random.split(jax.random.PRNGKey(seed), total * chains)).reshape(
@@ -463,8 +464,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         """Where some pattern's posterior had more than EDGE_MASS on the grid's end
         points in these sweeps (``sums`` of a call), a wider grid at the same spacing or
         finer, spanning each pattern's mean +- SPAN of its sd over these sweeps (the items'
-        uncertainty in it), a quarter of its width further at least, and the programs on it.
-        False where none did, or it was widened MAX_WIDEN times."""
+        uncertainty in it), a quarter of its width further at least, and the programs on it;
+        within ``sampler_grid_max`` points, so coarser where it would need more (the record
+        gives the spacing). False where none did, or it was widened MAX_WIDEN times."""
         nonlocal grid, log_base, data, warm_program, keep_program
         edge = float(sums[2].max())
         if not edge > EDGE_MASS or len(widened) >= MAX_WIDEN:
@@ -486,7 +488,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         keep_program = partial(_chains, spec, chunk, thin, settings.sampler_item_steps,
                                complete, data)
         widened.append({"at": when, "edge_mass": edge, "points": int(grid.size),
-                        "span": [round(float(grid[0]), 3), round(float(grid[-1]), 3)]})
+                        "span": [round(float(grid[0]), 3), round(float(grid[-1]), 3)],
+                        "spacing": round(float(grid[1] - grid[0]), 4),
+                        "spacing_before": round(float(step), 4)})
         return True
 
     phase, lap_sd = [], np.sqrt(np.maximum(np.diagonal(item_cov, axis1=1, axis2=2), 1e-24))
@@ -527,24 +531,25 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
             g_scale = g_scale * _towards(rate[n], TARGET_ACCEPTANCE)
         sym_sd = sym_sd * _towards(rate[n + 1:] * len(moves), SYMMETRY_ACCEPTANCE)
     kept, s1, s2, edge = [], 0.0, 0.0, 0.0
-    for extension in range(2):  # the kept draws, once more where they have not mixed
-        for _ in range(calls):
+    redrawn = extended = False
+    while True:  # the kept draws: again on a wider grid where it cut them off (once), and
+        for _ in range(calls):  # once more as many where they have not mixed
             xs, gs, draws, sums = call(keep_program)
             kept.append(draws)
             s1, s2, edge = s1 + sums[0], s2 + sums[1], max(edge, float(sums[2].max()))
-        if extension == 0 and widen((s1, s2, np.asarray(edge)), chains * len(kept) * chunk * thin,
-                                    "the kept draws"):
-            kept, s1, s2, edge = [], 0.0, 0.0, 0.0  # drawn again, all on the wider grid
+        if not redrawn and not extended and widen(
+                (s1, s2, np.asarray(edge)), chains * len(kept) * chunk * thin, "the kept draws"):
+            redrawn, (kept, s1, s2, edge) = True, ([], 0.0, 0.0, 0.0)  # all on the wider grid
             continue
         dx, dg, stats = (np.concatenate(a, axis=1) for a in zip(*kept))  # (chains, keep, ...)
         keep = dx.shape[1]
         values = np.concatenate([dx.reshape(chains, keep, -1), dg], axis=2)
         rhat = split_rhat(values)
-        if rhat.max() <= settings.sampler_rhat_max:
+        if rhat.max() <= settings.sampler_rhat_max or extended:
             break
-    record |= {"draws": keep, "extended": bool(extension) and not (
-        widened and widened[-1]["at"] == "the kept draws"), "grid_points": int(grid.size),
-        "grid_edge_mass": float(f"{edge:.3g}"), **({"grid_widened": widened} if widened else {})}
+        extended = True
+    record |= {"draws": keep, "extended": extended, "grid_points": int(grid.size),
+               "grid_edge_mass": float(f"{edge:.3g}"), **({"grid_widened": widened} if widened else {})}
     rate = stats.mean(axis=(0, 1))
     ess = effective_draws(values)
     flat = dx.reshape(-1, n, k)

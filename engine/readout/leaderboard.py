@@ -188,7 +188,10 @@ def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:
                          "--method nuts` samples the exact posterior")
     first = (info.get("coordinates") or {}).get("restarted_from")
     if first:  # NUTS sampled again with the items standardised (engine.infer.nuts)
-        shrunk = first.get("shrinkage_over") or {}  # the blocks that sent the restart
+        shrunk = first.get("shrinkage_over")  # the blocks that sent the restart
+        if shrunk is None:  # recorded from 2026-12-05; before, the threshold was 0.5
+            shrunk = {k: v for k, v in (info["coordinates"].get("shrinkage") or {}).items()
+                      if isinstance(v, (int, float)) and v > 0.5}
         notes.append(f"note: NUTS's first run did not converge (R-hat {first['rhat_max']:.3f}, "
                      f"{first['wall_s']:.0f} s) and its item draws were mostly their pools' "
                      f"prior (" + ", ".join(f"{k} shrinkage {v:.2f}" for k, v in sorted(

@@ -445,3 +445,30 @@ def test_a_grid_that_cuts_the_posterior_off_is_widened(monkeypatch):
     assert "grid_widened" not in cut and cut["grid_edge_mass"] > 0.01
     off = np.abs(cut_mean - wide_mean) / wide_sd
     assert off.max() > 0.3  # the all-right and all-wrong answer sheets (measured 0.63)
+
+
+def test_padding_patterns_do_not_widen_the_grid():
+    """Patterns counted zero times (the padding to a bucketed number answers nothing, so its
+    posterior is the prior's) are not read for the grid's ends: on [-4, 4] the prior has
+    2.7e-5 of its mass on the end points, over ``EDGE_MASS``, while the answered 30-item
+    sheets stay far inside."""
+    from engine.infer import sampler
+    from engine.infer.sampler import sample_items
+
+    spec = get_model("1pl", prior="vague")
+    rng = np.random.default_rng(5)
+    n = 30
+    answered = (rng.random((20, n)) < 0.5).astype(np.float64)
+    y1 = np.concatenate([answered, np.zeros((1, n))])
+    y0 = np.concatenate([1 - answered, np.zeros((1, n))])  # the padding: nothing answered
+    counts = np.concatenate([np.ones(20), [0.0]])
+    grid = np.arange(-4.0, 4.0 + 1e-9, 0.1)
+    log_base = -0.5 * grid ** 2 - 0.5 * np.log(2 * np.pi) + np.log(0.1)
+    prior_edge = 2 * np.exp(log_base[0])
+    assert prior_edge > sampler.EDGE_MASS
+    _, record = sample_items(spec, np.linspace(-1.0, 1.0, n)[:, None], np.zeros(0),
+                             np.full((n, 1, 1), 0.05), np.zeros((0, 0)), grid, log_base, y1, y0,
+                             counts, MarginalSettings(**_SHORT), seed=0)
+    assert record["method"] == "sampled", record
+    assert "grid_widened" not in record and record["grid_points"] == grid.size
+    assert 0.0 < record["grid_edge_mass"] < sampler.EDGE_MASS

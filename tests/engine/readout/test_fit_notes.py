@@ -78,5 +78,7 @@ def test_nuts_restart_in_standardised_coordinates_is_named():
                            "its item draws were mostly their pools' prior (discrimination "
                            "shrinkage 0.94), so it sampled again from the start")
     assert fit_notes(info, convergence=False) == [note]  # the fit command prints it too
+    old = {k: v for k, v in first.items() if not k.startswith("shrinkage_")}  # before 12-05
+    assert fit_notes({**info, "coordinates": {**info["coordinates"], "restarted_from": old}}) == [note]
     kept = {**info, "coordinates": {**info["coordinates"], "restarted_from": None}}
     assert fit_notes(kept) == [] and fit_notes({"converged": True, "method": "nuts"}) == []
