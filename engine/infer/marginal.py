@@ -1264,6 +1264,34 @@ def _map_draws(one, xs, gs, per_draw: int):
     return jax.lax.map(one, (xs, gs), batch_size=batch)
 
 
+def answered_moments(m1: np.ndarray, m2: np.ndarray, counts: np.ndarray):
+    """The answered patterns' (``counts > 0``) ability posterior means and sds from their
+    means ``m1`` and second moments ``m2`` (``(..., U)``): padding patterns answer nothing,
+    and their posterior is the prior's."""
+    live = np.asarray(counts) > 0
+    mean = m1[..., live]
+    return mean, np.sqrt(np.maximum(m2[..., live] - mean ** 2, 0.0))
+
+
+def wider_grid(spec, theta: np.ndarray, mean: np.ndarray, sd: np.ndarray, reach: float = 0.0,
+               max_points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(grid, log_base)``: an even grid reaching from ``theta``'s ends at least ``reach`` of
+    its width further each way and over every ``mean +- _DrawNodes.SPAN sd``, at
+    ``theta``'s spacing or finer (a bucketed number of points, two sizes a doubling), at
+    most ``max_points`` of them (coarser there), with the ability prior plus the log spacing
+    (the rule's weight) on it. Where a grid laid out at the items' mode cuts off the
+    abilities' posteriors under the items' uncertainty (:class:`_DrawNodes`,
+    :mod:`engine.infer.sampler`)."""
+    from engine.infer.fit import bucket_size
+
+    width, step = float(theta[-1] - theta[0]), float(theta[1] - theta[0])
+    lo = min(float(theta[0]) - reach * width, float((mean - _DrawNodes.SPAN * sd).min()))
+    hi = max(float(theta[-1]) + reach * width, float((mean + _DrawNodes.SPAN * sd).max()))
+    points = bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2)
+    grid = np.linspace(lo, hi, points if max_points is None else min(points, max_points))
+    return grid, _ability_prior(spec, grid) + np.log(grid[1] - grid[0])
+
+
 class _DrawNodes:
     """Where the abilities are integrated while item draws are weighted: one shared,
     evenly spaced grid, or each pattern's adaptive Gauss-Hermite nodes.
@@ -1332,8 +1360,7 @@ class _DrawNodes:
         the mode, 0.17-0.36 over the items' posterior)."""
         if not self.shared or self.record.get("widenings", 0) >= self.MAX_WIDEN:
             return False
-        live = np.asarray(counts) > 0
-        mean, sd = m1[:, live], np.sqrt(np.maximum(m2[:, live] - m1[:, live] ** 2, 0.0))
+        mean, sd = answered_moments(m1, m2, counts)
         return bool(((mean - self.EDGE_SDS * sd < self.theta[0])
                      | (mean + self.EDGE_SDS * sd > self.theta[-1])).any())
 
@@ -1341,17 +1368,9 @@ class _DrawNodes:
         """A shared grid at this one's spacing or finer spanning every answered pattern's
         posterior mean +- ``SPAN`` of its sd under every item draw (``m1``, ``m2``
         ``(D, U)``), and this grid."""
-        from engine.infer.fit import bucket_size
-
-        live = np.asarray(counts) > 0
-        mean, sd = m1[:, live], np.sqrt(np.maximum(m2[:, live] - m1[:, live] ** 2, 0.0))
-        lo = min(float(self.theta[0]), float((mean - self.SPAN * sd).min()))
-        hi = max(float(self.theta[-1]), float((mean + self.SPAN * sd).max()))
-        step = float(self.theta[1] - self.theta[0])
         out = object.__new__(_DrawNodes)
         out.shared = True
-        out.theta = np.linspace(lo, hi, bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2))
-        out.log_base = _ability_prior(spec, out.theta) + np.log(out.theta[1] - out.theta[0])
+        out.theta, out.log_base = wider_grid(spec, self.theta, *answered_moments(m1, m2, counts))
         out.record = {"nodes": "shared grid", "points": int(out.theta.size),
                       "widened_from": self.record.get("widened_from", int(self.theta.size)),
                       "widenings": self.record.get("widenings", 0) + 1}

@@ -402,13 +402,6 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
 
     complete = bool(np.all(y1 + y0 == 1.0))
     grid, log_base = np.asarray(grid, np.float64), np.asarray(log_base, np.float64)
-
-    def with_grid(grid, log_base):  # the programs' data on this grid
-        return (f32(grid), f32(log_base), f32(grow(y1, 1)), f32(grow(y0, 1)), f32(counts),
-                rows.astype(np.int32), f32(row_weight),
-                tuple((f32(mi), f32(gi)) for _, mi, gi in moves))
-
-    data = with_grid(grid, log_base)
     # kept draws thinned to at most sampler_values item values a chain
     thin = max(1, int(np.ceil(keep * (N * k + h) / settings.sampler_values)))
     # every call runs one program of `chunk` sweeps: the warm-up is WARMUP_CALLS of them,
@@ -417,9 +410,15 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     chunk = max(warmup // WARMUP_CALLS, 2)
     calls = -(-max(keep // thin, 2) // chunk)
     keep = calls * chunk
-    warm_program = partial(_chains, spec, chunk, 1, settings.sampler_item_steps, complete, data)
-    keep_program = partial(_chains, spec, chunk, thin, settings.sampler_item_steps, complete,
-                           data)
+
+    def programs(grid, log_base):  # the warm-up's and the kept draws' programs on this grid
+        data = (f32(grid), f32(log_base), f32(grow(y1, 1)), f32(grow(y0, 1)), f32(counts),
+                rows.astype(np.int32), f32(row_weight),
+                tuple((f32(mi), f32(gi)) for _, mi, gi in moves))
+        return tuple(partial(_chains, spec, chunk, t, settings.sampler_item_steps, complete,
+                             data) for t in (1, thin))
+
+    warm_program, keep_program = programs(grid, log_base)
 
     rng = np.random.default_rng(seed)
     # items nobody answered (set aside as constant) stay at their values: only their prior
@@ -467,26 +466,17 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         uncertainty in it), a quarter of its width further at least, and the programs on it;
         within ``sampler_grid_max`` points, so coarser where it would need more (the record
         gives the spacing). False where none did, or it was widened MAX_WIDEN times."""
-        nonlocal grid, log_base, data, warm_program, keep_program
+        nonlocal grid, log_base, warm_program, keep_program
         edge = float(sums[2].max())
         if not edge > EDGE_MASS or len(widened) >= MAX_WIDEN:
             return False
-        from engine.infer.marginal import _DrawNodes, _ability_prior
+        from engine.infer.marginal import answered_moments, wider_grid
 
-        live = counts > 0
-        mean = sums[0].sum(axis=0)[live] / sweeps
-        sd = np.sqrt(np.maximum(sums[1].sum(axis=0)[live] / sweeps - mean ** 2, 0.0))
-        step, reach = grid[1] - grid[0], 0.25 * (grid[-1] - grid[0])
-        lo = min(grid[0] - reach, float((mean - _DrawNodes.SPAN * sd).min()))
-        hi = max(grid[-1] + reach, float((mean + _DrawNodes.SPAN * sd).max()))
-        points = bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2)  # a doubling's two sizes
-        grid = np.linspace(lo, hi, min(points, max(settings.sampler_grid_max, grid.size)))
-        log_base = _ability_prior(spec, grid) + np.log(grid[1] - grid[0])
-        data = with_grid(grid, log_base)
-        warm_program = partial(_chains, spec, chunk, 1, settings.sampler_item_steps, complete,
-                               data)
-        keep_program = partial(_chains, spec, chunk, thin, settings.sampler_item_steps,
-                               complete, data)
+        step = grid[1] - grid[0]
+        grid, log_base = wider_grid(spec, grid, *answered_moments(
+            sums[0].sum(axis=0) / sweeps, sums[1].sum(axis=0) / sweeps, counts), reach=0.25,
+            max_points=max(settings.sampler_grid_max, grid.size))
+        warm_program, keep_program = programs(grid, log_base)
         widened.append({"at": when, "edge_mass": edge, "points": int(grid.size),
                         "span": [round(float(grid[0]), 3), round(float(grid[-1]), 3)],
                         "spacing": round(float(grid[1] - grid[0]), 4),
