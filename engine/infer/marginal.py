@@ -1364,13 +1364,17 @@ class _DrawNodes:
         return bool(((mean - self.EDGE_SDS * sd < self.theta[0])
                      | (mean + self.EDGE_SDS * sd > self.theta[-1])).any())
 
-    def widened(self, spec, m1: np.ndarray, m2: np.ndarray, counts: np.ndarray) -> "_DrawNodes":
+    def widened(self, spec, m1: np.ndarray, m2: np.ndarray, counts: np.ndarray,
+                max_points: int | None = None) -> "_DrawNodes":
         """A shared grid at this one's spacing or finer spanning every answered pattern's
         posterior mean +- ``SPAN`` of its sd under every item draw (``m1``, ``m2``
-        ``(D, U)``), and this grid."""
+        ``(D, U)``), and this grid; at most ``max_points`` points (coarser there; never fewer
+        than this grid's)."""
         out = object.__new__(_DrawNodes)
         out.shared = True
-        out.theta, out.log_base = wider_grid(spec, self.theta, *answered_moments(m1, m2, counts))
+        out.theta, out.log_base = wider_grid(
+            spec, self.theta, *answered_moments(m1, m2, counts),
+            max_points=None if max_points is None else max(max_points, self.theta.size))
         out.record = {"nodes": "shared grid", "points": int(out.theta.size),
                       "widened_from": self.record.get("widened_from", int(self.theta.size)),
                       "widenings": self.record.get("widenings", 0) + 1}
@@ -1492,6 +1496,9 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
                                                    else f"{extra} cells a draw"))
     more = min(settings.importance_draws,
                settings.importance_cells_max // max(per_draw_cells, 1))
+    # a widened grid keeps a round's draws within the cells (they grow with its points)
+    grid_max = (nodes.theta.shape[-1] * settings.importance_cells_max
+                // max(max(draws, more) * per_draw_cells, 1))
     rng = np.random.default_rng(0)
     centre, cov = np.concatenate([x.reshape(-1), g]).astype(np.float64), full_cov
     if start is not None and aside is not None:  # the first proposal about the pool with
@@ -1506,7 +1513,7 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
         lp, lm, m1, m2, *more_moments = nodes.moments(spec, xs, (n, k), y, mask, aside)
         while nodes.cuts(m1, m2, counts):  # these draws on a grid that spans them (the
             # earlier ones, not cut, integrate alike on either)
-            nodes = nodes.widened(spec, m1, m2, counts)
+            nodes = nodes.widened(spec, m1, m2, counts, grid_max)
             record["nodes"] = nodes.record
             lp, lm, m1, m2, *more_moments = nodes.moments(spec, xs, (n, k), y, mask, aside)
         a1, a2 = more_moments or (np.zeros((count, 0)), np.zeros((count, 0)))
@@ -1655,9 +1662,11 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
     if not np.isfinite(xs).all():
         return None, record | {"method": "mode", "because": "covariance not finite"}
     nodes = _DrawNodes(spec, quad, counts, Q)
+    grid_max = (nodes.theta.shape[-1] * settings.importance_cells_max  # within the cells
+                // max(draws * nodes.cells_per_draw(U, n), 1))
     _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
     while nodes.cuts(m1, m2, counts):  # the draws move the posteriors off the mode's grid
-        nodes = nodes.widened(spec, m1, m2, counts)
+        nodes = nodes.widened(spec, m1, m2, counts, grid_max)
         _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
     record["nodes"] = nodes.record
     mean = m1.mean(axis=0)
@@ -1692,6 +1701,8 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
         return None, {"method": "laplace", "because": (
             "no shared ability grid" if not nodes.shared else
             f"{cells:.3g} cells over sampler_cells_max")}
+    # a widened grid stays within the cells, which grow with its points
+    grid_max = min(settings.sampler_grid_max, int(G * settings.sampler_cells_max // cells))
     y1 = np.asarray(y, np.float64) * mask
     y0 = mask - y1
     judged = None
@@ -1705,7 +1716,7 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
     try:
         with compiler_options(None):  # long loops: optimised code even in a quick-compiled fit
             return sample_items(spec, x, g, cov, g_cov, nodes.theta, nodes.log_base, y1,
-                                y0, counts, settings, judged=judged)
+                                y0, counts, settings, judged=judged, grid_max=grid_max)
     except np.linalg.LinAlgError as err:  # e.g. the globals' draws collapsed in a phase
         return None, {"method": "laplace", "because": f"the sampler's adaptation failed ({err})"}
 

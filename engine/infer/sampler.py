@@ -356,7 +356,7 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
 def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.ndarray,
                  g_cov: np.ndarray, grid: np.ndarray, log_base: np.ndarray, y1: np.ndarray,
                  y0: np.ndarray, counts: np.ndarray, settings, seed: int = 0,
-                 judged: np.ndarray | None = None):
+                 judged: np.ndarray | None = None, grid_max: int | None = None):
     """Draws of the items' (and globals') marginal posterior from ``settings.sampler_chains``
     chains started around the mode ``x`` ``(n, k)``, ``g`` ``(h,)`` (spread by the within-item
     Laplace blocks ``item_cov`` ``(n, k, k)`` and ``g_cov``), the abilities on ``grid``
@@ -371,7 +371,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     draws, or ``None`` where the pilot agrees with the Laplace approximation or the chains
     did not mix. ``judged`` ``(n,)`` bool: the items the pilot compares with it (all
     answered ones by default; items the fit set aside have no Laplace approximation, and
-    400 of them agreeing with their read-out outvoted 150 answered items that did not)."""
+    400 of them agreeing with their read-out outvoted 150 answered items that did not).
+    ``grid_max``: the most points a widened grid may have (the caller's cells bound; by
+    default ``settings.sampler_grid_max``, or the grid's own size where it has more)."""
     from engine.infer.fit import bucket_size
     from engine.infer.marginal import _host_constrain, _item_blocks
 
@@ -464,8 +466,8 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         points in these sweeps (``sums`` of a call), a wider grid at the same spacing or
         finer, spanning each pattern's mean +- SPAN of its sd over these sweeps (the items'
         uncertainty in it), a quarter of its width further at least, and the programs on it;
-        within ``sampler_grid_max`` points, so coarser where it would need more (the record
-        gives the spacing). False where none did, or it was widened MAX_WIDEN times."""
+        within ``grid_max`` points, so coarser where it would need more (the record gives
+        the spacing). False where none did, or it was widened MAX_WIDEN times."""
         nonlocal grid, log_base, warm_program, keep_program
         edge = float(sums[2].max())
         if not edge > EDGE_MASS or len(widened) >= MAX_WIDEN:
@@ -475,7 +477,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         step = grid[1] - grid[0]
         grid, log_base = wider_grid(spec, grid, *answered_moments(
             sums[0].sum(axis=0) / sweeps, sums[1].sum(axis=0) / sweeps, counts), reach=0.25,
-            max_points=max(settings.sampler_grid_max, grid.size))
+            max_points=max(grid_max or settings.sampler_grid_max, grid.size))
         warm_program, keep_program = programs(grid, log_base)
         widened.append({"at": when, "edge_mass": edge, "points": int(grid.size),
                         "span": [round(float(grid[0]), 3), round(float(grid[-1]), 3)],

@@ -1264,8 +1264,18 @@ def test_laplace_draws_abilities_on_a_grid_that_spans_them(monkeypatch):
     (mean, var), record = _laplace_abilities(spec, x, np.zeros(0), proposal, quad, patterns,
                                              mask, counts, settings)
     assert record["nodes"]["widened_from"] < record["nodes"]["points"]
+    unbounded = record["nodes"]["points"]  # 384
     np.testing.assert_allclose(mean, ref_mean, atol=1e-5)  # measured 3e-8
     np.testing.assert_allclose(var, ref_var, rtol=1e-5)  # measured 7e-7
+    # a widened grid stays within importance_cells_max: fewer points, coarser, still close
+    bound = MarginalSettings(laplace_draws=100, importance_cells_max=168_000)
+    (mean, var), record = _laplace_abilities(spec, x, np.zeros(0), proposal, quad, patterns,
+                                             mask, counts, bound)
+    wide = record["nodes"]
+    assert wide["widened_from"] < wide["points"] < unbounded
+    assert record["draws"] * (4 * wide["points"] + 4 * n * wide["points"] // 32) <= 168_000
+    np.testing.assert_allclose(mean, ref_mean, atol=1e-4)
+    np.testing.assert_allclose(var, ref_var, rtol=1e-4)
     monkeypatch.setattr(_DrawNodes, "cuts", lambda *args: False)  # held to the mode's grid
     (cut_mean, cut_var), _ = _laplace_abilities(spec, x, np.zeros(0), proposal, quad,
                                                 patterns, mask, counts, settings)

@@ -421,12 +421,13 @@ def test_a_grid_that_cuts_the_posterior_off_is_widened(monkeypatch):
     counts = np.bincount(rng.integers(0, 64, 400), minlength=64).astype(np.float64)
     x0 = np.linspace(-1.0, 1.0, n)[:, None]
 
-    def run(lo, hi):
+    def run(lo, hi, grid_max=None):
         grid = np.arange(lo, hi + 1e-9, 0.1)
         log_base = -0.5 * grid ** 2 - 0.5 * np.log(2 * np.pi) + np.log(0.1)
         moments, record = sample_items(spec, x0, np.zeros(0), np.full((n, 1, 1), 0.05),
                                        np.zeros((0, 0)), grid, log_base, patterns,
-                                       1 - patterns, counts, settings, seed=2)
+                                       1 - patterns, counts, settings, seed=2,
+                                       grid_max=grid_max)
         assert record["method"] == "sampled", record
         sd = np.sqrt(moments[5])
         return moments[4], sd, record
@@ -440,6 +441,12 @@ def test_a_grid_that_cuts_the_posterior_off_is_widened(monkeypatch):
     assert narrow["grid_edge_mass"] < sampler.EDGE_MASS
     np.testing.assert_allclose(mean, wide_mean, atol=0.02)  # measured 0.0003
     np.testing.assert_allclose(sd, wide_sd, rtol=0.02)
+    # within the caller's grid_max (its cells bound) the widened grid is coarser
+    mean, sd, capped = run(-1.5, 1.5, grid_max=48)
+    assert max(w["points"] for w in narrow["grid_widened"]) > 48
+    assert all(w["points"] <= 48 for w in capped["grid_widened"])
+    assert capped["grid_widened"][-1]["spacing"] > 0.1
+    np.testing.assert_allclose(mean, wide_mean, atol=0.05)
     monkeypatch.setattr(sampler, "MAX_WIDEN", 0)  # the grid as given
     cut_mean, cut_sd, cut = run(-1.5, 1.5)
     assert "grid_widened" not in cut and cut["grid_edge_mass"] > 0.01
