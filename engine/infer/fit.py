@@ -181,6 +181,15 @@ def bucket_size(n: int, per_doubling: int = 8) -> int:
     return -(-n // step) * step
 
 
+def bucket_floor(n: int, per_doubling: int = 8) -> int:
+    """The largest size :func:`bucket_size` gives that is at most ``n`` (8 at least)."""
+    if n <= 8:
+        return 8
+    top = 1 << (n.bit_length() - 1)  # sizes past top are multiples of its step
+    step = max(1, top // per_doubling)
+    return n // step * step
+
+
 def _bucketed(spec: ModelSpec, source: BlockSource, settings: FitSettings):
     """``(padded source, (S_b, N_b))`` for a matrix held in memory in one tile, padded with
     missing cells to bucketed sizes, so that data sets of similar shape run the same XLA

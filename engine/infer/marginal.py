@@ -1278,8 +1278,8 @@ def wider_grid(spec, theta: np.ndarray, mean: np.ndarray, sd: np.ndarray, reach:
     """``(grid, log_base)``: an even grid reaching from ``theta``'s ends at least ``reach`` of
     its width further each way and over every ``mean +- _DrawNodes.SPAN sd``, at
     ``theta``'s spacing or finer (a bucketed number of points, two sizes a doubling), at
-    most ``max_points`` of them (coarser there), with the ability prior plus the log spacing
-    (the rule's weight) on it. Where a grid laid out at the items' mode cuts off the
+    most ``max_points`` of them (coarser there: :func:`cells_cap`), with the ability prior
+    plus the log spacing (the rule's weight) on it. Where a grid laid out at the items' mode cuts off the
     abilities' posteriors under the items' uncertainty (:class:`_DrawNodes`,
     :mod:`engine.infer.sampler`)."""
     from engine.infer.fit import bucket_size
@@ -1290,6 +1290,16 @@ def wider_grid(spec, theta: np.ndarray, mean: np.ndarray, sd: np.ndarray, reach:
     points = bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2)
     grid = np.linspace(lo, hi, points if max_points is None else min(points, max_points))
     return grid, _ability_prior(spec, grid) + np.log(grid[1] - grid[0])
+
+
+def cells_cap(points: int, cells: float, cells_max: float) -> int:
+    """The most points a widened grid may have where a grid of ``points`` costs ``cells``
+    (cost grows with the points) and the bound is ``cells_max``: a bucketed size (two a
+    doubling, so that capped grids of boards alike run one program), never below
+    ``points`` (the grid is then coarser, not dearer)."""
+    from engine.infer.fit import bucket_floor
+
+    return max(points, bucket_floor(int(points * cells_max // max(cells, 1)), 2))
 
 
 class _DrawNodes:
@@ -1376,6 +1386,8 @@ class _DrawNodes:
             spec, self.theta, *answered_moments(m1, m2, counts),
             max_points=None if max_points is None else max(max_points, self.theta.size))
         out.record = {"nodes": "shared grid", "points": int(out.theta.size),
+                      "spacing": round(float(out.theta[1] - out.theta[0]), 4),
+                      "spacing_before": round(float(self.theta[1] - self.theta[0]), 4),
                       "widened_from": self.record.get("widened_from", int(self.theta.size)),
                       "widenings": self.record.get("widenings", 0) + 1}
         return out
@@ -1497,8 +1509,8 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     more = min(settings.importance_draws,
                settings.importance_cells_max // max(per_draw_cells, 1))
     # a widened grid keeps a round's draws within the cells (they grow with its points)
-    grid_max = (nodes.theta.shape[-1] * settings.importance_cells_max
-                // max(max(draws, more) * per_draw_cells, 1))
+    grid_max = cells_cap(nodes.theta.shape[-1], max(draws, more) * per_draw_cells,
+                         settings.importance_cells_max)
     rng = np.random.default_rng(0)
     centre, cov = np.concatenate([x.reshape(-1), g]).astype(np.float64), full_cov
     if start is not None and aside is not None:  # the first proposal about the pool with
@@ -1662,8 +1674,8 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
     if not np.isfinite(xs).all():
         return None, record | {"method": "mode", "because": "covariance not finite"}
     nodes = _DrawNodes(spec, quad, counts, Q)
-    grid_max = (nodes.theta.shape[-1] * settings.importance_cells_max  # within the cells
-                // max(draws * nodes.cells_per_draw(U, n), 1))
+    grid_max = cells_cap(nodes.theta.shape[-1], draws * nodes.cells_per_draw(U, n),
+                         settings.importance_cells_max)  # a widened grid within the cells
     _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
     while nodes.cuts(m1, m2, counts):  # the draws move the posteriors off the mode's grid
         nodes = nodes.widened(spec, m1, m2, counts, grid_max)
@@ -1702,7 +1714,7 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
             "no shared ability grid" if not nodes.shared else
             f"{cells:.3g} cells over sampler_cells_max")}
     # a widened grid stays within the cells, which grow with its points
-    grid_max = min(settings.sampler_grid_max, int(G * settings.sampler_cells_max // cells))
+    grid_max = min(settings.sampler_grid_max, cells_cap(G, cells, settings.sampler_cells_max))
     y1 = np.asarray(y, np.float64) * mask
     y0 = mask - y1
     judged = None

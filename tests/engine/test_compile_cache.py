@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine.infer.fit import bucket_size
+from engine.infer.fit import bucket_floor, bucket_size
 
 REPO = Path(__file__).resolve().parents[2]
 GAUSSIAN = dict(ability_factor="gaussian")  # the variational fit (auto would integrate out)
@@ -42,6 +42,27 @@ def test_bucket_size_pads_by_at_most_an_eighth():
     assert (coarse >= buckets).all() and (coarse[big] <= np.ceil(sizes[big] * 1.5)).all()
     assert len(set(coarse[(sizes >= 33) & (sizes <= 48)])) == 1
     assert [bucket_size(n, 2) for n in (32, 40, 49, 65)] == [32, 48, 64, 96]
+
+
+@pytest.mark.parametrize("per_doubling", [1, 2, 8])
+def test_bucket_floor_is_the_largest_bucket_not_over(per_doubling):
+    sizes = sorted({bucket_size(n, per_doubling) for n in range(1, 5000)})
+    for n in range(1, 4000):
+        assert bucket_floor(n, per_doubling) == max([b for b in sizes if b <= n] or [8])
+
+
+def test_a_capped_grid_has_a_bucketed_size_within_the_cells():
+    """A widened ability grid's most points (engine.infer.marginal.cells_cap): the cells
+    bound over the cost a point, down to a bucketed size, never below the grid's own."""
+    from engine.infer.marginal import cells_cap
+
+    assert cells_cap(88, 88 * 650, 168_000) == 256  # 258 points' worth: 256, a bucket
+    assert cells_cap(88, 88 * 650, 10_000) == 88  # over the bound already: no more points
+    assert cells_cap(128, 1e6, 5e10) > 320  # far under the bound: no cap that binds
+    for points, cells, bound in [(40, 40 * 7, 2000), (100, 100 * 3, 10**6), (24, 24 * 9, 900)]:
+        cap = cells_cap(points, cells, bound)
+        assert cap == bucket_size(cap, 2) or cap == points
+        assert cap * cells // points <= bound or cap == points
 
 
 @pytest.mark.parametrize("model,settings", [
