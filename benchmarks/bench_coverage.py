@@ -273,8 +273,11 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
     if moments:  # how the items' intervals were obtained (and the sampler's diagnostics)
         sampler = moments.get("sampler") or {}
         out["item_moments"] = {"method": moments["method"]} | {
-            key: sampler[key] for key in ("rhat_max", "ess_min", "seconds", "because", "pilot")
+            key: sampler[key] for key in ("rhat_max", "ess_min", "seconds", "because", "pilot",
+                                          "grid_points", "grid_widened", "grid_edge_mass")
             if key in sampler}
+        if "nodes" in moments:  # the importance draws' ability grid (widened or not)
+            out["item_moments"]["nodes"] = moments["nodes"]
     sds = res.sds()
     k, c = _linking(sim, model, np.asarray(res.guide.loc["ability"]))
     out["linking"] = {"k": k, "c": c}
