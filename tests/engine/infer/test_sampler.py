@@ -479,3 +479,42 @@ def test_padding_patterns_do_not_widen_the_grid():
     assert record["method"] == "sampled", record
     assert "grid_widened" not in record and record["grid_points"] == grid.size
     assert 0.0 < record["grid_edge_mass"] < sampler.EDGE_MASS
+
+
+def test_the_sampler_is_given_the_points_its_cells_bound_allows(monkeypatch):
+    """``_sampled`` hands ``sample_items`` the most points a widened grid may have: the
+    grid's own where the chains already cost nearly ``sampler_cells_max``, a bucketed size
+    within the bound where there is room, ``sampler_grid_max`` where the bound is far off."""
+    from engine.infer import sampler
+    from engine.infer.fit import bucket_floor
+    from engine.infer.marginal import _Quadrature, _sampled
+
+    spec = get_model("1pl", prior="vague")
+    n = 6
+    patterns = ((np.arange(64)[:, None] >> np.arange(n)) & 1).astype(np.float64)
+    counts = np.bincount(np.random.default_rng(3).integers(0, 64, 400),
+                         minlength=64).astype(np.float64)
+    quad = _Quadrature(21, 64)
+    quad.mean, quad.sd = np.linspace(-2, 2, 64), np.full(64, 0.5)
+    given = []
+
+    def spy(spec, x, g, cov, g_cov, grid, *args, grid_max=None, **kw):
+        given.append((grid.size, grid_max))
+        return None, {"method": "not sampled"}
+
+    monkeypatch.setattr(sampler, "sample_items", spy)
+
+    def call(bound):
+        return _sampled(spec, np.linspace(-1.0, 1.0, n)[:, None], np.zeros(0),
+                        np.full((n, 1, 1), 0.05), np.zeros((0, 0)), quad, patterns,
+                        np.ones_like(patterns), counts, MarginalSettings(sampler_cells_max=bound))
+
+    _, record = call(1)  # over any bound: the cells the chains cost, in the reason
+    cells = float(record["because"].split()[0])
+    call(10 ** 15)
+    points, cap = given[-1]
+    assert cap == MarginalSettings().sampler_grid_max
+    call(int(cells * 1.01))
+    assert given[-1] == (points, points)  # no room: the grid's own size (coarser if widened)
+    call(int(cells * 2.7))
+    assert given[-1][1] == bucket_floor(int(points * 2.7), 2) > points
