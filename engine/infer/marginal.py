@@ -1278,17 +1278,19 @@ def wider_grid(spec, theta: np.ndarray, mean: np.ndarray, sd: np.ndarray, reach:
     """``(grid, log_base)``: an even grid reaching from ``theta``'s ends at least ``reach`` of
     its width further each way and over every ``mean +- _DrawNodes.SPAN sd``, at
     ``theta``'s spacing or finer (a bucketed number of points, two sizes a doubling), at
-    most ``max_points`` of them (coarser there: :func:`cells_cap`), with the ability prior
-    plus the log spacing (the rule's weight) on it. Where a grid laid out at the items' mode cuts off the
-    abilities' posteriors under the items' uncertainty (:class:`_DrawNodes`,
-    :mod:`engine.infer.sampler`)."""
+    most ``max_points`` of them but never fewer than ``theta``'s (coarser there:
+    :func:`cells_cap`), with the ability prior plus the log spacing (the rule's weight) on
+    it. Where a grid laid out at the items' mode cuts off the abilities' posteriors under
+    the items' uncertainty (:class:`_DrawNodes`, :mod:`engine.infer.sampler`)."""
     from engine.infer.fit import bucket_size
 
     width, step = float(theta[-1] - theta[0]), float(theta[1] - theta[0])
     lo = min(float(theta[0]) - reach * width, float((mean - _DrawNodes.SPAN * sd).min()))
     hi = max(float(theta[-1]) + reach * width, float((mean + _DrawNodes.SPAN * sd).max()))
     points = bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2)
-    grid = np.linspace(lo, hi, points if max_points is None else min(points, max_points))
+    if max_points is not None:
+        points = min(points, max(max_points, theta.size))
+    grid = np.linspace(lo, hi, points)
     return grid, _ability_prior(spec, grid) + np.log(grid[1] - grid[0])
 
 
@@ -1382,9 +1384,8 @@ class _DrawNodes:
         than this grid's)."""
         out = object.__new__(_DrawNodes)
         out.shared = True
-        out.theta, out.log_base = wider_grid(
-            spec, self.theta, *answered_moments(m1, m2, counts),
-            max_points=None if max_points is None else max(max_points, self.theta.size))
+        out.theta, out.log_base = wider_grid(spec, self.theta, *answered_moments(m1, m2, counts),
+                                             max_points=max_points)
         out.record = {"nodes": "shared grid", "points": int(out.theta.size),
                       "spacing": round(float(out.theta[1] - out.theta[0]), 4),
                       "spacing_before": round(float(self.theta[1] - self.theta[0]), 4),

@@ -477,8 +477,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         step = grid[1] - grid[0]
         grid, log_base = wider_grid(spec, grid, *answered_moments(
             sums[0].sum(axis=0) / sweeps, sums[1].sum(axis=0) / sweeps, counts), reach=0.25,
-            max_points=max(settings.sampler_grid_max if grid_max is None else grid_max,
-                           grid.size))
+            max_points=settings.sampler_grid_max if grid_max is None else grid_max)
         warm_program, keep_program = programs(grid, log_base)
         widened.append({"at": when, "edge_mass": edge, "points": int(grid.size),
                         "span": [round(float(grid[0]), 3), round(float(grid[-1]), 3)],
