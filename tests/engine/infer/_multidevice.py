@@ -14,13 +14,20 @@ ROOT = Path(__file__).resolve().parents[3]
 _XLA_STUCK = "threads to join the rendezvous"
 
 
-def run_with_devices(script: str, devices: int, *args: str) -> subprocess.CompletedProcess:
+def run_with_devices(script: str, devices: int, *args: str,
+                     scratch: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``script`` with ``devices`` forced CPU devices; with ``scratch``, each try gets a new
+    empty folder under it as its first argument, so a rerun never meets a stalled try's files."""
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
     # three tries: at 2026-12-02's clean-clone run both of two stalled (2 devices on 2 cores,
     # the other test worker busy); the same test then passed alone in 24 s
     for attempt in (1, 2, 3):
-        proc = subprocess.run([sys.executable, "-c", script, *args], env=env, cwd=ROOT,
+        folder = []
+        if scratch is not None:
+            folder = [str(scratch / f"try{attempt}")]
+            Path(folder[0]).mkdir(parents=True)
+        proc = subprocess.run([sys.executable, "-c", script, *folder, *args], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=600)
         if proc.returncode == 0 or _XLA_STUCK not in proc.stderr or attempt == 3:
             return proc

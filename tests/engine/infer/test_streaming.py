@@ -181,7 +181,7 @@ def test_two_devices_equal_one_for_streaming_and_sparse(tmp_path):
 
     from _multidevice import run_with_devices
 
-    proc = run_with_devices(_TWO_DEVICES, 2, str(tmp_path))
+    proc = run_with_devices(_TWO_DEVICES, 2, scratch=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["devices"] == 2
@@ -192,3 +192,25 @@ def test_two_devices_equal_one_for_streaming_and_sparse(tmp_path):
             sd = np.asarray(res["dense1"][3][block])
             gap = np.max(np.abs(np.asarray(loc) - np.asarray(res[name][2][block])) / sd)
             assert gap < 0.01, f"{name} {block}: max |1 device - {name}| = {gap} sd"
+
+
+def test_a_stalled_try_is_run_again_in_a_new_folder(tmp_path):
+    """The forced-devices helper reruns only XLA's stalled all-reduce, each try in its own
+    empty folder: a store the stalled try wrote does not make the rerun fail."""
+    from _multidevice import _XLA_STUCK, run_with_devices
+
+    script = f"""
+import pathlib, sys
+folder = pathlib.Path(sys.argv[1])
+assert not any(folder.iterdir()), "a rerun met an earlier try's files"
+(folder / "d.zarr").mkdir()
+first = folder.parent / "stalled-once"
+if not first.exists():
+    first.touch()
+    sys.exit("Expected 2 {_XLA_STUCK}, but not all of them arrived on time")
+print(folder.name, sys.argv[2])
+"""
+    proc = run_with_devices(script, 2, "extra", scratch=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["try2", "extra"]
+    assert (tmp_path / "try1" / "d.zarr").is_dir()
