@@ -104,23 +104,12 @@ def mirt_wald(model: str, sim: dict, python: str, timeout: float | None = None,
     ``guessing_beta`` ("A,B") fits with mirt's ``BetaPrior(A, B)`` on guessing (MAP EM).
     ``summary`` has the mean estimate and mean error per block. A failed or timed-out run
     gives ``failed``."""
-    import subprocess
-    import tempfile
+    from mirt_wald import run_in
 
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = Path(tmp) / "y.npz", Path(tmp) / "mirt.json"
-        np.savez(src, responses=sim["responses"])
-        try:
-            extra = ["--guessing-beta", guessing_beta] if guessing_beta else []
-            subprocess.run([python, str(HERE / "mirt_wald.py"), str(src), str(dst), model, *extra],
-                           check=True, capture_output=True, text=True, timeout=timeout)
-        except subprocess.CalledProcessError as err:
-            why = err.stderr.strip().splitlines()[-1:] or [f"exit {err.returncode}"]
-            return {"failed": why[0], "wall_s": time.perf_counter() - start}
-        except subprocess.TimeoutExpired:
-            return {"failed": f"timed out after {timeout} s", "wall_s": time.perf_counter() - start}
-        est = json.loads(dst.read_text())
+    est = run_in(python, sim["responses"], model, timeout, guessing_beta)
+    if "failed" in est:
+        return {"failed": est["failed"], "wall_s": time.perf_counter() - start}
     out = {"wall_s": est["wall_s"], "process_wall_s": time.perf_counter() - start,
            "tool_version": est["tool_version"], "converged": est.get("converged"),
            "n_iterations": est.get("n_iterations"), "priors": est.get("priors"),

@@ -13,6 +13,7 @@ the 308 subjects who answered 11111.
         [--nuts-cache DIR] [--nuts-samples N] [--marginal-nuts results/nuts-marginal.json]
         [--prior vague|hierarchical|population] [--nuts-only] [--nuts-warmup N] [--nuts-chains N]
         [--model 1pl|2pl] [--signed --negative 0.1] [--laplace]
+    python benchmarks/bench_marginal.py --mirt /work/bench-venv/bin/python [--model 3pl]
 
 ``--data`` also takes ``SxNcK``: the simulated ``SxN`` with its last ``K`` items made
 constant (alternately all right and all wrong), which the fit sets aside.
@@ -23,6 +24,11 @@ the quadrature fit with the item sampler off (``sampler_chains=0``: the Laplace
 approximation at the marginal mode), to show what the sampler changes.
 
 ``--nuts-samples`` sets NUTS's draws per chain (1,000 by default, as ``fit --method nuts``);
+``--mirt PYTHON`` instead puts LSAT7 item by item beside mirt for Python, run in the bench
+venv (``mirt_wald.py``: EM, Oakes standard errors, EAP abilities), and NUTS: the default fit's
+mean, sd and 90% interval as ``items.parquet`` reports them, NUTS's, and mirt's estimate,
+standard error and Wald interval, with the abilities' Kendall tau against mirt's EAP scores.
+
 ``--marginal-nuts`` also compares the items with ``nuts_marginal.py``'s long runs on the
 items' marginal posterior (a second exact reference, for the heavy tails where 4,000 joint
 draws leave the sd uncertain).
@@ -247,6 +253,98 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
     return out
 
 
+def _item_table(res) -> dict[str, np.ndarray]:
+    """The items' columns as ``items.parquet`` reports them (posterior mean, sd, 5% / 95%)."""
+    from engine.readout.posterior import summary_columns
+
+    return summary_columns(res.spec, res.guide, "item", cross=res.cross, intervals=res.intervals,
+                           moments=res.moments)
+
+
+def beside_mirt(model: str, python: str, samples: int = 1000) -> dict:
+    """LSAT7 item by item: the default fit's posterior (mean, sd, 90% interval as
+    ``items.parquet`` reports them), NUTS's (``fit --method nuts`` defaults, the same model) and
+    mirt's marginal ML estimates with Oakes standard errors and 90% Wald intervals, on the
+    natural scale (discrimination ``a``, difficulty ``b`` of ``a (theta - b)``, asymptotes as
+    probabilities); the abilities: Kendall tau against mirt's EAP scores and NUTS, agreement
+    with NUTS in its sds, and the spread within each group of identical answer sheets."""
+    from scipy.stats import kendalltau
+
+    import engine
+    import engine.api
+    from mirt_wald import run_in
+
+    y = _load("lsat7")
+    t = time.perf_counter()
+    fit = engine.fit(y, model=model)
+    fit_s = time.perf_counter() - t
+    t = time.perf_counter()
+    from engine.infer.nuts import NutsSettings
+
+    nuts = engine.api.fit_nuts(y, model=model, settings=NutsSettings(num_samples=samples))
+    nuts_s = time.perf_counter() - t
+    mirt = run_in(python, y, model)
+    if "failed" in mirt:
+        raise RuntimeError(f"mirt on LSAT7 ({model}) failed: {mirt['failed']}")
+    tables = {"fit": _item_table(fit), "nuts": _item_table(nuts)}
+    z90 = 1.6448536269514722
+    items = {}
+    for block in [p.name for p in fit.spec.by_owner("item")]:
+        row = {who: {k: tables[who][f"{block}_{k}"].round(4).tolist()
+                     for k in ("mean", "sd", "q05", "q95")} for who in tables}
+        if mirt.get(block) is not None:
+            est = np.asarray(mirt[block], float)
+            se = np.asarray([np.nan if v is None else v for v in mirt[f"{block}_se"]], float)
+            row["mirt"] = {"estimate": est.round(4).tolist(), "se": se.round(4).tolist(),
+                           "q05": (est - z90 * se).round(4).tolist(),
+                           "q95": (est + z90 * se).round(4).tolist()}
+        f, n = tables["fit"], tables["nuts"]
+        row["fit_vs_nuts"] = {
+            "max_abs_z": float(np.max(np.abs(f[f"{block}_mean"] - n[f"{block}_mean"])
+                                      / n[f"{block}_sd"])),
+            "sd_ratio_range": [float(np.min(f[f"{block}_sd"] / n[f"{block}_sd"])),
+                               float(np.max(f[f"{block}_sd"] / n[f"{block}_sd"]))]}
+        items[block] = row
+    theta = {"fit": np.asarray(fit.guide.loc["ability"], float),
+             "nuts": np.asarray(nuts.guide.loc["ability"], float),
+             "mirt": np.asarray(mirt["ability"], float)}
+    nuts_sd = np.exp(np.asarray(nuts.guide.log_scale["ability"], float))
+    _, group = np.unique(y, axis=0, return_inverse=True)
+    group = group.ravel()
+    spread = max(float(np.ptp(theta["fit"][group == g])) for g in np.unique(group))
+    abilities = {
+        "kendall_tau_fit_mirt": float(kendalltau(theta["fit"], theta["mirt"]).statistic),
+        "kendall_tau_nuts_mirt": float(kendalltau(theta["nuts"], theta["mirt"]).statistic),
+        "kendall_tau_fit_nuts": float(kendalltau(theta["fit"], theta["nuts"]).statistic),
+        "max_abs_z_fit_nuts": float(np.max(np.abs(theta["fit"] - theta["nuts"]) / nuts_sd)),
+        "max_abs_fit_minus_mirt_eap": float(np.max(np.abs(theta["fit"] - theta["mirt"]))),
+        "answer_sheets": int(group.max() + 1),
+        "largest_spread_within_identical_sheets": spread}
+    return {"data": "lsat7", "model": model, "shape": list(y.shape), "items": items,
+            "abilities": abilities,
+            "wall_s": {"fit": fit_s, "nuts": nuts_s, "mirt_fit": mirt["wall_s"]},
+            "fit": {"method": fit.extra["ability_factor"]["method"], "passes": fit.num_passes,
+                    "converged": bool(fit.converged)},
+            "nuts": {k: nuts.extra["diagnostics"].get(k)
+                     for k in ("rhat_max", "ess_bulk_min", "ess_tail_min", "divergences")},
+            "mirt": {k: mirt.get(k) for k in ("tool_version", "converged", "n_iterations")}}
+
+
+def beside_mirt_markdown(run: dict) -> str:
+    """One row per item and block: fit, NUTS and mirt as ``mean +- sd [5%, 95%]``."""
+    lines = [f"LSAT7 {run['model']}: default fit, NUTS and mirt (Oakes SE, 90% Wald)", "",
+             "| block | item | fit | NUTS | mirt |", "|---|---|---|---|---|"]
+    for block, row in run["items"].items():
+        for j in range(len(row["fit"]["mean"])):
+            cells = [f"{row[w]['mean'][j]:.3f} +- {row[w]['sd'][j]:.3f} "
+                     f"[{row[w]['q05'][j]:.3f}, {row[w]['q95'][j]:.3f}]" for w in ("fit", "nuts")]
+            m = row.get("mirt")
+            cells.append("-" if m is None else f"{m['estimate'][j]:.3f} +- {m['se'][j]:.3f} "
+                         f"[{m['q05'][j]:.3f}, {m['q95'][j]:.3f}]")
+            lines.append(f"| {block} | {j + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="lsat7,2000x12",
@@ -271,8 +369,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="share of simulated discriminations flipped to negative")
     ap.add_argument("--laplace", action="store_true",
                     help="also the quadrature fit with the item sampler off")
+    ap.add_argument("--mirt", default=None, metavar="PYTHON",
+                    help="only LSAT7 item by item beside mirt (the bench venv's python, e.g. "
+                         "/work/bench-venv/bin/python) and NUTS, for --model")
     ap.add_argument("--out", default=str(HERE / "results" / "marginal.json"))
     args = ap.parse_args(argv)
+    if args.mirt:
+        run = beside_mirt(args.model, args.mirt, args.nuts_samples)
+        print(json.dumps(run, indent=1))
+        print(beside_mirt_markdown(run))
+        Path(args.out).write_text(json.dumps(run, indent=1) + "\n")
+        print(f"wrote {args.out}")
+        return 0
     marginal = json.loads(args.marginal_nuts.read_text()) if args.marginal_nuts else None
     runs = []
     for name in args.data.split(","):

@@ -31,6 +31,28 @@ def _floats(values):
     return [None if not np.isfinite(v) else float(v) for v in np.asarray(values, dtype=float)]
 
 
+def run_in(python, responses, model, timeout=None, guessing_beta=None):
+    """This script run on ``responses`` in the bench venv's ``python`` (a subprocess, called
+    from the repo's venv): its JSON as a dict, or ``{"failed": why}``."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "y.npz", Path(tmp) / "mirt.json"
+        np.savez(src, responses=responses)
+        extra = ["--guessing-beta", guessing_beta] if guessing_beta else []
+        try:
+            subprocess.run([python, __file__, str(src), str(dst), model, *extra],
+                           check=True, capture_output=True, text=True, timeout=timeout)
+        except subprocess.CalledProcessError as err:
+            why = err.stderr.strip().splitlines()[-1:] or [f"exit {err.returncode}"]
+            return {"failed": why[0]}
+        except subprocess.TimeoutExpired:
+            return {"failed": f"timed out after {timeout} s"}
+        return json.loads(dst.read_text())
+
+
 def main(argv):
     import mirt
 
