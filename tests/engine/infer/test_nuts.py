@@ -718,3 +718,40 @@ def test_unconverged_run_of_items_near_their_prior_restarts_standardised(tmp_pat
     # named blocks below 30 subjects: the anchor default's shift alone, as the rule samples
     assert [a.kind for a in nuts.sampler_coordinates(spec, 19, 175, NutsSettings(
         standardise=both)).anchored] == ["mean"]
+
+
+@pytest.mark.parametrize("model", ["beta", "gamma", "mirt-comp"])
+def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_path):
+    """NUTS on a model of each kind the binary tests leave out (proportions, non-negative
+    scores, two-skill abilities): finite draws of every block, the run directory written, and
+    the summaries the draws' own means. The binary ones are sampled in the tests above."""
+    import pandas as pd
+
+    rng = np.random.default_rng(11)
+    options = {"dims": 2} if model == "mirt-comp" else None
+    kind = get_model(model, **(options or {})).kind
+    shape = (24, 6)
+    y = (rng.random(shape) < 0.6).astype(np.int8) if kind == "binary" else \
+        rng.uniform(0.05, 0.95, shape).astype(np.float32) * (3.0 if kind == "nonnegative" else 1.0)
+    y[0, 1] = -1 if kind == "binary" else np.nan
+    res = fit_nuts(y, model, FAST.replace(num_chains=2, num_warmup=100, num_samples=150),
+                   model_options=options)
+    assert set(res.draws) == {p.name for p in res.spec.params}
+    for name, draws in res.draws.items():
+        assert draws.shape[:2] == (2, 150) and np.isfinite(draws).all(), name
+    ability = res.draws["ability"]
+    assert ability.shape[2] == shape[0]
+    assert ability.shape[3:] == ((2,) if model == "mirt-comp" else ())
+    save_run(res, tmp_path / "run")
+    info = json.loads((tmp_path / "run" / "fit.json").read_text())
+    assert info["method"] == "nuts" and info["converged"] == (info["rhat_max"] <= 1.01)
+    subjects = pd.read_parquet(tmp_path / "run" / "subjects.parquet")
+    column = f"ability_{res.spec.skills[0]}_mean" if model == "mirt-comp" else "ability_mean"
+    want = ability.mean(axis=(0, 1))
+    np.testing.assert_allclose(subjects[column], want[:, 0] if want.ndim == 2 else want,
+                               rtol=1e-4, atol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import arviz as az
+    posterior = az.from_netcdf(tmp_path / "run" / "draws.nc").posterior
+    assert posterior["ability"].shape[:3] == (2, 150, shape[0])
