@@ -236,10 +236,10 @@ def test_marginal_recovers_simulated_2pl():
 
 
 @pytest.mark.parametrize("model,prior", [("1pl", "vague"), ("2pl", "vague"), ("3pl", "vague"),
-                                         ("2pl", "population")])
+                                         ("2pl", "population"), ("4pl", "population")])
 def test_identical_patterns_identical_readouts(tmp_path, model, prior):
     """Subjects with the same answer sheet get the same ability, interval, rank statistics
-    and tie group, to the bit."""
+    and tie group, to the bit; the 4PL under its default priors through the item sampler."""
     from engine.readout.leaderboard import leaderboard
 
     y, *_ = _simulate(120, 6, seed=11)
@@ -248,6 +248,8 @@ def test_identical_patterns_identical_readouts(tmp_path, model, prior):
     y[62] = y[61]  # and two with a missing cell
     res = fit(y, model=model, prior=prior, settings=FitSettings(seed=0, ability_factor="auto"))
     assert res.extra["ability_factor"]["method"] == "quadrature"
+    if model == "4pl":
+        assert res.extra["quadrature"]["item_moments"]["method"] == "sampled"
     run = save_run(res, tmp_path / "run", num_draws=300)
     subjects = run.subjects.drop(columns=["subject"])
     for group in ([5] + list(range(40, 60)), [61, 62]):
