@@ -261,33 +261,37 @@ def _item_table(res) -> dict[str, np.ndarray]:
                            moments=res.moments)
 
 
-def beside_mirt(model: str, python: str, samples: int = 1000) -> dict:
+def beside_mirt(model: str, python: str, samples: int = 1000, prior: str = "population",
+                warmup: int = 500, chains: int = 4, timeout: float = 600.0) -> dict:
     """LSAT7 item by item: the default fit's posterior (mean, sd, 90% interval as
-    ``items.parquet`` reports them), NUTS's (``fit --method nuts`` defaults, the same model) and
+    ``items.parquet`` reports them), NUTS's (its draws' own mean, sd and 5% / 95% quantiles,
+    as a NUTS run's ``items.parquet`` reports them; the same model and prior) and
     mirt's marginal ML estimates with Oakes standard errors and 90% Wald intervals, on the
     natural scale (discrimination ``a``, difficulty ``b`` of ``a (theta - b)``, asymptotes as
     probabilities); the abilities: Kendall tau against mirt's EAP scores and NUTS, agreement
-    with NUTS in its sds, and the spread within each group of identical answer sheets."""
+    with NUTS in its sds, and the spread within each group of identical answer sheets in each
+    tool's abilities."""
     from scipy.stats import kendalltau
 
     import engine
     import engine.api
+    from engine.readout.posterior import Z90, draw_summary_columns
     from mirt_wald import run_in
 
     y = _load("lsat7")
     t = time.perf_counter()
-    fit = engine.fit(y, model=model)
+    fit = engine.fit(y, model=model, prior=prior)
     fit_s = time.perf_counter() - t
     t = time.perf_counter()
     from engine.infer.nuts import NutsSettings
 
-    nuts = engine.api.fit_nuts(y, model=model, settings=NutsSettings(num_samples=samples))
+    nuts = engine.api.fit_nuts(y, model=model, prior=prior, settings=NutsSettings(
+        num_samples=samples, num_warmup=warmup, num_chains=chains))
     nuts_s = time.perf_counter() - t
-    mirt = run_in(python, y, model)
+    mirt = run_in(python, y, model, timeout)
     if "failed" in mirt:
         raise RuntimeError(f"mirt on LSAT7 ({model}) failed: {mirt['failed']}")
-    tables = {"fit": _item_table(fit), "nuts": _item_table(nuts)}
-    z90 = 1.6448536269514722
+    tables = {"fit": _item_table(fit), "nuts": draw_summary_columns(nuts.spec, nuts.draws, "item")}
     items = {}
     for block in [p.name for p in fit.spec.by_owner("item")]:
         row = {who: {k: tables[who][f"{block}_{k}"].round(4).tolist()
@@ -296,8 +300,8 @@ def beside_mirt(model: str, python: str, samples: int = 1000) -> dict:
             est = np.asarray(mirt[block], float)
             se = np.asarray([np.nan if v is None else v for v in mirt[f"{block}_se"]], float)
             row["mirt"] = {"estimate": est.round(4).tolist(), "se": se.round(4).tolist(),
-                           "q05": (est - z90 * se).round(4).tolist(),
-                           "q95": (est + z90 * se).round(4).tolist()}
+                           "q05": (est - Z90 * se).round(4).tolist(),
+                           "q95": (est + Z90 * se).round(4).tolist()}
         f, n = tables["fit"], tables["nuts"]
         row["fit_vs_nuts"] = {
             "max_abs_z": float(np.max(np.abs(f[f"{block}_mean"] - n[f"{block}_mean"])
@@ -305,13 +309,15 @@ def beside_mirt(model: str, python: str, samples: int = 1000) -> dict:
             "sd_ratio_range": [float(np.min(f[f"{block}_sd"] / n[f"{block}_sd"])),
                                float(np.max(f[f"{block}_sd"] / n[f"{block}_sd"]))]}
         items[block] = row
+    exact = draw_summary_columns(nuts.spec, nuts.draws, "subject")
     theta = {"fit": np.asarray(fit.guide.loc["ability"], float),
-             "nuts": np.asarray(nuts.guide.loc["ability"], float),
+             "nuts": np.asarray(exact["ability_mean"], float),
              "mirt": np.asarray(mirt["ability"], float)}
-    nuts_sd = np.exp(np.asarray(nuts.guide.log_scale["ability"], float))
+    nuts_sd = np.asarray(exact["ability_sd"], float)
     _, group = np.unique(y, axis=0, return_inverse=True)
     group = group.ravel()
-    spread = max(float(np.ptp(theta["fit"][group == g])) for g in np.unique(group))
+    spread = {who: max(float(np.ptp(t[group == g])) for g in np.unique(group))
+              for who, t in theta.items()}
     abilities = {
         "kendall_tau_fit_mirt": float(kendalltau(theta["fit"], theta["mirt"]).statistic),
         "kendall_tau_nuts_mirt": float(kendalltau(theta["nuts"], theta["mirt"]).statistic),
@@ -372,14 +378,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mirt", default=None, metavar="PYTHON",
                     help="only LSAT7 item by item beside mirt (the bench venv's python, e.g. "
                          "/work/bench-venv/bin/python) and NUTS, for --model")
-    ap.add_argument("--out", default=str(HERE / "results" / "marginal.json"))
+    ap.add_argument("--out", default=None,
+                    help="results JSON (default results/marginal.json; with --mirt "
+                         "results/marginal-lsat7-mirt-MODEL.json)")
     args = ap.parse_args(argv)
     if args.mirt:
-        run = beside_mirt(args.model, args.mirt, args.nuts_samples)
+        run = beside_mirt(args.model, args.mirt, args.nuts_samples, args.prior,
+                          args.nuts_warmup, args.nuts_chains)
         print(json.dumps(run, indent=1))
         print(beside_mirt_markdown(run))
-        Path(args.out).write_text(json.dumps(run, indent=1) + "\n")
-        print(f"wrote {args.out}")
+        out = Path(args.out or HERE / "results" / f"marginal-lsat7-mirt-{args.model}.json")
+        out.write_text(json.dumps(run, indent=1) + "\n")
+        print(f"wrote {out}")
         return 0
     marginal = json.loads(args.marginal_nuts.read_text()) if args.marginal_nuts else None
     runs = []
@@ -388,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                             args.prior, args.nuts_only, args.nuts_warmup, args.nuts_chains,
                             args.model, args.negative, args.signed, args.laplace))
         print(json.dumps(runs[-1], indent=1), flush=True)
-    out = Path(args.out)
+    out = Path(args.out or HERE / "results" / "marginal.json")
     out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     print(f"wrote {out}")
     return 0

@@ -254,7 +254,8 @@ def test_identical_patterns_identical_readouts(tmp_path, model, prior):
     subjects = run.subjects.drop(columns=["subject"])
     for group in ([5] + list(range(40, 60)), [61, 62]):
         rows = subjects.iloc[group]
-        assert (rows.nunique() == 1).all(), rows.nunique()[rows.nunique() > 1]
+        same = rows.nunique(dropna=False)
+        assert (same == 1).all(), same[same > 1]
     board = leaderboard(run.subjects, None)
     tie = board.set_index("subject")["tie_group"]
     assert tie.loc[[str(s) for s in [5] + list(range(40, 60))]].nunique() == 1
