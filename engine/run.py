@@ -207,7 +207,11 @@ def _quadrature_intervals(record: dict) -> str:
     """How a quadrature fit's item intervals were obtained, from its fit.json record."""
     method = record.get("item_moments", {}).get("method")
     if method == "importance":
-        return "marginal posterior (importance sampling of the items, abilities integrated)"
+        ends = record["item_moments"].get("intervals", "")
+        return ("marginal posterior (importance sampling of the items, abilities integrated); "
+                + ("the weighted draws' 5% and 95% quantiles" if ends.startswith("weighted")
+                   else f"the posterior mean +- 1.645 sd ({ends})" if ends
+                   else "the posterior mean +- 1.645 sd"))
     if method == "sampled":
         unmixed = len(record["item_moments"]["sampler"].get("not_mixed", []))
         return ("marginal posterior (the items sampled, abilities drawn on a grid)"

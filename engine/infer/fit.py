@@ -51,8 +51,9 @@ class FitResult:
     # A sampler's result (NUTS): constrained posterior draws per block, (chains, draws,
     # *full_shape); read-outs then use these instead of drawing from the guide
     draws: dict = field(default_factory=dict)
-    # Sampled items (the quadrature fit's sampler): each block's 5% and 95% quantiles of
-    # its unconstrained value, (2, *full_shape), NaN where not sampled; the read-outs'
+    # Sampled or importance-weighted items (the quadrature fit's sampler, or its importance
+    # draws where they hold enough effective draws): each block's 5% and 95% quantiles of
+    # its unconstrained value, (2, *full_shape), NaN where not drawn; the read-outs'
     # intervals then come from these instead of the Gaussian's
     intervals: dict = field(default_factory=dict)
     # and their constrained values' posterior means and sds, split R-hats and effective

@@ -132,7 +132,7 @@ def test_item_posterior_means_match_scipy_on_a_skewed_posterior(rounds):
     from the Laplace approximation; with ``rounds=3`` two more rounds from the previous
     round's weighted moments, forced here by a refit threshold every sd passes), checked against a
     2-D grid of scipy-integrated marginal posteriors of the two 1PL difficulties."""
-    y, mean, sd, _ = skewed_case()
+    y, mean, sd, ends = skewed_case()
     settings = MarginalSettings(importance_refit_sd=1.0 if rounds == 3 else 1.15)
     guide, _, info = fit_marginal(get_model("1pl", prior="vague"), y, settings)
     assert info["item_moments"]["method"] == "importance"
@@ -142,6 +142,51 @@ def test_item_posterior_means_match_scipy_on_a_skewed_posterior(rounds):
     assert abs(mode[0] - mean[0]) > 0.15 * sd[0]  # the mode is off the mean here
     np.testing.assert_array_less(np.abs(guide.loc["difficulty"] - mean), 0.08 * sd)
     np.testing.assert_allclose(np.exp(guide.log_scale["difficulty"]), sd, rtol=0.06)
+    # the 90% interval: the weighted draws' quantiles, skewed as scipy's are; the
+    # Gaussian's ends sit a fifth of an sd or more from them on the easy item
+    assert info["item_moments"]["intervals"] == "weighted draws' quantiles"
+    got = info["item_quantiles"][:, :, 0]
+    np.testing.assert_array_less(np.abs(got - ends), np.broadcast_to(0.1 * sd, ends.shape))
+    gaussian = mean + np.array([[-1.6449], [1.6449]]) * sd
+    assert np.abs(gaussian - ends)[:, 0].max() > 0.2 * sd[0]
+
+
+def test_importance_intervals_reach_items_parquet(tmp_path):
+    """A fit whose items are importance sampled reports the weighted draws' 5% and 95%
+    quantiles as the items' 90% intervals, in items.parquet (mapped through each block's
+    transform) and says so in fit.json."""
+    y, *_ = _simulate(300, 6, seed=21)
+    res = fit(y, model="2pl", settings=FitSettings(seed=0, ability_factor="auto"))
+    moments = res.extra["quadrature"]["item_moments"]
+    assert moments["method"] == "importance"
+    assert moments["intervals"] == "weighted draws' quantiles"
+    run = save_run(res, tmp_path / "run", num_draws=200)
+    info = json.loads((run.path / "fit.json").read_text())
+    assert info["readout"]["item_intervals"].endswith("the weighted draws' 5% and 95% quantiles")
+    items = run.items
+    np.testing.assert_allclose(items["difficulty_q05"], res.intervals["difficulty"][0], rtol=1e-5)
+    np.testing.assert_allclose(items["difficulty_q95"], res.intervals["difficulty"][1], rtol=1e-5)
+    np.testing.assert_allclose(items["discrimination_q05"],
+                               np.exp(res.intervals["discrimination"][0]), rtol=1e-5)
+    gaussian = items["difficulty_mean"] - 1.6449 * items["difficulty_sd"]
+    assert np.abs(items["difficulty_q05"] - gaussian).max() > 1e-3  # not the Gaussian's ends
+    assert (items["difficulty_q05"] < items["difficulty_mean"]).all()
+    assert (items["difficulty_mean"] < items["difficulty_q95"]).all()
+
+
+def test_weighted_quantiles_are_the_repeated_draws_quantiles():
+    """Integer weights are repeated draws: the weighted quantiles equal NumPy's inverted-CDF
+    quantiles of the draws repeated that many times, column by column."""
+    from engine.infer.marginal import _weighted_quantiles
+
+    rng = np.random.default_rng(4)
+    xs = rng.standard_gamma(2.0, size=(301, 3))
+    times = rng.integers(0, 5, size=301)
+    times[0] = 1
+    got = _weighted_quantiles(times / times.sum(), xs, (0.05, 0.5, 0.95))
+    want = np.quantile(np.repeat(xs, times, axis=0), [0.05, 0.5, 0.95], axis=0,
+                       method="inverted_cdf")
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("d", [10, 32, 150])
