@@ -274,7 +274,8 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
     moments = res.extra.get("quadrature", {}).get("item_moments", {})
     if moments:  # how the items' intervals were obtained (and the sampler's diagnostics)
         sampler = moments.get("sampler") or {}
-        out["item_moments"] = {"method": moments["method"]} | {
+        out["item_moments"] = {"method": moments["method"],
+                               "intervals": moments.get("intervals")} | {
             key: sampler[key] for key in ("rhat_max", "ess_min", "seconds", "because", "pilot",
                                           "grid_points", "grid_widened", "grid_edge_mass")
             if key in sampler}

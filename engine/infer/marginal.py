@@ -117,7 +117,7 @@ class MarginalSettings:
     importance_quantile_ess : with at least this many effective draws the items' 90%
         intervals are the weighted draws' 5% and 95% quantiles (a skewed posterior's ends),
         not the Gaussian's; the Monte Carlo error of a 5% quantile is about
-        ``0.21 / sqrt(ess)`` posterior sds, 0.07 at 1,000 (LSAT7's difficulties: the
+        ``2.1 / sqrt(ess)`` posterior sds, 0.07 at 1,000 (LSAT7's difficulties: the
         Gaussian's ends up to 0.28 NUTS sd from NUTS's).
     sampler_chains, sampler_warmup, sampler_draws, sampler_item_steps : where importance
         sampling does not apply or is not kept, a pilot of the items' marginal posterior
@@ -2555,7 +2555,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         if with_aside is not None:  # sampled with their answers
             aside_moments = (x[aside[0]], cov[aside[0]])
             moments_record["sampler"]["set_aside"] = "sampled with their answers"
-        moments_record |= {"method": "sampled", "abilities": "sampled"}
+        moments_record |= {"method": "sampled", "abilities": "sampled",
+                           "intervals": "the sampled draws' quantiles"}
     if moments_record["method"] == "laplace":  # the abilities over the items' Laplace
         averaged, record = _laplace_abilities(spec, x, g, proposal, quad, yy, mask, counts_f,
                                               settings)
@@ -2583,6 +2584,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             if quantiles is not None and sampled is None:  # the importance draws' ends are
                 quantiles = quantiles.copy()  # not these items': their Gaussian's instead
                 quantiles[:, columns[ok]] = np.nan
+                moments_record["intervals"] += f"; the {int(ok.sum())} set-aside items' gaussian"
             set_aside = {"items": int(ok.sum()), "method": "grid against the fitted abilities",
                          **pool_record}
             if not ok.all():

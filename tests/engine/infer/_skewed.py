@@ -26,6 +26,8 @@ def skewed_case():
     w /= w.sum()
     mean = np.array([(w * g1).sum(), (w * g2).sum()])
     sd = np.sqrt(np.array([(w * g1 ** 2).sum(), (w * g2 ** 2).sum()]) - mean ** 2)
-    ends = np.array([np.interp([0.05, 0.95], np.cumsum(w.sum(axis=1 - j)), axis)
-                     for j, axis in ((0, g1[:, 0]), (1, g2[0]))]).T  # (2, items)
+    # the marginal CDF at each node: the mass below it plus half its own (the trapezoid
+    # between nodes), so the interpolated quantiles are not half a step low
+    ends = np.array([np.interp([0.05, 0.95], np.cumsum(m) - m / 2, axis)
+                     for m, axis in ((w.sum(axis=1), g1[:, 0]), (w.sum(axis=0), g2[0]))]).T
     return y, mean, sd, ends

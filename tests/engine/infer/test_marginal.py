@@ -142,13 +142,15 @@ def test_item_posterior_means_match_scipy_on_a_skewed_posterior(rounds):
     assert abs(mode[0] - mean[0]) > 0.15 * sd[0]  # the mode is off the mean here
     np.testing.assert_array_less(np.abs(guide.loc["difficulty"] - mean), 0.08 * sd)
     np.testing.assert_allclose(np.exp(guide.log_scale["difficulty"]), sd, rtol=0.06)
-    # the 90% interval: the weighted draws' quantiles, skewed as scipy's are; the
-    # Gaussian's ends sit a fifth of an sd or more from them on the easy item
+    # the 90% interval: the weighted draws' quantiles, skewed as scipy's are, within Monte
+    # Carlo error (a 5% quantile's is about 2.1 / sqrt(ESS) sd, more in a weighted tail);
+    # the Gaussian's ends sit 0.14-0.18 sd from scipy's on the easy item, and further in all
     assert info["item_moments"]["intervals"] == "weighted draws' quantiles"
     got = info["item_quantiles"][:, :, 0]
-    np.testing.assert_array_less(np.abs(got - ends), np.broadcast_to(0.1 * sd, ends.shape))
+    np.testing.assert_array_less(np.abs(got - ends), np.broadcast_to(0.15 * sd, ends.shape))
     gaussian = mean + np.array([[-1.6449], [1.6449]]) * sd
-    assert np.abs(gaussian - ends)[:, 0].max() > 0.2 * sd[0]
+    assert np.abs(gaussian - ends)[:, 0].max() > 0.12 * sd[0]
+    assert (np.abs(got - ends) / sd).sum() < (np.abs(gaussian - ends) / sd).sum()
 
 
 def test_importance_intervals_reach_items_parquet(tmp_path):
@@ -172,6 +174,9 @@ def test_importance_intervals_reach_items_parquet(tmp_path):
     assert np.abs(items["difficulty_q05"] - gaussian).max() > 1e-3  # not the Gaussian's ends
     assert (items["difficulty_q05"] < items["difficulty_mean"]).all()
     assert (items["difficulty_mean"] < items["difficulty_q95"]).all()
+    for end, sign in (("q05", -1), ("q95", 1)):  # each item's own ends (skewed by up to a
+        near = items["difficulty_mean"] + sign * 1.6449 * items["difficulty_sd"]  # third of
+        assert (np.abs(items[f"difficulty_{end}"] - near) < 0.5 * items["difficulty_sd"]).all()
 
 
 def test_weighted_quantiles_are_the_repeated_draws_quantiles():
