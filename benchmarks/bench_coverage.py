@@ -200,7 +200,7 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     ``items.parquet`` / ``subjects.parquet`` report (constrained scale), and for item blocks
     each item's four values (``per_item``)."""
     import engine
-    from engine.readout.posterior import draw_summary_columns, summary_columns
+    from engine.readout.posterior import result_columns
 
     start = time.perf_counter()
     res = engine.fit_nuts(sim["responses"], model=model, prior=prior)
@@ -214,10 +214,7 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     if fit is not None:
         out["agreement"] = {}
         for owner in ("item", "subject"):
-            mine = summary_columns(fit.spec, fit.guide, owner,
-                                   **({"cross": fit.cross, "intervals": fit.intervals, "moments": fit.moments}
-                                      if owner == "item" else {}))
-            exact = draw_summary_columns(res.spec, res.draws, owner)
+            mine, exact = result_columns(fit, owner), result_columns(res, owner)
             for col in exact:
                 if not col.endswith("_mean") or col not in mine:
                     continue
@@ -255,9 +252,7 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
             nuts: bool = False, mirt_timeout: float | None = None, truths: dict | None = None,
             mirt_guessing_beta: str | None = None) -> dict:
     import engine
-    from engine.readout.posterior import interval_90, within_owner_scales
-
-    from engine.readout.posterior import summary_columns
+    from engine.readout.posterior import interval_90, result_columns, within_owner_scales
 
     truths = {k: v for k, v in (truths or {}).items() if v is not None}
     sim = simulate(model, shape, seed, **truths)
@@ -288,8 +283,7 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
         out["mirt"] = mirt_wald(model, sim, mirt_python, mirt_timeout, mirt_guessing_beta)
     if nuts:
         out["nuts"] = nuts_coverage(model, sim, prior, res)
-    table = summary_columns(res.spec, res.guide, "item", cross=res.cross, intervals=res.intervals,
-                            moments=res.moments)
+    table = result_columns(res, "item")
     raw = _truth_unconstrained(sim, model)
     out["summary"] = {block: {"mean_truth": float(np.mean(sim[block])),
                               "mean_fitted": float(np.mean(table[f"{block}_mean"])),

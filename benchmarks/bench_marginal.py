@@ -253,14 +253,6 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
     return out
 
 
-def _item_table(res) -> dict[str, np.ndarray]:
-    """The items' columns as ``items.parquet`` reports them (posterior mean, sd, 5% / 95%)."""
-    from engine.readout.posterior import summary_columns
-
-    return summary_columns(res.spec, res.guide, "item", cross=res.cross, intervals=res.intervals,
-                           moments=res.moments)
-
-
 def beside_mirt(model: str, python: str, samples: int = 1000, prior: str = "population",
                 warmup: int = 500, chains: int = 4, timeout: float = 600.0) -> dict:
     """LSAT7 item by item: the default fit's posterior (mean, sd, 90% interval as
@@ -275,7 +267,7 @@ def beside_mirt(model: str, python: str, samples: int = 1000, prior: str = "popu
 
     import engine
     import engine.api
-    from engine.readout.posterior import Z90, draw_summary_columns
+    from engine.readout.posterior import Z90, result_columns
     from mirt_wald import run_in
 
     y = _load("lsat7")
@@ -291,7 +283,7 @@ def beside_mirt(model: str, python: str, samples: int = 1000, prior: str = "popu
     mirt = run_in(python, y, model, timeout)
     if "failed" in mirt:
         raise RuntimeError(f"mirt on LSAT7 ({model}) failed: {mirt['failed']}")
-    tables = {"fit": _item_table(fit), "nuts": draw_summary_columns(nuts.spec, nuts.draws, "item")}
+    tables = {"fit": result_columns(fit, "item"), "nuts": result_columns(nuts, "item")}
     items = {}
     for block in [p.name for p in fit.spec.by_owner("item")]:
         row = {who: {k: tables[who][f"{block}_{k}"].round(4).tolist()
@@ -309,7 +301,7 @@ def beside_mirt(model: str, python: str, samples: int = 1000, prior: str = "popu
             "sd_ratio_range": [float(np.min(f[f"{block}_sd"] / n[f"{block}_sd"])),
                                float(np.max(f[f"{block}_sd"] / n[f"{block}_sd"]))]}
         items[block] = row
-    exact = draw_summary_columns(nuts.spec, nuts.draws, "subject")
+    exact = result_columns(nuts, "subject")
     theta = {"fit": np.asarray(fit.guide.loc["ability"], float),
              "nuts": np.asarray(exact["ability_mean"], float),
              "mirt": np.asarray(mirt["ability"], float)}

@@ -20,7 +20,7 @@ from engine.infer.guide import GuideState
 from engine.models.registry import get_model
 from engine.models.spec import ModelSpec
 from engine.readout.expected import score_draws, score_summary
-from engine.readout.posterior import draw_posterior, draw_summary_columns, summary_columns
+from engine.readout.posterior import draw_posterior, result_columns
 from engine.readout.ranking import pairwise_beats, rank_stats
 
 if TYPE_CHECKING:
@@ -106,9 +106,7 @@ def store_candidates(run: "Run") -> list[Path]:
 
 def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> dict[str, np.ndarray]:
     ex = res.extra
-    summary = (draw_summary_columns(res.spec, res.draws, "subject") if res.draws  # a sampler's
-               else summary_columns(res.spec, res.guide, "subject"))
-    cols = {"subject": np.asarray(ex["subjects"])} | summary
+    cols = {"subject": np.asarray(ex["subjects"])} | result_columns(res, "subject")
     cols["accuracy"] = np.asarray(ex["stats"]["subject_mean"])
     cols["n_responses"] = np.asarray(ex["stats"]["subject_n"])
     if draws is not None and res.spec.score is not None:  # draws of the expected score
@@ -120,10 +118,7 @@ def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> dict
 
 def _item_table(res: FitResult) -> dict[str, np.ndarray]:
     ex = res.extra
-    summary = (draw_summary_columns(res.spec, res.draws, "item") if res.draws
-               else summary_columns(res.spec, res.guide, "item", cross=res.cross,
-                                    intervals=res.intervals, moments=res.moments))
-    cols = {"item": np.asarray(ex["items"])} | summary
+    cols = {"item": np.asarray(ex["items"])} | result_columns(res, "item")
     cols["mean_response"] = np.asarray(ex["stats"]["item_mean"])
     # every observed response the same: fitted as unobserved (engine.api._constant_items)
     cols["constant_response"] = np.isin(cols["mean_response"], (0.0, 1.0)) & \

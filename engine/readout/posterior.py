@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["draw_posterior", "summarize", "summarize_draws", "summary_columns",
-           "draw_summary_columns", "within_owner_scales", "interval_90", "Z90"]
+           "draw_summary_columns", "result_columns", "within_owner_scales", "interval_90",
+           "Z90"]
 
 Z90 = 1.6448536269514722  # standard normal 95th percentile: a central 90% interval
 
@@ -193,6 +194,19 @@ def interval_90(loc, scale, sampled=None) -> tuple[np.ndarray, np.ndarray]:
         low = np.where(np.isfinite(given[0]), given[0], low)
         high = np.where(np.isfinite(given[1]), given[1], high)
     return low, high
+
+
+def result_columns(res, owner: str) -> dict[str, np.ndarray]:
+    """A fit's per-owner table as its run's subjects / items tables report it: a sampler's
+    draws summarised (:func:`draw_summary_columns`, NUTS), else the guide's
+    (:func:`summary_columns`), the items with the fit's within-item couplings, sampled or
+    importance-weighted quantiles and sampled moments."""
+    if res.draws:
+        return draw_summary_columns(res.spec, res.draws, owner)
+    if owner == "item":
+        return summary_columns(res.spec, res.guide, owner, cross=res.cross,
+                               intervals=res.intervals, moments=res.moments)
+    return summary_columns(res.spec, res.guide, owner)
 
 
 def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
