@@ -33,7 +33,9 @@ where they agree (:data:`LAPLACE_SHIFT`, :data:`LAPLACE_SD`) the fit keeps that,
 fraction of the sampler's cost. Otherwise split R-hat and effective sample sizes of every
 item value are recorded, and the fit uses the draws' moments where at most
 ``MarginalSettings.sampler_unmixed_share`` of the values have a split R-hat over
-``sampler_rhat_max`` (after doubling the kept draws once), listing those.
+``sampler_rhat_max``, listing those. The kept draws are extended by as many again (at
+most ``sampler_extend_max`` times) while some split R-hat is over ``sampler_rhat_max`` or
+some value keeps fewer than ``sampler_ess_min`` effective draws.
 """
 
 from __future__ import annotations
@@ -439,7 +441,8 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     # a symmetry's step starts small (its ridge is long and flat); a pool's spread by a
     # tenth (adapted from there: at most twice or half a phase)
     sym_sd = np.array([0.1 if (mi[:, 2] >= 0).any() else 0.02 for _, mi, _ in moves])
-    total = WARMUP_CALLS + 3 * calls  # the kept draws may be drawn again and extended once
+    # the kept draws may be drawn again (on a wider grid) and extended sampler_extend_max times
+    total = WARMUP_CALLS + (2 + max(settings.sampler_extend_max, 0)) * calls
     # the keys on the host: iterating over a device array compiles an unstacking program
     # with one output a call (1.3 s at 100 calls on 2 cores), for the same keys
     keys = iter(np.asarray(jax.random.split(jax.random.PRNGKey(seed), total * chains)).reshape(
@@ -523,9 +526,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
             g_scale = g_scale * _towards(rate[n], TARGET_ACCEPTANCE)
         sym_sd = sym_sd * _towards(rate[n + 1:] * len(moves), SYMMETRY_ACCEPTANCE)
     kept, s1, s2, edge = [], 0.0, 0.0, 0.0
-    redrawn = extended = False
+    redrawn, extended = False, []
     while True:  # the kept draws: again on a wider grid where it cut them off (once), and
-        for _ in range(calls):  # once more as many where they have not mixed
+        for _ in range(calls):  # as many more while they have not mixed or keep too few
             xs, gs, draws, sums = call(keep_program)
             kept.append(draws)
             s1, s2, edge = s1 + sums[0], s2 + sums[1], max(edge, float(sums[2].max()))
@@ -536,14 +539,17 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         dx, dg, stats = (np.concatenate(a, axis=1) for a in zip(*kept))  # (chains, keep, ...)
         keep = dx.shape[1]
         values = np.concatenate([dx.reshape(chains, keep, -1), dg], axis=2)
-        rhat = split_rhat(values)
-        if rhat.max() <= settings.sampler_rhat_max or extended:
+        rhat, ess = split_rhat(values), effective_draws(values)
+        short = [f"split R-hat {rhat.max():.3f} over {settings.sampler_rhat_max}"
+                 ] if rhat.max() > settings.sampler_rhat_max else []
+        short += [f"{ess.min():.0f} effective draws under {settings.sampler_ess_min:g}"
+                  ] if ess.min() < settings.sampler_ess_min else []
+        if not short or len(extended) >= settings.sampler_extend_max:
             break
-        extended = True
+        extended.append({"at_draws": keep, "because": "; ".join(short)})
     record |= {"draws": keep, "extended": extended, "grid_points": int(grid.size),
                "grid_edge_mass": float(f"{edge:.3g}"), **({"grid_widened": widened} if widened else {})}
     rate = stats.mean(axis=(0, 1))
-    ess = effective_draws(values)
     flat = dx.reshape(-1, n, k)
     mean = flat.mean(axis=0)
     centred = flat - mean

@@ -229,7 +229,11 @@ def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypa
     monkeypatch.setattr(marginal, "fit_marginal", fit_marginal_once)
     df = pd.read_parquet(OPENML)
     y = df[df["dataset"] == "Bioresponse"].iloc[:, 3:].to_numpy().T.astype(np.int8)
-    forced = fit(y, "2pl", FitSettings(seed=0, progress=False, ability_factor="quadrature"))
+    # one memory budget for both fits: by default it is half the memory free at the time,
+    # and the settings it caps (full_cov_max) then differ between two fits on a busy machine
+    budget = 4 << 30
+    forced = fit(y, "2pl", FitSettings(seed=0, progress=False, ability_factor="quadrature",
+                                       memory_budget=budget))
     diverged = forced.extra["quadrature"]["diverged"]
     patience = MarginalSettings().divergence_patience
     assert not forced.converged and diverged is not None
@@ -256,8 +260,8 @@ def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypa
     drops = -np.diff(elbos)
     assert drops.max() < 0.1
     # the mean-field fallback (NUTS, within nuts_fallback_max_cells, is its own test)
-    auto = fit(y, "2pl", FitSettings(seed=0, progress=False,
-                                     nuts_fallback_max_cells=0)).extra["ability_factor"]
+    auto = fit(y, "2pl", FitSettings(seed=0, progress=False, nuts_fallback_max_cells=0,
+                                     memory_budget=budget)).extra["ability_factor"]
     assert len(runs) == 1  # the same quadrature fit: same model, data and settings
     assert auto["method"] == "gaussian"
     assert auto["quadrature_not_converged"].startswith(

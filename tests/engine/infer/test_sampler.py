@@ -239,6 +239,34 @@ def test_items_nobody_answered_leave_a_pooled_prior_as_if_they_were_not_there():
         assert 0.75 < sd / ref_sd < 1.33, name
 
 
+def test_the_kept_draws_are_extended_while_some_value_keeps_too_few_effective_draws():
+    """Under ``sampler_ess_min`` effective draws (here a floor no chain reaches), the kept
+    draws are extended by as many again, ``sampler_extend_max`` times, each extension
+    recorded with its reason, and the worst value's effective draws grow with them; with
+    the floor met (0) or no extensions allowed, the chains stop at ``sampler_draws``."""
+    from dataclasses import replace
+
+    from engine.infer.sampler import sample_items
+
+    spec = get_model("1pl", prior="vague")
+    patterns = ((np.arange(32)[:, None] >> np.arange(5)) & 1).astype(np.float64)
+    counts = np.bincount(np.random.default_rng(3).integers(0, 32, 400), minlength=32) * 1.0
+    grid = np.linspace(-4.0, 4.0, 40)
+    log_base = -0.5 * grid ** 2 - 0.5 * np.log(2 * np.pi) + np.log(grid[1] - grid[0])
+    base = MarginalSettings(sampler_warmup=100, sampler_draws=100, sampler_check_laplace=False)
+    records = {}
+    for name, floor, most in (("met", 0.0, 2), ("short", 1e9, 2), ("none allowed", 1e9, 0)):
+        _, records[name] = sample_items(
+            spec, np.zeros((5, 1)), np.zeros(0), np.full((5, 1, 1), 0.01), np.zeros((0, 0)),
+            grid, log_base, patterns, 1 - patterns, counts,
+            replace(base, sampler_ess_min=floor, sampler_extend_max=most), seed=2)
+    met, short, none = records["met"], records["short"], records["none allowed"]
+    assert (met["draws"], met["extended"], none["draws"], none["extended"]) == (100, [], 100, [])
+    assert short["draws"] == 300 and [e["at_draws"] for e in short["extended"]] == [100, 200]
+    assert all("effective draws under 1e+09" in e["because"] for e in short["extended"])
+    assert short["ess_min"] > 2 * met["ess_min"]  # three times the draws: ~3x the ESS
+
+
 def test_another_data_set_of_the_same_sizes_runs_the_same_chains():
     """The chains' program takes the data (grid, patterns, counts, each subject's pattern) as
     arguments, not as constants, and pads the subjects to a bucketed count: a second data
