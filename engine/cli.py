@@ -703,7 +703,10 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
     p.add_argument("--tol", type=_TOL, default=1e-4,
                    help="relative ELBO change to stop at (the mean-field fit; the quadrature "
                         "fit stops on its own test, fit.json's quadrature.mode_converged)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="every random draw of the fit: the mean-field fit's Monte Carlo draws, "
+                        "the quadrature fit's importance and sampler draws, the rank draws; "
+                        "refit with another to see their Monte Carlo error")
     p.add_argument("--devices", type=_POSITIVE, default=None, help="local devices to use (default all)")
     p.add_argument("--draws", type=_POSITIVE, default=1000, help="joint posterior draws for ranks")
     p.add_argument("--mc-draws", type=_NONNEGATIVE, default=0, metavar="K",

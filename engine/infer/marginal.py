@@ -145,6 +145,10 @@ class MarginalSettings:
         posterior moments are averaged over this many item draws from the Laplace
         approximation (within ``importance_cells_max`` cells; at least 50 draws, else the
         moments at the mode plus the items' variance to first order).
+    seed : the Monte Carlo draws' seed (importance sampling, the Laplace draws, the item
+        sampler's chains, the set-aside items' draws); None: ``FitSettings.seed`` in
+        :func:`fit_marginal_result` (the fit's one source of randomness), 0 otherwise. Refit
+        with another seed to see the Monte Carlo error of the reported moments.
     bucket_patterns : pad the distinct answer patterns with unanswered ones, counted zero
         times, to a bucketed number (``engine.infer.fit.bucket_size``: at most 12.5% more),
         so that a new data set with as many items and a similar number of patterns runs the
@@ -201,6 +205,7 @@ class MarginalSettings:
     sampler_check_laplace: bool = True
     sampler_unmixed_share: float = 0.05
     sampler_cells_max: int = 50_000_000_000
+    seed: int | None = None
     bucket_patterns: bool = True
     quick_compile_cells: int = 1 << 20
     quick_compile_passes: int = 20
@@ -1525,7 +1530,7 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     # a widened grid keeps a round's draws within the cells (they grow with its points)
     grid_max = cells_cap(nodes.theta.shape[-1], max(draws, more) * per_draw_cells,
                          settings.importance_cells_max)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(settings.seed or 0)
     centre, cov = np.concatenate([x.reshape(-1), g]).astype(np.float64), full_cov
     if start is not None and aside is not None:  # the first proposal about the pool with
         centre, cov = start  # the set-aside items in it (:func:`_pool_proposal`)
@@ -1690,7 +1695,7 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
     if draws < 50:
         return None, record | {"method": "mode", "because": f"{U} patterns x {n} items"}
     draws -= draws % 2
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng((settings.seed or 0) + 1)
     # antithetic pairs (z, -z): the means' Monte Carlo error from the part of each ability
     # that is linear in the items cancels, which is most of it
     z = rng.standard_normal((draws // 2, n * k + g.size))
@@ -1763,7 +1768,8 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
     try:
         with compiler_options(None):  # long loops: optimised code even in a quick-compiled fit
             return sample_items(spec, x, g, cov, g_cov, nodes.theta, nodes.log_base, y1,
-                                y0, counts, settings, judged=judged, grid_max=grid_max)
+                                y0, counts, settings, seed=settings.seed or 0, judged=judged,
+                                grid_max=grid_max)
     except np.linalg.LinAlgError as err:  # e.g. the globals' draws collapsed in a phase
         return None, {"method": "laplace", "because": f"the sampler's adaptation failed ({err})"}
 
@@ -2488,7 +2494,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         # them in it, the fitted items' likelihoods quadratic
         aside_found = _set_aside_posteriors(spec, x, g, theta_a, w_a, inverse, aside[1],
                                             settings.cell_chunk, (g_cov, *pool_items),
-                                            grid=aside_grid)
+                                            seed=settings.seed or 0, grid=aside_grid)
         d = n * k + g.size
         if (proposal.shape == (d, d) and d <= settings.importance_max_params
                 and np.all(np.diag(proposal) > 0)):
@@ -2639,6 +2645,8 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
 
     if settings is None:
         settings = MarginalSettings(max_iter=fit_settings.max_passes)
+    if settings.seed is None:  # the fit's one source of randomness
+        settings = replace(settings, seed=fit_settings.seed)
 
     if not fit_settings.bucket_shapes:
         settings = replace(settings, bucket_patterns=False)

@@ -38,6 +38,28 @@ def test_the_quadrature_fit_reports_each_pass_and_max_passes_bounds_it():
     assert [r["elbo"] for r in capped.trace] == [r["elbo"] for r in res.trace[:3]]
 
 
+def test_the_fit_seed_sets_the_quadrature_fits_monte_carlo_draws():
+    """``FitSettings.seed`` is the quadrature fit's one source of randomness, as it is the
+    mean-field fit's: the same seed gives the same read-out to the bit, another seed other
+    importance draws (before, every seed drew the same ones, so a refit could not show their
+    Monte Carlo error), the same mode, and moments within that error of each other."""
+    y = _short_test()
+    runs = {seed: fit(y, "2pl", FitSettings(seed=seed, progress=False)) for seed in (0, 1)}
+    again = fit(y, "2pl", FitSettings(seed=0, progress=False))
+    for res in (*runs.values(), again):
+        assert res.extra["quadrature"]["item_moments"]["method"] == "importance"
+    for block in ("difficulty", "discrimination"):
+        first, other = (np.asarray(runs[s].guide.loc[block], np.float64) for s in (0, 1))
+        np.testing.assert_array_equal(np.asarray(again.guide.loc[block], np.float64), first)
+        sd = np.exp(np.asarray(runs[0].guide.log_scale[block], np.float64))
+        ess = runs[0].extra["quadrature"]["item_moments"]["rounds"][-1]["effective_draws"]
+        assert not np.array_equal(first, other)
+        assert np.abs(first - other).max() < 5 * sd.max() * np.sqrt(2 / ess)  # Monte Carlo
+    modes = [r.extra["quadrature"]["trace"][-1]["elbo"] if "trace" in r.extra["quadrature"]
+             else r.trace[-1]["elbo"] for r in runs.values()]
+    assert modes[0] == modes[1]  # the mode search draws nothing
+
+
 def test_variational_settings_keep_the_mean_field_fit():
     for settings in (FitSettings(optimizer="newton"), FitSettings(mc_draws=4)):
         factor = fit(_short_test(), "2pl", settings).extra["ability_factor"]
