@@ -127,7 +127,8 @@ class MarginalSettings:
         chains run on (``sampler_warmup`` sweeps in all, then ``sampler_draws`` kept, and as
         many again, at most ``sampler_extend_max`` times, while some split R-hat is over
         ``sampler_rhat_max`` or some value keeps fewer than ``sampler_ess_min`` effective
-        draws) and the draws' moments are reported where at most ``sampler_unmixed_share``
+        draws; an extension beyond the first one on R-hat only within ``sampler_cells_max``
+        cells) and the draws' moments are reported where at most ``sampler_unmixed_share``
         of the values are over it (fit.json ``item_moments.sampler.not_mixed`` lists them).
         0 chains turns it off. The ESS floor: a 90% interval's end from ``ess`` draws is
         off by about ``2.1 / sqrt(ess)`` posterior sds, an sd by ``1 / sqrt(2 ess)`` of
@@ -137,7 +138,8 @@ class MarginalSettings:
         search at 50 x 1,000 needed 261, one subject's wide posterior at 4.5 setting the
         span: at 256 its abilities fell back to the mean-field fit; the cost is bounded by
         ``sampler_cells_max`` all the same); ``sampler_values``: the
-        kept draws are thinned to this many item values a chain; ``sampler_cells_max``:
+        kept draws are thinned to this many item values a chain (each extension adds as
+        many again); ``sampler_cells_max``:
         larger fits keep the Laplace approximation (3PL 1,000 x 50: 4e9 cells, 10-25 s; at
         50 x 1,000 the 3PL's seeds need up to 2.6e10 cells, 150-270 s of sampling; at
         2e10 the bound, not the fit, decided which of them were sampled).
@@ -218,6 +220,12 @@ class MarginalSettings:
 SCORE_CELL_BYTES = 48
 _F32_EPS = float(np.finfo(np.float32).eps)  # relative resolution of a float32 sum
 JOINT_COPIES = 4  # the joint information, its Cholesky factor, the covariance, a product
+
+
+def _seed(settings: MarginalSettings) -> int:
+    """The Monte Carlo draws' seed: ``settings.seed`` (None: 0) as the unsigned 32-bit
+    number NumPy and JAX take (``--seed -1`` as the mean-field fit takes it)."""
+    return (settings.seed or 0) % 2 ** 32
 
 
 def within_budget(settings: MarginalSettings, budget: int) -> tuple[MarginalSettings, dict]:
@@ -1530,7 +1538,7 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     # a widened grid keeps a round's draws within the cells (they grow with its points)
     grid_max = cells_cap(nodes.theta.shape[-1], max(draws, more) * per_draw_cells,
                          settings.importance_cells_max)
-    rng = np.random.default_rng(settings.seed or 0)
+    rng = np.random.default_rng(_seed(settings))
     centre, cov = np.concatenate([x.reshape(-1), g]).astype(np.float64), full_cov
     if start is not None and aside is not None:  # the first proposal about the pool with
         centre, cov = start  # the set-aside items in it (:func:`_pool_proposal`)
@@ -1695,7 +1703,7 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
     if draws < 50:
         return None, record | {"method": "mode", "because": f"{U} patterns x {n} items"}
     draws -= draws % 2
-    rng = np.random.default_rng((settings.seed or 0) + 1)
+    rng = np.random.default_rng(_seed(settings) + 1)
     # antithetic pairs (z, -z): the means' Monte Carlo error from the part of each ability
     # that is linear in the items cancels, which is most of it
     z = rng.standard_normal((draws // 2, n * k + g.size))
@@ -1768,8 +1776,8 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
     try:
         with compiler_options(None):  # long loops: optimised code even in a quick-compiled fit
             return sample_items(spec, x, g, cov, g_cov, nodes.theta, nodes.log_base, y1,
-                                y0, counts, settings, seed=settings.seed or 0, judged=judged,
-                                grid_max=grid_max)
+                                y0, counts, settings, seed=_seed(settings), judged=judged,
+                                grid_max=grid_max, sweep_cells=cells / sweeps)
     except np.linalg.LinAlgError as err:  # e.g. the globals' draws collapsed in a phase
         return None, {"method": "laplace", "because": f"the sampler's adaptation failed ({err})"}
 
@@ -2494,7 +2502,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
         # them in it, the fitted items' likelihoods quadratic
         aside_found = _set_aside_posteriors(spec, x, g, theta_a, w_a, inverse, aside[1],
                                             settings.cell_chunk, (g_cov, *pool_items),
-                                            seed=settings.seed or 0, grid=aside_grid)
+                                            seed=_seed(settings), grid=aside_grid)
         d = n * k + g.size
         if (proposal.shape == (d, d) and d <= settings.importance_max_params
                 and np.all(np.diag(proposal) > 0)):

@@ -358,7 +358,8 @@ def _chains(spec: ModelSpec, steps: int, thin: int, item_steps: int, complete: b
 def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.ndarray,
                  g_cov: np.ndarray, grid: np.ndarray, log_base: np.ndarray, y1: np.ndarray,
                  y0: np.ndarray, counts: np.ndarray, settings, seed: int = 0,
-                 judged: np.ndarray | None = None, grid_max: int | None = None):
+                 judged: np.ndarray | None = None, grid_max: int | None = None,
+                 sweep_cells: float | None = None):
     """Draws of the items' (and globals') marginal posterior from ``settings.sampler_chains``
     chains started around the mode ``x`` ``(n, k)``, ``g`` ``(h,)`` (spread by the within-item
     Laplace blocks ``item_cov`` ``(n, k, k)`` and ``g_cov``), the abilities on ``grid``
@@ -375,7 +376,11 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     answered ones by default; items the fit set aside have no Laplace approximation, and
     400 of them agreeing with their read-out outvoted 150 answered items that did not).
     ``grid_max``: the most points a widened grid may have (the caller's cells bound; by
-    default ``settings.sampler_grid_max``, or the grid's own size where it has more)."""
+    default ``settings.sampler_grid_max``, or the grid's own size where it has more).
+    ``sweep_cells``: what one chain's sweep costs in cells on ``grid`` (the caller's count;
+    a wider grid's in proportion to its points): an extension of the kept draws beyond the
+    first one on R-hat is made only where every sweep run, a redraw's included, and the
+    extension's stay within ``settings.sampler_cells_max`` (None: no bound)."""
     from engine.infer.fit import bucket_size
     from engine.infer.marginal import _host_constrain, _item_blocks
 
@@ -451,7 +456,12 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
               "thin": thin, "item_steps": settings.sampler_item_steps,
               "grid_points": int(grid.size)}
 
+    spent = [0.0]  # cells: each call's sweeps at its grid's size (the caller's sweep_cells
+    points = grid.size  # are for a grid of this many points; a sweep's cost grows with it)
+
     def call(program):
+        spent[0] += chains * chunk * (thin if program is keep_program else 1) * (
+            sweep_cells or 0.0) * grid.size / points
         out = program(next(keys), f32(grow(xs, 1)), f32(gs), f32(grow(scale * shape_chol, 0)),
                       f32(g_scale * g_shape), f32(sym_sd))
         # back on the host: every call then gets uncommitted arrays alike (a committed
@@ -545,6 +555,12 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         short += [f"{ess.min():.0f} effective draws under {settings.sampler_ess_min:g}"
                   ] if ess.min() < settings.sampler_ess_min else []
         if not short or len(extended) >= settings.sampler_extend_max:
+            break
+        cost = spent[0] + chains * calls * chunk * thin * (sweep_cells or 0.0) * grid.size / points
+        if (extended or rhat.max() <= settings.sampler_rhat_max) and (
+                cost > settings.sampler_cells_max):
+            record["not_extended"] = (f"{'; '.join(short)}: another {keep} draws would take "
+                                      f"the sampler to {cost:.3g} cells, over sampler_cells_max")
             break
         extended.append({"at_draws": keep, "because": "; ".join(short)})
     record |= {"draws": keep, "extended": extended, "grid_points": int(grid.size),

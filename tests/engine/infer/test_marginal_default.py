@@ -42,22 +42,36 @@ def test_the_fit_seed_sets_the_quadrature_fits_monte_carlo_draws():
     """``FitSettings.seed`` is the quadrature fit's one source of randomness, as it is the
     mean-field fit's: the same seed gives the same read-out to the bit, another seed other
     importance draws (before, every seed drew the same ones, so a refit could not show their
-    Monte Carlo error), the same mode, and moments within that error of each other."""
+    Monte Carlo error), the same mode search, and reported means within that error of each
+    other. A negative seed is taken as the mean-field fit takes it."""
+    from engine.readout.posterior import result_columns
+
     y = _short_test()
-    runs = {seed: fit(y, "2pl", FitSettings(seed=seed, progress=False)) for seed in (0, 1)}
+    runs = {seed: fit(y, "2pl", FitSettings(seed=seed, progress=False)) for seed in (0, 1, -1)}
     again = fit(y, "2pl", FitSettings(seed=0, progress=False))
-    for res in (*runs.values(), again):
-        assert res.extra["quadrature"]["item_moments"]["method"] == "importance"
+
+    def used_ess(res):  # the effective draws of the round (or pool) the moments came from
+        record = res.extra["quadrature"]["item_moments"]
+        assert record["method"] == "importance"
+        pooled = record.get("pooled", {})
+        return (pooled["effective_draws"] if pooled.get("used")
+                else record["rounds"][record["used_round"] - 1]["effective_draws"])
+
+    ess = {seed: used_ess(res) for seed, res in runs.items()}
+    tables = {seed: result_columns(res, "item") for seed, res in runs.items()}
     for block in ("difficulty", "discrimination"):
-        first, other = (np.asarray(runs[s].guide.loc[block], np.float64) for s in (0, 1))
-        np.testing.assert_array_equal(np.asarray(again.guide.loc[block], np.float64), first)
-        sd = np.exp(np.asarray(runs[0].guide.log_scale[block], np.float64))
-        ess = runs[0].extra["quadrature"]["item_moments"]["rounds"][-1]["effective_draws"]
-        assert not np.array_equal(first, other)
-        assert np.abs(first - other).max() < 5 * sd.max() * np.sqrt(2 / ess)  # Monte Carlo
-    modes = [r.extra["quadrature"]["trace"][-1]["elbo"] if "trace" in r.extra["quadrature"]
-             else r.trace[-1]["elbo"] for r in runs.values()]
-    assert modes[0] == modes[1]  # the mode search draws nothing
+        np.testing.assert_array_equal(result_columns(again, "item")[f"{block}_mean"],
+                                      tables[0][f"{block}_mean"])
+        for other in (1, -1):
+            first, second = (np.asarray(tables[s][f"{block}_mean"], np.float64) for s in (0, other))
+            sd = np.asarray(tables[0][f"{block}_sd"], np.float64)  # the reported marginal sd
+            assert not np.array_equal(first, second)
+            # 5 Monte Carlo sds of the difference of two self-normalised estimates
+            assert (np.abs(first - second) < 5 * sd * np.sqrt(1 / ess[0] + 1 / ess[other])).all()
+    for other in (1, -1):  # the mode search draws nothing: the same passes, the same objective
+        assert [row["elbo"] for row in runs[other].trace] == [row["elbo"] for row in runs[0].trace]
+        assert (runs[other].extra["quadrature"]["log_marginal_posterior"]
+                == runs[0].extra["quadrature"]["log_marginal_posterior"])
 
 
 def test_variational_settings_keep_the_mean_field_fit():

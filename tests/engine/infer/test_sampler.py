@@ -243,7 +243,9 @@ def test_the_kept_draws_are_extended_while_some_value_keeps_too_few_effective_dr
     """Under ``sampler_ess_min`` effective draws (here a floor no chain reaches), the kept
     draws are extended by as many again, ``sampler_extend_max`` times, each extension
     recorded with its reason, and the worst value's effective draws grow with them; with
-    the floor met (0) or no extensions allowed, the chains stop at ``sampler_draws``."""
+    the floor met (0) or no extensions allowed, the chains stop at ``sampler_draws``, and
+    where another extension would take the sampler over ``sampler_cells_max`` cells (the
+    cost bound that decides whether a fit is sampled at all) it stops and says so."""
     from dataclasses import replace
 
     from engine.infer.sampler import sample_items
@@ -255,13 +257,20 @@ def test_the_kept_draws_are_extended_while_some_value_keeps_too_few_effective_dr
     log_base = -0.5 * grid ** 2 - 0.5 * np.log(2 * np.pi) + np.log(grid[1] - grid[0])
     base = MarginalSettings(sampler_warmup=100, sampler_draws=100, sampler_check_laplace=False)
     records = {}
-    for name, floor, most in (("met", 0.0, 2), ("short", 1e9, 2), ("none allowed", 1e9, 0)):
+    for name, floor, most, sweep in (("met", 0.0, 2, None), ("short", 1e9, 2, None),
+                                     ("none allowed", 1e9, 0, None), ("dear", 1e9, 2, 1e8)):
         _, records[name] = sample_items(
             spec, np.zeros((5, 1)), np.zeros(0), np.full((5, 1, 1), 0.01), np.zeros((0, 0)),
             grid, log_base, patterns, 1 - patterns, counts,
-            replace(base, sampler_ess_min=floor, sampler_extend_max=most), seed=2)
-    met, short, none = records["met"], records["short"], records["none allowed"]
+            replace(base, sampler_ess_min=floor, sampler_extend_max=most), seed=2,
+            sweep_cells=sweep)
+    met, short, none, dear = (records[k] for k in ("met", "short", "none allowed", "dear"))
     assert (met["draws"], met["extended"], none["draws"], none["extended"]) == (100, [], 100, [])
+    # 4 chains x (100 warm-up + 200 kept sweeps) x 1e8 cells: over the bound's 5e10
+    assert (dear["draws"], dear["extended"]) == (100, []) and dear["ess_min"] == met["ess_min"]
+    assert dear["not_extended"] == ("{:.0f} effective draws under 1e+09: another 100 draws "
+                                    "would take the sampler to 1.2e+11 cells, over "
+                                    "sampler_cells_max").format(dear["ess_min"])
     assert short["draws"] == 300 and [e["at_draws"] for e in short["extended"]] == [100, 200]
     assert all("effective draws under 1e+09" in e["because"] for e in short["extended"])
     assert short["ess_min"] > 2 * met["ess_min"]  # three times the draws: ~3x the ESS
