@@ -271,8 +271,8 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
         sampler = moments.get("sampler") or {}
         out["item_moments"] = {"method": moments["method"],
                                "intervals": moments.get("intervals")} | {
-            key: sampler[key] for key in ("rhat_max", "ess_min", "seconds", "because", "pilot",
-                                          "draws", "extended", "not_extended",
+            key: sampler[key] for key in ("rhat_max", "ess_min", "ess_tail_min", "seconds",
+                                          "because", "pilot", "draws", "extended", "not_extended",
                                           "grid_points", "grid_widened", "grid_edge_mass")
             if key in sampler}
         if "nodes" in moments:  # the importance draws' ability grid (widened or not)

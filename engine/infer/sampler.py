@@ -35,7 +35,8 @@ item value are recorded, and the fit uses the draws' moments where at most
 ``MarginalSettings.sampler_unmixed_share`` of the values have a split R-hat over
 ``sampler_rhat_max``, listing those. The kept draws are extended by as many again (at
 most ``sampler_extend_max`` times) while some split R-hat is over ``sampler_rhat_max`` or
-some value keeps fewer than ``sampler_ess_min`` effective draws.
+some value keeps fewer than ``sampler_ess_min`` effective draws, in its bulk or in the tails
+its 90% interval's ends are read from (:func:`tail_effective_draws`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ import numpy as np
 from engine.exported import exported_jit
 from engine.models.spec import ModelSpec, pool_of
 
-__all__ = ["sample_items", "split_rhat", "effective_draws"]
+__all__ = ["sample_items", "split_rhat", "effective_draws", "tail_effective_draws"]
 
 WARMUP_CALLS = 20
 PHASE_ENDS = (0, 1, 5, 9, 19)  # the calls that end a warm-up phase (5, 5, 20, 20, 50%)
@@ -105,6 +106,24 @@ def effective_draws(draws: np.ndarray) -> np.ndarray:
         return np.concatenate([_effective_draws(flat[:, :, i:i + chunk])
                                for i in range(0, values, chunk)]).reshape(draws.shape[2:])
     return _effective_draws(draws)
+
+
+def tail_effective_draws(draws: np.ndarray) -> np.ndarray:
+    """Tail effective sample size of ``draws`` ``(chains, draws, ...)`` per value, as ArviZ
+    (``ess(method="tail")``, Vehtari et al. 2021) computes it: the lesser of the effective
+    draws of the indicators of a draw at or below the 5% and at or below the 95% quantile
+    (R's type 7, NumPy's default): how many draws a 90% interval's ends rest on, which
+    the bulk ESS (of the mean) does not say. In chunks of values, as
+    :func:`effective_draws`."""
+    flat = draws.reshape(draws.shape[:2] + (-1,))
+    chunk = max(1, (1 << 22) // max(draws.shape[0] * draws.shape[1], 1))
+    out = []
+    for i in range(0, flat.shape[2], chunk):
+        part = flat[:, :, i:i + chunk]
+        q = np.quantile(part, [0.05, 0.95], axis=(0, 1))
+        out.append(np.minimum(effective_draws((part <= q[0]).astype(np.float64)),
+                              effective_draws((part <= q[1]).astype(np.float64))))
+    return np.concatenate(out).reshape(draws.shape[2:])
 
 
 def _effective_draws(draws: np.ndarray) -> np.ndarray:
@@ -549,11 +568,13 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         dx, dg, stats = (np.concatenate(a, axis=1) for a in zip(*kept))  # (chains, keep, ...)
         keep = dx.shape[1]
         values = np.concatenate([dx.reshape(chains, keep, -1), dg], axis=2)
-        rhat, ess = split_rhat(values), effective_draws(values)
+        rhat, ess, tail = split_rhat(values), effective_draws(values), tail_effective_draws(values)
         short = [f"split R-hat {rhat.max():.3f} over {settings.sampler_rhat_max}"
                  ] if rhat.max() > settings.sampler_rhat_max else []
         short += [f"{ess.min():.0f} effective draws under {settings.sampler_ess_min:g}"
                   ] if ess.min() < settings.sampler_ess_min else []
+        short += [f"{tail.min():.0f} tail effective draws under {settings.sampler_ess_min:g}"
+                  ] if tail.min() < settings.sampler_ess_min else []
         if not short or len(extended) >= settings.sampler_extend_max:
             break
         cost = spent[0] + chains * calls * chunk * thin * (sweep_cells or 0.0) * grid.size / points
@@ -581,6 +602,8 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
                "rhat_over_1_01": int((rhat > 1.01).sum()),
                "ess_min": round(float(ess.min()), 1),
                "ess_median": round(float(np.median(ess)), 1),
+               "ess_tail_min": round(float(tail.min()), 1),
+               "ess_tail_median": round(float(np.median(tail)), 1),
                "acceptance": {"items_median": round(float(np.median(rate[:n])), 3),
                               "items_min": round(float(rate[:n].min()), 3),
                               **({"globals": round(float(rate[n]), 3)} if h else {}),

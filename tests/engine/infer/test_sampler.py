@@ -4,11 +4,13 @@ importance sampling where that applies."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from engine.infer.marginal import MarginalSettings, fit_marginal
-from engine.infer.sampler import effective_draws, split_rhat
+from engine.infer.sampler import effective_draws, split_rhat, tail_effective_draws
 from engine.models import get_model
 from engine.readout.posterior import summary_columns, within_owner_scales
 
@@ -37,9 +39,11 @@ def test_rhat_and_effective_draws_match_arviz():
     for rho in (0.0, 0.6, 0.9):
         x = _ar1(rng, 4, 2000, rho)
         ours_r, ours_e = split_rhat(x), effective_draws(x)
+        ours_t = tail_effective_draws(x)
         for v in range(3):
             assert ours_r[v] == pytest.approx(float(az.rhat(x[:, :, v], method="split")), abs=1e-6)
             assert ours_e[v] == pytest.approx(float(az.ess(x[:, :, v], method="mean")), rel=1e-6)
+            assert ours_t[v] == pytest.approx(float(az.ess(x[:, :, v], method="tail")), rel=1e-6)
         assert np.median(ours_e) == pytest.approx(8000 * (1 - rho) / (1 + rho), rel=0.2)
     # many values: taken in chunks, the same numbers
     from engine.infer.sampler import _effective_draws
@@ -270,11 +274,14 @@ def test_the_kept_draws_are_extended_while_some_value_keeps_too_few_effective_dr
     # grid: a sweep's cost grows with its points): over the bound's 5e10
     assert (dear["draws"], dear["extended"]) == (100, []) and dear["ess_min"] == met["ess_min"]
     head, cells, tail = dear["not_extended"].partition(" draws would take the sampler to ")
-    assert head == "{:.0f} effective draws under 1e+09: another 100".format(dear["ess_min"])
+    bulk, tail_ess = re.fullmatch(r"(\d+) effective draws under 1e\+09; (\d+) tail effective "
+                                  r"draws under 1e\+09: another 100", head).groups()
+    assert abs(int(bulk) - dear["ess_min"]) <= 1 and abs(int(tail_ess) - dear["ess_tail_min"]) <= 1
     assert float(tail.split(" cells,")[0]) >= 1.2e11
     assert tail.endswith(" cells, over sampler_cells_max") and cells
     assert short["draws"] == 300 and [e["at_draws"] for e in short["extended"]] == [100, 200]
     assert all("effective draws under 1e+09" in e["because"] for e in short["extended"])
+    assert all("tail effective draws under 1e+09" in e["because"] for e in short["extended"])
     assert short["ess_min"] > 2 * met["ess_min"]  # three times the draws: ~3x the ESS
 
 
