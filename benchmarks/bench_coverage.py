@@ -189,6 +189,28 @@ def draws_coverage(sim: dict, draws: dict) -> dict:
     return out
 
 
+def agreement(mine, exact, block: str) -> dict:
+    """One block of a fit (``mine``) against a reference (``exact``), both tables with the
+    columns ``{block}_mean``, ``_sd``, ``_q05``, ``_q95`` (``result_columns``'): ``|mine mean -
+    exact mean| / exact sd`` (median, max, share within 0.25, mean signed), the sd ratio
+    mine / exact (min, median, max, share in [0.8, 1.25]) and the 90% intervals' ends' largest
+    distance in exact sds (steadier than the sd where a block's posterior is long-tailed: the
+    4PL's discriminations at 2,000 x 12)."""
+    nm, ns = (np.asarray(exact[f"{block}_{c}"], float) for c in ("mean", "sd"))
+    fm, fs = (np.asarray(mine[f"{block}_{c}"], float) for c in ("mean", "sd"))
+    z, ratio = np.abs(fm - nm) / ns, fs / ns
+    ends = np.maximum(*(np.abs(np.asarray(mine[f"{block}_{q}"], float)
+                               - np.asarray(exact[f"{block}_{q}"], float)) / ns
+                        for q in ("q05", "q95")))
+    return {"z_median": float(np.median(z)), "z_max": float(np.max(z)),
+            "interval_ends_z_max": float(np.max(ends)),
+            "share_z_within_0.25": float(np.mean(z <= 0.25)),
+            "sd_ratio_min": float(np.min(ratio)), "sd_ratio_median": float(np.median(ratio)),
+            "sd_ratio_max": float(np.max(ratio)),
+            "share_sd_ratio_in_0.8_1.25": float(np.mean((ratio >= 0.8) & (ratio <= 1.25))),
+            "mean_signed_z": float(np.mean((fm - nm) / ns))}
+
+
 def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     """Coverage of NUTS's central 90% intervals (the draws' 5% and 95% quantiles, at
     ``fit --method nuts``'s defaults) of the raw truth, per block, with the run's largest
@@ -219,31 +241,12 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
                 if not col.endswith("_mean") or col not in mine:
                     continue
                 block = col[:-5]
-                nm, ns = np.asarray(exact[col], float), np.asarray(exact[f"{block}_sd"], float)
-                fm, fs = np.asarray(mine[col], float), np.asarray(mine[f"{block}_sd"], float)
-                z = np.abs(fm - nm) / ns
-                ratio = fs / ns
-                # the 90% intervals' ends, in NUTS sds: steadier than the sd where a block's
-                # posterior is long-tailed (the 4PL's discriminations at 2,000 x 12)
-                ends = np.maximum(*(np.abs(np.asarray(mine[f"{block}_{q}"], float)
-                                           - np.asarray(exact[f"{block}_{q}"], float)) / ns
-                                    for q in ("q05", "q95")))
-                out["agreement"][block] = {
-                    "z_median": float(np.median(z)), "z_max": float(np.max(z)),
-                    "interval_ends_z_max": float(np.max(ends)),
-                    "share_z_within_0.25": float(np.mean(z <= 0.25)),
-                    "sd_ratio_min": float(np.min(ratio)),
-                    "sd_ratio_median": float(np.median(ratio)),
-                    "sd_ratio_max": float(np.max(ratio)),
-                    "share_sd_ratio_in_0.8_1.25": float(np.mean((ratio >= 0.8) & (ratio <= 1.25))),
-                    "mean_signed_z": float(np.mean((fm - nm) / ns))}
+                out["agreement"][block] = agreement(mine, exact, block)
                 if owner == "item":  # each item's values, to read a disagreement item by item
                     out["agreement"][block]["per_item"] = {
-                        "fit_mean": fm.tolist(), "fit_sd": fs.tolist(),
-                        "nuts_mean": nm.tolist(), "nuts_sd": ns.tolist(),
-                        **{f"{who}_{q}": np.asarray(table[f"{block}_{q}"], float).tolist()
-                           for who, table in (("fit", mine), ("nuts", exact))
-                           for q in ("q05", "q95")}}
+                        f"{who}_{c}": np.asarray(table[f"{block}_{c}"], float).tolist()
+                        for c in ("mean", "sd", "q05", "q95")
+                        for who, table in (("fit", mine), ("nuts", exact))}
     return out
 
 

@@ -31,16 +31,14 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 
-def compare(table: dict, per_item: dict, block: str) -> dict:
-    """The fit's ``table`` columns of ``block`` against NUTS's recorded ``per_item`` values."""
-    nm, ns = np.asarray(per_item["nuts_mean"]), np.asarray(per_item["nuts_sd"])
-    fm, fs = (np.asarray(table[f"{block}_{c}"], np.float64) for c in ("mean", "sd"))
-    ratio = fs / ns
-    ends = np.maximum(*(np.abs(np.asarray(table[f"{block}_{q}"], np.float64)
-                               - np.asarray(per_item[f"nuts_{q}"])) / ns for q in ("q05", "q95")))
-    return {"z_max": float(np.max(np.abs(fm - nm) / ns)), "sd_ratio_min": float(ratio.min()),
-            "sd_ratio_median": float(np.median(ratio)), "sd_ratio_max": float(ratio.max()),
-            "interval_ends_z_max": float(ends.max()), "fit_sd": fs.tolist()}
+def compare(table, per_item: dict, block: str) -> dict:
+    """The fit's ``table`` columns of ``block`` against NUTS's recorded ``per_item`` values
+    (``bench_coverage.agreement``), with the fit's sds."""
+    from bench_coverage import agreement
+
+    exact = {f"{block}_{c}": per_item[f"nuts_{c}"] for c in ("mean", "sd", "q05", "q95")}
+    return agreement(table, exact, block) | {
+        "fit_sd": np.asarray(table[f"{block}_sd"], np.float64).tolist()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -268,6 +268,7 @@ def beside_mirt(model: str, python: str, samples: int = 1000, prior: str = "popu
     import engine
     import engine.api
     from engine.readout.posterior import Z90, result_columns
+    from bench_coverage import agreement
     from mirt_wald import run_in
 
     y = _load("lsat7")
@@ -294,12 +295,10 @@ def beside_mirt(model: str, python: str, samples: int = 1000, prior: str = "popu
             row["mirt"] = {"estimate": est.round(4).tolist(), "se": se.round(4).tolist(),
                            "q05": (est - Z90 * se).round(4).tolist(),
                            "q95": (est + Z90 * se).round(4).tolist()}
-        f, n = tables["fit"], tables["nuts"]
-        row["fit_vs_nuts"] = {
-            "max_abs_z": float(np.max(np.abs(f[f"{block}_mean"] - n[f"{block}_mean"])
-                                      / n[f"{block}_sd"])),
-            "sd_ratio_range": [float(np.min(f[f"{block}_sd"] / n[f"{block}_sd"])),
-                               float(np.max(f[f"{block}_sd"] / n[f"{block}_sd"]))]}
+        agree = agreement(tables["fit"], tables["nuts"], block)
+        row["fit_vs_nuts"] = {"max_abs_z": agree["z_max"],
+                              "sd_ratio_range": [agree["sd_ratio_min"], agree["sd_ratio_max"]],
+                              "interval_ends_z_max": agree["interval_ends_z_max"]}
         items[block] = row
     exact = result_columns(nuts, "subject")
     theta = {"fit": np.asarray(fit.guide.loc["ability"], float),
