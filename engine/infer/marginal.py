@@ -127,7 +127,7 @@ class MarginalSettings:
         chains run on (``sampler_warmup`` sweeps in all, then ``sampler_draws`` kept, and as
         many again, at most ``sampler_extend_max`` times, while some split R-hat is over
         ``sampler_rhat_max`` or some value keeps fewer than ``sampler_ess_min`` effective
-        draws, in its bulk or its tails (ArviZ's bulk and tail ESS); an extension beyond
+        draws, of its mean or of its tails (ArviZ's mean and tail ESS); an extension beyond
         the first one on R-hat only within ``sampler_cells_max`` cells) and the draws' moments are reported where at most ``sampler_unmixed_share``
         of the values are over it (fit.json ``item_moments.sampler.not_mixed`` lists them).
         0 chains turns it off. The ESS floor: a 90% interval's end from ``ess`` draws is

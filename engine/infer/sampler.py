@@ -83,7 +83,7 @@ def _towards(rate, target):
 def split_rhat(draws: np.ndarray) -> np.ndarray:
     """Split R-hat (Gelman et al. 2013) of ``draws`` ``(chains, draws, ...)`` per value."""
     m = draws.shape[1] // 2
-    halves = np.concatenate([draws[:, :m], draws[:, m:2 * m]], axis=0)
+    halves = np.concatenate([draws[:, :m], draws[:, -m:]], axis=0)  # ArviZ's: odd drops the middle
     within = halves.var(axis=1, ddof=1).mean(axis=0)
     between = m * halves.mean(axis=1).var(axis=0, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -129,7 +129,7 @@ def tail_effective_draws(draws: np.ndarray) -> np.ndarray:
 def _effective_draws(draws: np.ndarray) -> np.ndarray:
     """:func:`effective_draws` of one chunk."""
     half = draws.shape[1] // 2
-    draws = np.concatenate([draws[:, :half], draws[:, half:2 * half]], axis=0)
+    draws = np.concatenate([draws[:, :half], draws[:, -half:]], axis=0)
     c, d = draws.shape[:2]
     x = draws.reshape(c, d, -1).astype(np.float64)
     x = x - x.mean(axis=1, keepdims=True)
@@ -580,8 +580,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         cost = spent[0] + chains * calls * chunk * thin * (sweep_cells or 0.0) * grid.size / points
         if (extended or rhat.max() <= settings.sampler_rhat_max) and (
                 cost > settings.sampler_cells_max):
-            record["not_extended"] = (f"{'; '.join(short)}: another {keep} draws would take "
-                                      f"the sampler to {cost:.3g} cells, over sampler_cells_max")
+            record["not_extended"] = (f"{'; '.join(short)}: another {calls * chunk} draws would "
+                                      f"take the sampler to {cost:.3g} cells, over "
+                                      "sampler_cells_max")
             break
         extended.append({"at_draws": keep, "because": "; ".join(short)})
     record |= {"draws": keep, "extended": extended, "grid_points": int(grid.size),

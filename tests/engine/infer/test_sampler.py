@@ -50,6 +50,19 @@ def test_rhat_and_effective_draws_match_arviz():
     many = _ar1(rng, 4, 1000, 0.6).repeat(200, axis=2)[..., :590] + rng.normal(size=590) * 1e-3
     np.testing.assert_array_equal(effective_draws(many.reshape(4, 1000, 59, 10)),
                                   _effective_draws(many).reshape(59, 10))
+    # the tails in chunks as well, each value's quantiles its own; a value held still
+    # (an item nobody answered) counts every draw, as ArviZ does
+    many[:, :, 7] = 0.5
+    tails = tail_effective_draws(many)
+    np.testing.assert_array_equal(tails[:8], tail_effective_draws(many[:, :, :8]))
+    assert tails[7] == 4000 and tails[3] == pytest.approx(
+        float(az.ess(many[:, :, 3], method="tail")), rel=1e-6)
+    # an odd number of draws: each chain split as ArviZ splits it (the middle draw left out)
+    odd = _ar1(rng, 4, 1999, 0.6)
+    assert effective_draws(odd)[0] == pytest.approx(float(az.ess(odd[:, :, 0], method="mean")),
+                                                    rel=1e-9)
+    assert split_rhat(odd)[0] == pytest.approx(float(az.rhat(odd[:, :, 0], method="split")),
+                                               abs=1e-9)
     apart = _ar1(rng, 4, 1000, 0.5, shift=np.array([0.0, 0.0, 0.0, 1.0]))
     assert split_rhat(apart).min() > 1.05 > split_rhat(_ar1(rng, 4, 1000, 0.5)).max()
 
