@@ -128,12 +128,13 @@ class MarginalSettings:
         many again, at most ``sampler_extend_max`` times, while some split R-hat is over
         ``sampler_rhat_max`` or some value keeps fewer than ``sampler_ess_min`` effective
         draws, of its mean or of its tails (ArviZ's mean and tail ESS); an extension beyond
-        the first one on R-hat only within ``sampler_cells_max`` cells) and the draws' moments are reported where at most ``sampler_unmixed_share``
-        of the values are over it (fit.json ``item_moments.sampler.not_mixed`` lists them).
-        0 chains turns it off. The ESS floor: a 90% interval's end from ``ess`` draws is
-        off by about ``2.1 / sqrt(ess)`` posterior sds, an sd by ``1 / sqrt(2 ess)`` of
-        itself (more in a long tail); the 4PL at 2,000 x 12 kept 32 for its worst
-        discrimination, whose sd then differed from NUTS's by up to 2x.
+        the first one on R-hat only within ``sampler_cells_max`` cells) and the draws'
+        moments are reported where at most ``sampler_unmixed_share`` of the values are over
+        it (fit.json ``item_moments.sampler.not_mixed`` lists them). 0 chains turns it off.
+        The ESS floor: a 90% interval's end from ``ess`` draws is off by about
+        ``2.1 / sqrt(ess)`` posterior sds, an sd by ``1 / sqrt(2 ess)`` of itself (more in a
+        long tail); the 4PL at 2,000 x 12 kept 32 for its worst discrimination, whose sd
+        then differed from NUTS's by up to 2x.
         ``sampler_grid_max``: the most points of the shared grid (a 4PL's stalled mode
         search at 50 x 1,000 needed 261, one subject's wide posterior at 4.5 setting the
         span: at 256 its abilities fell back to the mean-field fit; the cost is bounded by

@@ -35,7 +35,7 @@ item value are recorded, and the fit uses the draws' moments where at most
 ``MarginalSettings.sampler_unmixed_share`` of the values have a split R-hat over
 ``sampler_rhat_max``, listing those. The kept draws are extended by as many again (at
 most ``sampler_extend_max`` times) while some split R-hat is over ``sampler_rhat_max`` or
-some value keeps fewer than ``sampler_ess_min`` effective draws, in its bulk or in the tails
+some value keeps fewer than ``sampler_ess_min`` effective draws, of its mean or of the tails
 its 90% interval's ends are read from (:func:`tail_effective_draws`).
 """
 
@@ -83,7 +83,7 @@ def _towards(rate, target):
 def split_rhat(draws: np.ndarray) -> np.ndarray:
     """Split R-hat (Gelman et al. 2013) of ``draws`` ``(chains, draws, ...)`` per value."""
     m = draws.shape[1] // 2
-    halves = np.concatenate([draws[:, :m], draws[:, -m:]], axis=0)  # ArviZ's: odd drops the middle
+    halves = np.concatenate([draws[:, :m], draws[:, -m:]], axis=0)  # odd: the middle left out
     within = halves.var(axis=1, ddof=1).mean(axis=0)
     between = m * halves.mean(axis=1).var(axis=0, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -100,7 +100,7 @@ def effective_draws(draws: np.ndarray) -> np.ndarray:
     chunks of about ``2^22`` draws (the transforms' memory: 10,000 subjects' 4 x 1,000 NUTS
     draws would take 1.3 GB at once)."""
     values = int(np.prod(draws.shape[2:], dtype=np.int64))
-    chunk = max(1, (1 << 22) // max(draws.shape[0] * draws.shape[1], 1))
+    chunk = _values_chunk(draws)
     if values > chunk:
         flat = draws.reshape(draws.shape[:2] + (values,))
         return np.concatenate([_effective_draws(flat[:, :, i:i + chunk])
@@ -108,15 +108,21 @@ def effective_draws(draws: np.ndarray) -> np.ndarray:
     return _effective_draws(draws)
 
 
+def _values_chunk(draws: np.ndarray) -> int:
+    """How many values of ``draws`` ``(chains, draws, ...)`` the ESS takes at once: about
+    ``2^22`` draws in all."""
+    return max(1, (1 << 22) // max(draws.shape[0] * draws.shape[1], 1))
+
+
 def tail_effective_draws(draws: np.ndarray) -> np.ndarray:
     """Tail effective sample size of ``draws`` ``(chains, draws, ...)`` per value, as ArviZ
     (``ess(method="tail")``, Vehtari et al. 2021) computes it: the lesser of the effective
     draws of the indicators of a draw at or below the 5% and at or below the 95% quantile
     (R's type 7, NumPy's default): how many draws a 90% interval's ends rest on, which
-    the bulk ESS (of the mean) does not say. In chunks of values, as
+    the mean's ESS does not say. In chunks of values, as
     :func:`effective_draws`."""
     flat = draws.reshape(draws.shape[:2] + (-1,))
-    chunk = max(1, (1 << 22) // max(draws.shape[0] * draws.shape[1], 1))
+    chunk = _values_chunk(draws)
     out = []
     for i in range(0, flat.shape[2], chunk):
         part = flat[:, :, i:i + chunk]
@@ -475,12 +481,16 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
               "thin": thin, "item_steps": settings.sampler_item_steps,
               "grid_points": int(grid.size)}
 
-    spent = [0.0]  # cells: each call's sweeps at its grid's size (the caller's sweep_cells
-    points = grid.size  # are for a grid of this many points; a sweep's cost grows with it)
+    spent, points = 0.0, grid.size  # cells run; the caller's sweep_cells are on this grid
+
+    def cells(t: int) -> float:
+        """What a call of ``chunk`` draws thinned by ``t`` costs on the current grid (a
+        sweep's cost grows with its points)."""
+        return chains * chunk * t * (sweep_cells or 0.0) * grid.size / points
 
     def call(program):
-        spent[0] += chains * chunk * (thin if program is keep_program else 1) * (
-            sweep_cells or 0.0) * grid.size / points
+        nonlocal spent
+        spent += cells(thin if program is keep_program else 1)
         out = program(next(keys), f32(grow(xs, 1)), f32(gs), f32(grow(scale * shape_chol, 0)),
                       f32(g_scale * g_shape), f32(sym_sd))
         # back on the host: every call then gets uncommitted arrays alike (a committed
@@ -577,7 +587,7 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
                   ] if tail.min() < settings.sampler_ess_min else []
         if not short or len(extended) >= settings.sampler_extend_max:
             break
-        cost = spent[0] + chains * calls * chunk * thin * (sweep_cells or 0.0) * grid.size / points
+        cost = spent + calls * cells(thin)
         if (extended or rhat.max() <= settings.sampler_rhat_max) and (
                 cost > settings.sampler_cells_max):
             record["not_extended"] = (f"{'; '.join(short)}: another {calls * chunk} draws would "
