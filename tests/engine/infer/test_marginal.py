@@ -286,7 +286,8 @@ def test_marginal_recovers_simulated_2pl():
 
 
 @pytest.mark.parametrize("model,prior", [("1pl", "vague"), ("2pl", "vague"), ("3pl", "vague"),
-                                         ("2pl", "population"), ("4pl", "population")])
+                                         ("2pl", "population"), ("4pl", "population"),
+                                         ("feas", "population")])
 def test_identical_patterns_identical_readouts(tmp_path, model, prior):
     """Subjects with the same answer sheet get the same ability, interval, rank statistics
     and tie group, to the bit; the 4PL under its default priors through the item sampler."""

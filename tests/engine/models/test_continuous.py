@@ -472,3 +472,26 @@ def test_subject_boundary_shares_recovered_and_ranked(tmp_path):
     assert kendalltau(np.arange(len(order)), share[order])[0] < -0.85  # rank 1 = largest share
     text = format_leaderboard(board)
     assert "score" in text.splitlines()[0] and "expected score averaged over the items" in text
+
+
+@pytest.mark.parametrize("model", ["beta", "beta-1pl", "beta3", "gamma"])
+def test_identical_rows_get_identical_read_outs(tmp_path, model):
+    """Subjects with the same scores in every cell get the same ability, interval, rank
+    statistics and tie group in the continuous models too (issue 16, part 4)."""
+    from engine.readout.leaderboard import leaderboard
+
+    y = (_simulate_errors(60, 6, seed=1)[0] if model == "gamma"
+         else _simulate_beta(60, 6, seed=4)[0]).astype(np.float32)
+    same = [5] + list(range(40, 50))
+    y[same[1:]] = y[5]
+    settings = (FitSettings(seed=0, optimizer="adam", max_passes=400) if model == "gamma"
+                else FitSettings(seed=0))
+    run = save_run(fit(y, model=model, settings=settings), tmp_path / "run", num_draws=300)
+    rows = run.subjects.drop(columns=["subject"]).iloc[same]
+    spread = rows.nunique(dropna=False)
+    assert (spread == 1).all(), spread[spread > 1]
+    assert {"ability_mean", "ability_q05"} <= set(rows.columns)
+    tie = leaderboard(run.subjects, None).set_index("subject")["tie_group"]
+    assert tie.loc[[str(s) for s in same]].nunique() == 1
+    others = run.subjects.drop(columns=["subject"]).iloc[[0, 1, 2]]
+    assert others["ability_mean"].nunique() == 3  # rows not alike keep their own values
