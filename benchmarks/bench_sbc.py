@@ -23,8 +23,9 @@ Where the fit's items were sampled (``quadrature.item_moments.method`` "sampled"
 item rows are also ranked among the item sampler's own kept draws (rows "... among
 sampler draws"; thinned by bulk ESS as NUTS's are, below): a skewed posterior, such as a
 constant item's one-sided one, then counts as it is. The draws are the ones
-``engine.infer.sampler.sample_items`` passes to ``effective_draws`` at its end, used only
-where their means equal what the fit reports for that item.
+``engine.infer.sampler.sample_items`` passes to ``split_rhat`` at its end (its last call;
+``effective_draws`` also sees the tail ESS's indicator arrays), used only where their
+means equal what the fit reports for that item.
 
 ``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, the same
 priors, constant items as ``fit_nuts`` treats them: with their data under pooled priors): one compiled sampler per
@@ -74,20 +75,22 @@ def _simulate(model: str, prior: str, s: int, n: int, rep: int):
 @contextlib.contextmanager
 def _sampler_draws():
     """The item sampler's kept draws inside the block, ``(chains, draws, item values then
-    globals)`` each: ``sample_items`` hands them to ``effective_draws`` once at its end."""
+    globals)`` each: ``sample_items``'s last call of ``split_rhat`` is on them (an earlier
+    one on its warm-up's draws; ``effective_draws`` is also called on the tail ESS's
+    indicators, so it cannot be the one watched)."""
     import engine.infer.sampler as sampler
 
-    seen, real = [], sampler.effective_draws
+    seen, real = [], sampler.split_rhat
 
     def spy(draws):
         seen.append(np.asarray(draws))
         return real(draws)
 
-    sampler.effective_draws = spy
+    sampler.split_rhat = spy
     try:
         yield seen
     finally:
-        sampler.effective_draws = real
+        sampler.split_rhat = real
 
 
 def _rank_among(chains: np.ndarray, truth: float, num_draws: int, rng) -> int:
