@@ -114,14 +114,16 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
         res = fit(y, model=model, prior=prior,
                   settings=FitSettings(seed=rep, progress=False, ability_factor=factor))
     quad = res.extra.get("quadrature") or {}
-    sampled = seen[-1] if seen and (quad.get("item_moments") or {}).get("method") == "sampled" else None
+    was_sampled = (quad.get("item_moments") or {}).get("method") == "sampled"
+    sampled = seen[-1] if seen and was_sampled else None
     names = [p.name for p in _item_blocks(res.spec)]  # the sampler's order within an item
     among = np.random.default_rng([rep, 7])  # apart from ``rng``: the Gaussian rows unchanged
     # the items' posterior as items.parquet reports it (within-item marginal sds), read on
     # the unconstrained scale (a quantile of a tiny discrimination underflows to 0)
     scales = within_owner_scales(res.spec, res.guide, "item", res.cross) if res.cross else {}
     constant = np.ptp(y, axis=0) == 0
-    out = {"converged": bool(res.converged), "constant_share": float(constant.mean())}
+    out = {"converged": bool(res.converged), "constant_share": float(constant.mean()),
+           "sampled": was_sampled}
     if constant.any():  # how the fit read its constant items (split out in the rows)
         quad = res.extra.get("quadrature") or {}
         out["route"] = ((quad.get("set_aside") or {}).get("method")
@@ -144,6 +146,8 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
                 if abs(chains.mean() - m) < 1e-3 * max(v, 1e-6):  # the reported item's draws
                     out[f"{_LABEL[name]} ({label}) among sampler draws"] = _rank_among(
                         chains, t[name][j], num_draws, among)
+    # a sampled fit whose kept draws were not found would silently lose its rows
+    out["draws_found"] = any(k.endswith("among sampler draws") for k in out)
     return out
 
 
@@ -251,8 +255,14 @@ def main() -> None:
             else:
                 reps = [_ranks(model, args.prior, s, n, r, args.draws, args.ability_factor)
                         for r in range(args.first_rep, args.first_rep + args.reps)]
-            blocks = sorted({k for r in reps for k in r}
-                            - {"converged", "constant_share", "mean_steps", "route"})
+            blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share",
+                                                           "mean_steps", "route", "sampled",
+                                                           "draws_found"})
+            sampled = [r for r in reps if r.get("sampled")]
+            lost = sum(not r["draws_found"] for r in sampled)
+            if lost:  # the spy on sample_items missed them: the rows among its draws are short
+                print(f"{model} {shape}: {lost} of {len(sampled)} sampled replicates' kept "
+                      "draws not found (no rank among sampler draws)", flush=True)
             for block in blocks:
                 ranks = np.array([r[block] for r in reps if block in r])
                 stat, p, counts = chi_square(ranks, args.draws, args.bins)
@@ -268,6 +278,8 @@ def main() -> None:
                              "constant_share": float(np.mean([r["constant_share"] for r in reps])),
                              "converged": float(np.mean([r["converged"] for r in reps])),
                              "row_wall_s": time.time() - row_start,
+                             **({"sampled_reps": len(sampled), "draws_not_found": lost}
+                                if args.method == "fit" else {}),
                              **({"by_route": by_route} if by_route else {}),
                              **({"mean_steps": float(np.mean([r["mean_steps"] for r in reps]))}
                                 if args.method == "nuts" else {})})
