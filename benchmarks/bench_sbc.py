@@ -132,6 +132,7 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
     out["ability"] = int((rng.normal(loc, sd, num_draws) < t["ability"][0]).sum())
     # the first informative item and the first set-aside one (selecting on y keeps each
     # selected item's truth a draw from its posterior, so its rank stays uniform)
+    tried = matched = 0  # values looked up among the sampler's draws, and found there
     for label, found in (("informative", np.flatnonzero(~constant)), ("constant", np.flatnonzero(constant))):
         if not found.size:
             continue
@@ -143,11 +144,15 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
             out[f"{_LABEL[name]} ({label})"] = int((rng.normal(m, v, num_draws) < t[name][j]).sum())
             if sampled is not None:
                 chains = sampled[:, :, j * len(names) + names.index(name)]
+                if np.ptp(chains) == 0:  # held at one value (a vague prior's constant item)
+                    continue
+                tried += 1
                 if abs(chains.mean() - m) < 1e-3 * max(v, 1e-6):  # the reported item's draws
+                    matched += 1
                     out[f"{_LABEL[name]} ({label}) among sampler draws"] = _rank_among(
                         chains, t[name][j], num_draws, among)
-    # a sampled fit whose kept draws were not found would silently lose its rows
-    out["draws_found"] = any(k.endswith("among sampler draws") for k in out)
+    # a sampled fit whose kept draws were not found, for any value, would silently lose rows
+    out["draws_found"] = sampled is not None and matched == tried
     return out
 
 
