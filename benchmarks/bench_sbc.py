@@ -125,7 +125,6 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
     out = {"converged": bool(res.converged), "constant_share": float(constant.mean()),
            "sampled": was_sampled}
     if constant.any():  # how the fit read its constant items (split out in the rows)
-        quad = res.extra.get("quadrature") or {}
         out["route"] = ((quad.get("set_aside") or {}).get("method")
                         or res.extra.get("ability_factor", {}).get("method", "?"))
     loc, sd = res.guide.loc["ability"][0], np.exp(res.guide.log_scale["ability"][0])

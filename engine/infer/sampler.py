@@ -82,13 +82,20 @@ def _towards(rate, target):
 
 def split_rhat(draws: np.ndarray) -> np.ndarray:
     """Split R-hat (Gelman et al. 2013) of ``draws`` ``(chains, draws, ...)`` per value."""
-    m = draws.shape[1] // 2
-    halves = np.concatenate([draws[:, :m], draws[:, -m:]], axis=0)  # odd: the middle left out
+    halves = _split_chains(draws)
+    m = halves.shape[1]
     within = halves.var(axis=1, ddof=1).mean(axis=0)
     between = m * halves.mean(axis=1).var(axis=0, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         r = np.sqrt(((m - 1) / m * within + between / m) / within)
     return np.where(within > 0, r, 1.0)
+
+
+def _split_chains(draws: np.ndarray) -> np.ndarray:
+    """Each chain of ``draws`` ``(chains, draws, ...)`` split in two halves, ``(2 chains,
+    draws // 2, ...)``, as ArviZ splits them (an odd count leaves out the middle draw)."""
+    half = draws.shape[1] // 2
+    return np.concatenate([draws[:, :half], draws[:, -half:]], axis=0)
 
 
 def effective_draws(draws: np.ndarray) -> np.ndarray:
@@ -134,8 +141,7 @@ def tail_effective_draws(draws: np.ndarray) -> np.ndarray:
 
 def _effective_draws(draws: np.ndarray) -> np.ndarray:
     """:func:`effective_draws` of one chunk."""
-    half = draws.shape[1] // 2
-    draws = np.concatenate([draws[:, :half], draws[:, -half:]], axis=0)
+    draws = _split_chains(draws)
     c, d = draws.shape[:2]
     x = draws.reshape(c, d, -1).astype(np.float64)
     x = x - x.mean(axis=1, keepdims=True)
