@@ -1300,20 +1300,44 @@ def answered_moments(m1: np.ndarray, m2: np.ndarray, counts: np.ndarray):
     return mean, np.sqrt(np.maximum(m2[..., live] - mean ** 2, 0.0))
 
 
-def wider_grid(spec, theta: np.ndarray, mean: np.ndarray, sd: np.ndarray, reach: float = 0.0,
-               max_points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def answered_span(m1: np.ndarray, m2: np.ndarray, counts: np.ndarray, sds: float,
+                  rows: int = 256) -> tuple[float, float]:
+    """The lowest ``mean - sds sd`` and the highest ``mean + sds sd`` over the answered
+    patterns' ability posteriors (:func:`answered_moments` of ``m1``, ``m2`` ``(..., U)``),
+    NaNs passed over; ``(inf, -inf)`` where there are none. Taken ``rows`` draws at a
+    time: over 1,895 draws x 1,280 patterns (`ability`) the whole arrays' five temporaries
+    held 75 MB more of a fit's memory, and on a virtual machine whose new pages cost
+    10-50 us each a first touch of them took 0.3 s."""
+    live = np.asarray(counts) > 0
+    lo, hi = np.inf, -np.inf
+    if not live.any():
+        return lo, hi
+    a = np.reshape(m1, (-1, np.shape(m1)[-1]))
+    b = np.reshape(m2, a.shape)
+    for start in range(0, len(a), rows):  # in float64, as the whole tables were
+        mean, sd = answered_moments(np.asarray(a[start:start + rows], np.float64),
+                                    np.asarray(b[start:start + rows], np.float64), counts)
+        lo = float(np.fmin(lo, np.fmin.reduce(mean - sds * sd, axis=None)))
+        hi = float(np.fmax(hi, np.fmax.reduce(mean + sds * sd, axis=None)))
+    return lo, hi
+
+
+def wider_grid(spec, theta: np.ndarray, m1: np.ndarray, m2: np.ndarray, counts: np.ndarray,
+               reach: float = 0.0, max_points: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(grid, log_base)``: an even grid reaching from ``theta``'s ends at least ``reach`` of
-    its width further each way and over every ``mean +- _DrawNodes.SPAN sd``, at
-    ``theta``'s spacing or finer (a bucketed number of points, two sizes a doubling), at
-    most ``max_points`` of them but never fewer than ``theta``'s (coarser there:
-    :func:`cells_cap`), with the ability prior plus the log spacing (the rule's weight) on
-    it. Where a grid laid out at the items' mode cuts off the abilities' posteriors under
-    the items' uncertainty (:class:`_DrawNodes`, :mod:`engine.infer.sampler`)."""
+    its width further each way and over every answered pattern's ``mean +- _DrawNodes.SPAN
+    sd`` (:func:`answered_span` of ``m1``, ``m2``), at ``theta``'s spacing or finer (a
+    bucketed number of points, two sizes a doubling), at most ``max_points`` of them but
+    never fewer than ``theta``'s (coarser there: :func:`cells_cap`), with the ability prior
+    plus the log spacing (the rule's weight) on it. Where a grid laid out at the items' mode
+    cuts off the abilities' posteriors under the items' uncertainty (:class:`_DrawNodes`,
+    :mod:`engine.infer.sampler`)."""
     from engine.infer.fit import bucket_size
 
     width, step = float(theta[-1] - theta[0]), float(theta[1] - theta[0])
-    lo = min(float(theta[0]) - reach * width, float((mean - _DrawNodes.SPAN * sd).min()))
-    hi = max(float(theta[-1]) + reach * width, float((mean + _DrawNodes.SPAN * sd).max()))
+    low, high = answered_span(m1, m2, counts, _DrawNodes.SPAN)
+    lo = min(float(theta[0]) - reach * width, low)
+    hi = max(float(theta[-1]) + reach * width, high)
     points = bucket_size(int(np.ceil((hi - lo) / step)) + 1, 2)
     if max_points is not None:
         points = min(points, max(max_points, theta.size))
@@ -1399,9 +1423,8 @@ class _DrawNodes:
         the mode, 0.17-0.36 over the items' posterior)."""
         if not self.shared or self.record.get("widenings", 0) >= self.MAX_WIDEN:
             return False
-        mean, sd = answered_moments(m1, m2, counts)
-        return bool(((mean - self.EDGE_SDS * sd < self.theta[0])
-                     | (mean + self.EDGE_SDS * sd > self.theta[-1])).any())
+        lo, hi = answered_span(m1, m2, counts, self.EDGE_SDS)
+        return bool(lo < self.theta[0] or hi > self.theta[-1])
 
     def widened(self, spec, m1: np.ndarray, m2: np.ndarray, counts: np.ndarray,
                 max_points: int | None = None) -> "_DrawNodes":
@@ -1411,7 +1434,7 @@ class _DrawNodes:
         than this grid's)."""
         out = object.__new__(_DrawNodes)
         out.shared = True
-        out.theta, out.log_base = wider_grid(spec, self.theta, *answered_moments(m1, m2, counts),
+        out.theta, out.log_base = wider_grid(spec, self.theta, m1, m2, counts,
                                              max_points=max_points)
         out.record = {"nodes": "shared grid", "points": int(out.theta.size),
                       "spacing": round(float(out.theta[1] - out.theta[0]), 4),
@@ -1447,8 +1470,10 @@ class _DrawNodes:
 
     def moments(self, spec, xs: np.ndarray, item_shape: tuple[int, int], y, mask,
                 aside: "_SetAsideGrid | None" = None):
-        """:func:`_draw_moments` (float64) of draws ``xs`` ``(D, n k + h)``: the items'
-        values flattened, then the globals'. With ``aside`` (on the shared grid only),
+        """:func:`_draw_moments` of draws ``xs`` ``(D, n k + h)`` (the items' values
+        flattened, then the globals'): the per-draw values ``(D,)`` in float64, the
+        per-pattern tables ``(D, U)`` (and the set-aside items' ``(D, m, k[, k])``) as
+        computed, float32 and read-only. With ``aside`` (on the shared grid only),
         :func:`_grid_draw_aside`: the set-aside items integrated out, and their moments."""
         n, k = item_shape
         items = to_device(xs[:, :n * k].reshape(len(xs), n, k), jnp.float32)
@@ -1472,7 +1497,11 @@ class _DrawNodes:
                 out = _draw_moments(spec, items, hyper, to_device(self.theta, jnp.float32),
                                     to_device(y), to_device(mask),
                                     to_device(self.log_base, jnp.float32))
-            return tuple(np.asarray(a, np.float64) for a in out)
+            # per-draw values in float64; the (D, U) tables as computed (float32): a float64
+            # copy of each held 58 MB more at 1,895 draws x 1,280 patterns (`ability`),
+            # and their users accumulate in float64 (:func:`_weighted_moments`)
+            return tuple(np.asarray(a, np.float64) if np.ndim(a) < 2 else np.asarray(a)
+                         for a in out)
 
 
 def _within_item_blocks(full_cov: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -1730,8 +1759,8 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
         nodes = nodes.widened(spec, m1, m2, counts, grid_max)
         _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
     record["nodes"] = nodes.record
-    mean = m1.mean(axis=0)
-    return (mean, np.maximum(m2.mean(axis=0) - mean ** 2, 1e-24)), record
+    mean = m1.mean(axis=0, dtype=np.float64)
+    return (mean, np.maximum(m2.mean(axis=0, dtype=np.float64) - mean ** 2, 1e-24)), record
 
 
 def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSettings,

@@ -520,12 +520,12 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
         edge = float(sums[2].max())
         if not edge > EDGE_MASS or len(widened) >= MAX_WIDEN:
             return False
-        from engine.infer.marginal import answered_moments, wider_grid
+        from engine.infer.marginal import wider_grid
 
         step = grid[1] - grid[0]
-        grid, log_base = wider_grid(spec, grid, *answered_moments(
-            sums[0].sum(axis=0) / sweeps, sums[1].sum(axis=0) / sweeps, counts), reach=0.25,
-            max_points=settings.sampler_grid_max if grid_max is None else grid_max)
+        grid, log_base = wider_grid(
+            spec, grid, sums[0].sum(axis=0) / sweeps, sums[1].sum(axis=0) / sweeps, counts,
+            reach=0.25, max_points=settings.sampler_grid_max if grid_max is None else grid_max)
         warm_program, keep_program = programs(grid, log_base)
         widened.append({"at": when, "edge_mass": edge, "points": int(grid.size),
                         "span": [round(float(grid[0]), 3), round(float(grid[-1]), 3)],

@@ -4,6 +4,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from scipy import integrate, stats
 
 from engine.api import fit
@@ -1334,3 +1336,49 @@ def test_laplace_draws_abilities_on_a_grid_that_spans_them(monkeypatch):
     (cut_mean, cut_var), _ = _laplace_abilities(spec, x, np.zeros(0), proposal, quad,
                                                 patterns, mask, counts, settings)
     assert np.abs(cut_mean - ref_mean).max() > 0.1  # measured 0.36
+
+
+@settings(max_examples=60, deadline=None)
+@given(draws=st.integers(1, 700), patterns=st.integers(1, 9), rows=st.integers(1, 300),
+       seed=st.integers(0, 2 ** 16), nan=st.booleans(), sds=st.sampled_from([3.0, 8.0]),
+       flat=st.booleans())
+@example(draws=600, patterns=3, rows=256, seed=1, nan=True, sds=8.0, flat=False)
+def test_answered_span_is_the_whole_arrays_extremes(draws, patterns, rows, seed, nan, sds, flat):
+    """The grid's reach over the answered patterns' posteriors, taken a block of draws at a
+    time from float32 tables, equals the whole tables' extremes in float64 (padding
+    patterns and NaNs left out; a NaN beside the extreme does not hide it); one draw's
+    ``(U,)`` moments (the item sampler's) as well."""
+    from engine.infer.marginal import answered_span
+
+    rng = np.random.default_rng(seed)
+    m1 = rng.normal(0.0, 2.0, (draws, patterns)).astype(np.float32)
+    m2 = (m1.astype(np.float64) ** 2 + rng.gamma(1.0, 0.3, (draws, patterns))
+          * (rng.random((draws, patterns)) < 0.9)).astype(np.float32)
+    counts = rng.integers(0, 3, patterns)
+    counts[rng.integers(patterns)] = 1  # at least one answered pattern
+    if flat:
+        m1, m2 = m1[0], m2[0]
+    live = counts > 0
+    mean = m1.astype(np.float64)[..., live]
+    sd = np.sqrt(np.maximum(m2.astype(np.float64)[..., live] - mean ** 2, 0.0))
+    low, high = mean - sds * sd, mean + sds * sd
+    if nan:  # a NaN beside the lowest reach: in its draw, another answered pattern (or,
+        # with one answered pattern, the next draw), so in the same block of draws
+        cols = np.flatnonzero(live)
+        low2d = np.atleast_2d(low)
+        r, c = np.unravel_index(np.argmin(low2d), low2d.shape)
+        spot = ((r, cols[(c + 1) % cols.size]) if cols.size > 1 else
+                ((r + 1) % low2d.shape[0], cols[0]))
+        if cols.size > 1 or low2d.shape[0] > 1:
+            m1 = np.atleast_2d(m1).copy()
+            m1[spot] = np.nan
+            m1 = m1[0] if flat else m1
+            mean = m1.astype(np.float64)[..., live]
+            sd = np.sqrt(np.maximum(m2.astype(np.float64)[..., live] - mean ** 2, 0.0))
+            low, high = mean - sds * sd, mean + sds * sd
+    got = answered_span(m1, m2, counts, sds, rows=rows)
+    if np.isnan(low).all():  # nothing to reach: the grid stays as it is
+        assert got == (np.inf, -np.inf)
+    else:
+        assert got == (float(np.nanmin(low)), float(np.nanmax(high)))
+    assert answered_span(m1, m2, np.zeros(patterns, int), sds) == (np.inf, -np.inf)
