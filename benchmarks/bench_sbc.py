@@ -27,6 +27,13 @@ constant item's one-sided one, then counts as it is. The draws are the ones
 ``effective_draws`` also sees the tail ESS's indicator arrays), used only where their
 means equal what the fit reports for that item.
 
+Where the items were sampled, subject 0's ability is also ranked under its exact posterior
+(row "ability (exact, over sampler draws)"): given the items, ``N(0, 1)`` times its answers'
+likelihood on a fine grid, averaged over the sampler's kept item draws, its CDF at the
+truth mapped to ``0..L``. It asks whether the posterior the fit summarises is calibrated,
+where the plain "ability" row asks whether the Gaussian it reports (mean -+ 1.645 sd) is;
+the row records how far that posterior's mean is from the reported one (``mean_gap_sd``).
+
 ``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, the same
 priors, constant items as ``fit_nuts`` treats them: with their data under pooled priors): one compiled sampler per
 model and shape (the data is its argument), 2 chains; each block's draws are thinned by
@@ -152,7 +159,37 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
                         chains, t[name][j], num_draws, among)
     # a sampled fit whose kept draws were not found, for any value, would silently lose rows
     out["draws_found"] = sampled is not None and matched == tried
+    if out["draws_found"]:  # subject 0's exact posterior over the sampler's item draws
+        names_at = {name: names.index(name) for name in ("difficulty", "discrimination") if name in names}
+        pit, gap = _exact_ability_pit(sampled, len(names), names_at, y[0], t["ability"][0], loc, sd)
+        out["ability (exact, over sampler draws)"] = min(int(np.floor(pit * (num_draws + 1))), num_draws)
+        out["ability_mean_gap_sd"] = gap
     return out
+
+
+def _exact_ability_pit(sampled: np.ndarray, per_item: int, names_at: dict, y0: np.ndarray,
+                       truth: float, loc: float, sd: float) -> tuple[float, float]:
+    """Subject 0's posterior CDF at its true ability, and how far that posterior's mean is
+    from the fit's reported one (in reported sds). Given the items, a subject's ability
+    posterior is ``N(0, 1)`` times its own answers' likelihood (the abilities are
+    independent given the items); averaged over the item sampler's draws (from the items'
+    marginal posterior) it is the exact marginal posterior, here on a fine grid."""
+    flat = sampled.reshape(-1, sampled.shape[-1])
+    n = y0.size
+    b = flat[:, [j * per_item + names_at["difficulty"] for j in range(n)]]
+    a = (np.exp(flat[:, [j * per_item + names_at["discrimination"] for j in range(n)]])
+         if "discrimination" in names_at else np.ones_like(b))
+    grid = np.linspace(-8.0, 8.0, 1601)
+    logpost = np.broadcast_to(-0.5 * grid ** 2, (len(flat), grid.size)).copy()  # (draws, grid)
+    for j in range(n):  # item by item: (draws, grid) at a time, not (draws, grid, items)
+        eta = a[:, j, None] * (grid[None, :] - b[:, j, None])
+        logpost -= np.logaddexp(0.0, -eta if y0[j] == 1 else eta)
+    w = np.exp(logpost - logpost.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)  # each draw's posterior on the grid
+    dens = w.mean(axis=0)
+    cdf = np.cumsum(dens) - 0.5 * dens  # midpoint rule
+    mean = float((dens * grid).sum())
+    return float(np.interp(truth, grid, cdf)), (mean - float(loc)) / float(sd)
 
 
 _LABEL = {"difficulty": "difficulty", "discrimination": "log_discrimination"}
@@ -187,6 +224,14 @@ def _nuts_ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int
             out[f"log_discrimination ({label})"] = rank(pos["discrimination"][..., j],
                                                         t["discrimination"][j])
     return out
+
+
+def _gap_summary(reps: list[dict]) -> dict:
+    """How far the exact posterior's mean of subject 0 is from the fit's reported mean, in
+    reported sds, over the replicates that have it (large gaps: the row is not about the
+    fit's own posterior)."""
+    gaps = np.abs([r["ability_mean_gap_sd"] for r in reps if "ability_mean_gap_sd" in r])
+    return {"median": float(np.median(gaps)), "max": float(gaps.max())} if gaps.size else {}
 
 
 MIN_PER_BIN = 5  # expected ranks a bin needs before the chi-square's p-value means anything
@@ -261,7 +306,7 @@ def main() -> None:
                         for r in range(args.first_rep, args.first_rep + args.reps)]
             blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share",
                                                            "mean_steps", "route", "sampled",
-                                                           "draws_found"})
+                                                           "draws_found", "ability_mean_gap_sd"})
             sampled = [r for r in reps if r.get("sampled")]
             lost = sum(not r["draws_found"] for r in sampled)
             if lost:  # the spy on sample_items missed them: the rows among its draws are short
@@ -285,6 +330,7 @@ def main() -> None:
                              **({"sampled_reps": len(sampled), "draws_not_found": lost}
                                 if args.method == "fit" else {}),
                              **({"by_route": by_route} if by_route else {}),
+                             **({"mean_gap_sd": _gap_summary(reps)} if block.startswith("ability (exact") else {}),
                              **({"mean_steps": float(np.mean([r["mean_steps"] for r in reps]))}
                                 if args.method == "nuts" else {})})
                 print(f"{model} {shape} {block:34s} n={len(ranks):4d} {_test_text(stat, p)} "
