@@ -175,6 +175,7 @@ def _exact_ability_pit(sampled: np.ndarray, per_item: int, names_at: dict, y0: n
     independent given the items); averaged over the item sampler's draws (from the items'
     marginal posterior) it is the exact marginal posterior, here on a fine grid."""
     flat = sampled.reshape(-1, sampled.shape[-1])
+    flat = flat[::max(1, len(flat) // 4000)]  # at most about 4,000 draws: Monte Carlo error only
     n = y0.size
     b = flat[:, [j * per_item + names_at["difficulty"] for j in range(n)]]
     a = (np.exp(flat[:, [j * per_item + names_at["discrimination"] for j in range(n)]])
