@@ -1359,9 +1359,13 @@ def test_answered_span_is_the_whole_arrays_extremes(draws, patterns, rows, seed,
     if flat:
         m1, m2 = m1[0], m2[0]
     live = counts > 0
-    mean = m1.astype(np.float64)[..., live]
-    sd = np.sqrt(np.maximum(m2.astype(np.float64)[..., live] - mean ** 2, 0.0))
-    low, high = mean - sds * sd, mean + sds * sd
+
+    def reach(m1):  # every answered pattern's mean -+ sds sd, in float64
+        mean = m1.astype(np.float64)[..., live]
+        sd = np.sqrt(np.maximum(m2.astype(np.float64)[..., live] - mean ** 2, 0.0))
+        return mean - sds * sd, mean + sds * sd
+
+    low, high = reach(m1)
     if nan:  # a NaN beside the lowest reach: in its draw, another answered pattern (or,
         # with one answered pattern, the next draw), so in the same block of draws
         cols = np.flatnonzero(live)
@@ -1373,9 +1377,7 @@ def test_answered_span_is_the_whole_arrays_extremes(draws, patterns, rows, seed,
             m1 = np.atleast_2d(m1).copy()
             m1[spot] = np.nan
             m1 = m1[0] if flat else m1
-            mean = m1.astype(np.float64)[..., live]
-            sd = np.sqrt(np.maximum(m2.astype(np.float64)[..., live] - mean ** 2, 0.0))
-            low, high = mean - sds * sd, mean + sds * sd
+            low, high = reach(m1)
     got = answered_span(m1, m2, counts, sds, rows=rows)
     if np.isnan(low).all():  # nothing to reach: the grid stays as it is
         assert got == (np.inf, -np.inf)
