@@ -31,8 +31,13 @@ Where the items were sampled, subject 0's ability is also ranked under its exact
 (row "ability (exact, over sampler draws)"): given the items, ``N(0, 1)`` times its answers'
 likelihood on a fine grid, averaged over the sampler's kept item draws, its CDF at the
 truth mapped to ``0..L``. It asks whether the posterior the fit summarises is calibrated,
-where the plain "ability" row asks whether the Gaussian it reports (mean -+ 1.645 sd) is;
+where the plain "ability" row asks whether the Gaussian with its mean and sd is;
 the row records how far that posterior's mean is from the reported one (``mean_gap_sd``).
+Every subject's 90% interval is also checked as ``subjects.parquet`` reports it (a
+quadrature fit's: each pattern's exact posterior quantiles) and as mean -+ 1.645 sd: the
+shares of true abilities below and above it, averaged over the replicates
+(``ability_intervals``; 0.05 each for exact posterior quantiles, since the truths are
+drawn from the prior the fit uses).
 
 ``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, the same
 priors, constant items as ``fit_nuts`` treats them: with their data under pooled priors): one compiled sampler per
@@ -64,7 +69,7 @@ from engine.api import fit
 from engine.compile_cache import use_compilation_cache
 from engine.infer.marginal import _item_blocks
 from engine.infer.settings import FitSettings
-from engine.readout.posterior import within_owner_scales
+from engine.readout.posterior import Z90, result_columns, within_owner_scales
 
 def _simulate(model: str, prior: str, s: int, n: int, rep: int):
     """A replicate's truth (unconstrained blocks, ``discrimination`` as log a; zero for the
@@ -136,6 +141,16 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
                         or res.extra.get("ability_factor", {}).get("method", "?"))
     loc, sd = res.guide.loc["ability"][0], np.exp(res.guide.log_scale["ability"][0])
     out["ability"] = int((rng.normal(loc, sd, num_draws) < t["ability"][0]).sum())
+    # every subject's 90% interval as subjects.parquet reports it, and as mean -+ 1.645 sd:
+    # the shares of true abilities below and above it (0.05 each, over replicates drawn from
+    # the prior, for an exact posterior's quantiles)
+    cols = result_columns(res, "subject")
+    every_loc = np.asarray(res.guide.loc["ability"], np.float64)
+    every_sd = np.exp(np.asarray(res.guide.log_scale["ability"], np.float64))
+    for how, (low, high) in (("reported", (cols["ability_q05"], cols["ability_q95"])),
+                             ("gaussian", (every_loc - Z90 * every_sd, every_loc + Z90 * every_sd))):
+        out[f"interval_{how}"] = [float(np.mean(t["ability"] < low)),
+                                  float(np.mean(t["ability"] > high))]
     # the first informative item and the first set-aside one (selecting on y keeps each
     # selected item's truth a draw from its posterior, so its rank stays uniform)
     tried = matched = 0  # values looked up among the sampler's draws, and found there
@@ -283,7 +298,7 @@ def main() -> None:
         _plot(json.loads(Path(args.replot).read_text())["rows"], args.plot)
         return
     use_compilation_cache()  # replicates of one shape share compiled programs
-    rows, t0 = [], time.time()
+    rows, intervals, t0 = [], [], time.time()
     for model in args.models.split(","):
         for shape in args.shapes.split(","):
             s, n = map(int, shape.split("x"))
@@ -307,12 +322,27 @@ def main() -> None:
                         for r in range(args.first_rep, args.first_rep + args.reps)]
             blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share",
                                                            "mean_steps", "route", "sampled",
-                                                           "draws_found", "ability_mean_gap_sd"})
+                                                           "draws_found", "ability_mean_gap_sd",
+                                                           "interval_reported", "interval_gaussian"})
             sampled = [r for r in reps if r.get("sampled")]
             lost = sum(not r["draws_found"] for r in sampled)
             if lost:  # the spy on sample_items missed them: the rows among its draws are short
                 print(f"{model} {shape}: {lost} of {len(sampled)} sampled replicates' kept "
                       "draws not found (no rank among sampler draws)", flush=True)
+            for how in ("reported", "gaussian"):
+                ends = np.array([r[f"interval_{how}"] for r in reps if f"interval_{how}" in r])
+                if not len(ends):
+                    continue
+                miss = ends.sum(axis=1)  # per replicate: the share of abilities outside
+                summary = {"model": model, "shape": shape, "interval": how, "reps": len(ends),
+                           "coverage90": float(1 - miss.mean()),
+                           "coverage90_se": (float(miss.std(ddof=1) / np.sqrt(len(ends)))
+                                             if len(ends) > 1 else float("nan")),
+                           "below_q05": float(ends[:, 0].mean()), "above_q95": float(ends[:, 1].mean())}
+                intervals.append(summary)
+                print(f"{model} {shape} ability intervals ({how}): coverage "
+                      f"{summary['coverage90']:.4f} +- {summary['coverage90_se']:.4f}, below "
+                      f"{summary['below_q05']:.4f}, above {summary['above_q95']:.4f}", flush=True)
             for block in blocks:
                 ranks = np.array([r[block] for r in reps if block in r])
                 stat, p, counts = chi_square(ranks, args.draws, args.bins)
@@ -345,7 +375,8 @@ def main() -> None:
                          "thinning": "stride ceil(draws / bulk ESS) per block"}}
                if args.method == "nuts" else {}), "machine": platform.processor() or platform.machine(), "cores": 2, "reps": args.reps,
             "first_rep": args.first_rep,
-            "draws": args.draws, "bins": args.bins, "wall_s": time.time() - t0, "rows": rows}
+            "draws": args.draws, "bins": args.bins, "wall_s": time.time() - t0, "rows": rows,
+            "ability_intervals": intervals}
     Path(args.out).write_text(json.dumps(meta, indent=2))
     _plot(rows, args.plot)
 

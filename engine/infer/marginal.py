@@ -1468,6 +1468,17 @@ class _DrawNodes:
         G, (B, k), m = self.theta.shape[-1], aside.grid.shape, aside.n1.shape[0]
         return num_patterns * G * B // self.GEMM_PER_CELL + 2 * num_patterns * B + m * B * (1 + k * k)
 
+    def draws(self, w: np.ndarray, xs: np.ndarray, y, mask) -> "AbilityDraws | None":
+        """Item draws ``xs`` ``(D, n, k)`` with normalised weights ``w`` whose ability
+        moments were computed here, for their exact quantiles; None on adaptive nodes."""
+        if not self.shared:
+            return None
+        from engine.infer.ability_quantiles import AbilityDraws
+
+        y1 = np.asarray(y, np.float32) * mask
+        return AbilityDraws(xs, w, self.theta, self.log_base, y1,
+                            np.asarray(mask, np.float32) - y1)
+
     def moments(self, spec, xs: np.ndarray, item_shape: tuple[int, int], y, mask,
                 aside: "_SetAsideGrid | None" = None):
         """:func:`_draw_moments` of draws ``xs`` ``(D, n k + h)`` (the items' values
@@ -1644,7 +1655,8 @@ def _importance(spec, x, g, full_cov, quad, y, mask, counts, settings: MarginalS
     record["intervals"] = ("weighted draws' quantiles" if quantiles is not None
                            else f"gaussian: {ess:.0f} effective draws, under "
                                 f"{settings.importance_quantile_ess:.0f}")
-    result = (*result, quantiles)
+    # and the draws the abilities' moments came from, on their grid (their quantiles)
+    result = (*result, quantiles, nodes.draws(w, xs[:, :n * k].reshape(len(xs), n, k), y, mask))
     # the moments are the last kept round's, or all rounds' pooled where that keeps more
     # effective draws; a later round that stopped short says why
     return result, record | {"method": "importance", "used_round": used} | (
@@ -1760,7 +1772,9 @@ def _laplace_abilities(spec, x, g, proposal, quad, y, mask, counts, settings: Ma
         _, _, m1, m2 = nodes.moments(spec, xs, (n, k), y, mask)
     record["nodes"] = nodes.record
     mean = m1.mean(axis=0, dtype=np.float64)
-    return (mean, np.maximum(m2.mean(axis=0, dtype=np.float64) - mean ** 2, 1e-24)), record
+    return (mean, np.maximum(m2.mean(axis=0, dtype=np.float64) - mean ** 2, 1e-24),
+            nodes.draws(np.full(draws, 1.0 / draws), xs[:, :n * k].reshape(draws, n, k),
+                        y, mask)), record
 
 
 def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSettings,
@@ -2546,9 +2560,10 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     # where sampled: the sampler's moments, the items' 5% and 95% quantiles (2, n, k), and
     # their constrained values' means and sds, split R-hats and effective draws (4, n, k)
     sampled = quantiles = constrained = None
+    ability_draws = None  # the item draws the abilities' moments came from (their quantiles)
     aside_moments = None  # the set-aside items' where importance sampling integrated them
     if moments is not None:  # posterior means and covariances, not the mode's curvature
-        x, g, item_cov, mean, total_var, aside_moments, quantiles = moments
+        x, g, item_cov, mean, total_var, aside_moments, quantiles, ability_draws = moments
         cov = _within_item_blocks(item_cov, n, k)
         g_cov = item_cov[n * k:, n * k:]
         sd = np.sqrt(total_var)
@@ -2601,7 +2616,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                 f"the last pass ({len(trace)}) of a mode search that had not converged in "
                 f"max_iter passes{gained}")
     if sampled is not None:
-        x, g, cov, g_cov, mean, total_var, quantiles, constrained = sampled
+        x, g, cov, g_cov, mean, total_var, quantiles, constrained, ability_draws = sampled
         sd = np.sqrt(total_var)
         if with_aside is not None:  # sampled with their answers
             aside_moments = (x[aside[0]], cov[aside[0]])
@@ -2613,7 +2628,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
                                               settings)
         moments_record["abilities"] = record
         if averaged is not None:
-            mean, total_var = averaged
+            mean, total_var, ability_draws = averaged
             sd = np.sqrt(total_var)
     set_aside = None
     if aside is not None and hyper and len(aside[0]):
@@ -2650,6 +2665,14 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
              for i in range(k) for j in range(i + 1, k)}
     loc[subject.name] = mean[inverse].astype(np.float32)
     log_scale[subject.name] = np.log(sd[inverse]).astype(np.float32)
+    # each pattern's 90% interval from its exact posterior (a short test's is skewed), where
+    # its moments came from item draws on a shared grid; else mean -+ 1.645 sd
+    ability_quantiles = None
+    if ability_draws is not None:
+        ability_quantiles = ability_draws.quantiles(spec, mean, sd, _seed(settings))[:, inverse]
+        moments_record["ability_intervals"] = ability_draws.record
+    else:
+        moments_record["ability_intervals"] = "the posterior mean +- 1.645 sd"
     g_sd = np.sqrt(np.maximum(np.diag(g_cov), 1e-24))
     for i, p in enumerate(hyper):
         loc[p.name] = np.asarray(g[i], np.float32)
@@ -2664,6 +2687,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
             "item_quantiles": quantiles, "item_constrained": constrained,
+            "ability_quantiles": ability_quantiles,
             "volume_nodes": route.record(Q) if hyper else None,
             "diverged": diverged, "optimised_from_pass": optimised_from,
             "wall_s": time.perf_counter() - t0}
@@ -2710,4 +2734,7 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                    "volume_nodes")}
                    | {"memory": memory}},
         cross=cross,
-        intervals=by_block(info["item_quantiles"]), moments=by_block(info["item_constrained"]))
+        intervals=by_block(info["item_quantiles"]) | (
+            {} if info["ability_quantiles"] is None
+            else {spec.by_owner("subject")[0].name: info["ability_quantiles"].astype(np.float32)}),
+        moments=by_block(info["item_constrained"]))

@@ -401,7 +401,8 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
     within-item covariances (n, k, k), globals covariance (h, h), each pattern's ability
     mean and variance (U,), the items' 5% and 95% quantiles (2, n, k), and per item value
     the mean and sd of its constrained value (through its block's transform), its split
-    R-hat and its effective draws (4, n, k))`` over the kept
+    R-hat and its effective draws (4, n, k), and the kept draws on their grid
+    (:class:`~engine.infer.ability_quantiles.AbilityDraws`))`` over the kept
     draws, or ``None`` where the pilot agrees with the Laplace approximation or the chains
     did not mix. ``judged`` ``(n,)`` bool: the items the pilot compares with it (all
     answered ones by default; items the fit set aside have no Laplace approximation, and
@@ -641,4 +642,9 @@ def sample_items(spec: ModelSpec, x: np.ndarray, g: np.ndarray, item_cov: np.nda
                       for j, p in enumerate(_item_blocks(spec))], axis=-1)
     constrained = np.stack([value.mean(axis=0), value.std(axis=0, ddof=1),
                             rhat[:n * k].reshape(n, k), ess[:n * k].reshape(n, k)])
-    return (mean, g_mean, cov, g_cov, ability_mean, ability_var, quantiles, constrained), record
+    from engine.infer.ability_quantiles import AbilityDraws
+
+    # the kept draws on the grid they ended on, for the abilities' exact quantiles
+    kept_draws = AbilityDraws(flat, np.full(len(flat), 1.0 / len(flat)), grid, log_base, y1, y0)
+    return (mean, g_mean, cov, g_cov, ability_mean, ability_var, quantiles, constrained,
+            kept_draws), record

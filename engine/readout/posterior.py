@@ -200,13 +200,15 @@ def result_columns(res, owner: str) -> dict[str, np.ndarray]:
     """A fit's per-owner table as its run's subjects / items tables report it: a sampler's
     draws summarised (:func:`draw_summary_columns`, NUTS), else the guide's
     (:func:`summary_columns`), the items with the fit's within-item couplings, sampled or
-    importance-weighted quantiles and sampled moments."""
+    importance-weighted quantiles and sampled moments, the subjects with a quadrature fit's
+    exact ability quantiles."""
     if res.draws:
         return draw_summary_columns(res.spec, res.draws, owner)
     if owner == "item":
         return summary_columns(res.spec, res.guide, owner, cross=res.cross,
                                intervals=res.intervals, moments=res.moments)
-    return summary_columns(res.spec, res.guide, owner)
+    # a quadrature fit's abilities: each pattern's exact posterior quantiles
+    return summary_columns(res.spec, res.guide, owner, intervals=res.intervals)
 
 
 def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,

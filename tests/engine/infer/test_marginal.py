@@ -1285,6 +1285,7 @@ def test_laplace_draws_abilities_on_a_grid_that_spans_them(monkeypatch):
     match a scipy-free reference, a fine trapezoid over [-10, 10] of every draw's
     posterior. On the mode's grid the all-right and all-wrong sheets were cut off."""
     from engine.infer import marginal
+    from engine.infer.ability_quantiles import MIXTURE_DRAWS, resampled
     from engine.infer.marginal import _DrawNodes, _laplace_abilities
 
     spec = get_model("2pl", prior="vague")
@@ -1317,23 +1318,39 @@ def test_laplace_draws_abilities_on_a_grid_that_spans_them(monkeypatch):
     ref_mean = m1.mean(axis=0)
     ref_var = m2.mean(axis=0) - ref_mean ** 2
 
-    (mean, var), record = _laplace_abilities(spec, x, np.zeros(0), proposal, quad, patterns,
-                                             mask, counts, settings)
+    (mean, var, draws), record = _laplace_abilities(spec, x, np.zeros(0), proposal, quad,
+                                                    patterns, mask, counts, settings)
     assert record["nodes"]["widened_from"] < record["nodes"]["points"]
     unbounded = record["nodes"]["points"]  # 384
     np.testing.assert_allclose(mean, ref_mean, atol=1e-5)  # measured 3e-8
     np.testing.assert_allclose(var, ref_var, rtol=1e-5)  # measured 7e-7
+    # the exact 90% intervals: the same resampled draws' posteriors averaged on the fine grid
+    def fine_quantiles(dens):  # each pattern's, and its mean and sd
+        cdf = np.cumsum(dens, axis=1) - 0.5 * dens  # the midpoint rule on spacing 0.001
+        at = dens @ theta
+        return (np.array([[np.interp(q, c, theta) for c in cdf] for q in (0.05, 0.95)]), at,
+                np.sqrt(dens @ theta ** 2 - at ** 2))
+
+    # placed at the resampled draws' own moments: their mixture's quantiles, exactly
+    pick = resampled(draws.w, MIXTURE_DRAWS, seed=5)
+    ref_q, at, spread = fine_quantiles(w[pick].mean(axis=0))
+    got = draws.quantiles(spec, at, spread, seed=5)
+    np.testing.assert_allclose(got, ref_q, atol=1e-4 * spread.min())  # measured 1e-6
+    # placed at all draws' moments, as the fit reports them: all draws' quantiles
+    ref_q, _, _ = fine_quantiles(w.mean(axis=0))
+    got = draws.quantiles(spec, ref_mean, np.sqrt(ref_var), seed=5)
+    np.testing.assert_allclose(got, ref_q, atol=0.01 * np.sqrt(ref_var).min())
     # a widened grid stays within importance_cells_max: fewer points, coarser, still close
     bound = MarginalSettings(laplace_draws=100, importance_cells_max=168_000)
-    (mean, var), record = _laplace_abilities(spec, x, np.zeros(0), proposal, quad, patterns,
-                                             mask, counts, bound)
+    (mean, var, _), record = _laplace_abilities(spec, x, np.zeros(0), proposal, quad,
+                                                patterns, mask, counts, bound)
     wide = record["nodes"]
     assert wide["widened_from"] < wide["points"] < unbounded
     assert record["draws"] * (4 * wide["points"] + 4 * n * wide["points"] // 32) <= 168_000
     np.testing.assert_allclose(mean, ref_mean, atol=1e-4)
     np.testing.assert_allclose(var, ref_var, rtol=1e-4)
     monkeypatch.setattr(_DrawNodes, "cuts", lambda *args: False)  # held to the mode's grid
-    (cut_mean, cut_var), _ = _laplace_abilities(spec, x, np.zeros(0), proposal, quad,
+    (cut_mean, cut_var, _), _ = _laplace_abilities(spec, x, np.zeros(0), proposal, quad,
                                                 patterns, mask, counts, settings)
     assert np.abs(cut_mean - ref_mean).max() > 0.1  # measured 0.36
 

@@ -1,0 +1,190 @@
+"""Exact ability intervals: each pattern's 5% and 95% posterior quantiles on the shared grid.
+
+A quadrature fit reports each answer pattern's ability posterior mean and sd, averaged over
+the items' posterior (importance-weighted or sampled item draws). On a short test that
+posterior is skewed (eight items: a pattern of all ones is bounded below by its answers
+and above only by the prior), and ``mean -+ 1.645 sd`` is not its 90% interval:
+simulation-based calibration of the 2PL's abilities at 100 x 8 read p 0.03 on two
+independent halves of 400 replicates against those Gaussians, and 0.18 against the exact
+posterior below.
+
+The exact posterior of a pattern's ability is the mixture over item draws ``x_d`` (weights
+``w_d``) of ``p(theta | y_u, x_d)``, each known on the fit's evenly spaced grid up to its
+normalising constant. Their weighted sum on the grid is the mixture's density there; its
+distribution function between the grid points is that of the density's cardinal-series
+(Whittaker) interpolant,
+
+    F(t) = sum_g m_g (1/2 + Si(pi (t - theta_g) / h) / pi),
+
+``m_g`` the normalised masses at the points ``theta_g`` of spacing ``h`` and ``Si`` the sine
+integral. For a smooth density sampled at its sd or finer the quantiles are within about
+0.007 sd (2PL posteriors of 1-12 items on grids of spacing 0.8-1.0 sd, 200 cases, against
+scipy integration; a normal's, 0.003 sd at spacing one sd); interpolating the density
+linearly instead is 0.2 sd off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from engine.exported import exported_jit
+from engine.host import to_device
+
+__all__ = ["MIXTURE_DRAWS", "AbilityDraws", "grid_quantiles", "resampled"]
+
+# item draws the mixture averages over: placed at the moments over all the draws
+# (:meth:`AbilityDraws.quantiles`), 64 of them put each pattern's quantiles within 0.004 sd
+# of all 1,895 weighted draws' on the `ability` data set (unplaced, 256 within 0.014); the
+# grid's weights cost draws x patterns x grid points x items
+MIXTURE_DRAWS = 64
+SUBSTEPS = 4  # points a grid spacing at which the distribution function is tabulated
+
+
+def resampled(w: np.ndarray, count: int = MIXTURE_DRAWS, seed: int = 0) -> np.ndarray:
+    """Indices of ``count`` draws picked by systematic resampling under the normalised weights
+    ``w`` ``(D,)`` (Kitagawa 1996): each draw about ``count w_d`` times, every pick equally
+    weighted. Equal weights pick evenly spaced draws."""
+    w = np.asarray(w, np.float64)
+    cumulative = np.cumsum(w / w.sum())
+    start = np.random.default_rng(seed).uniform()
+    return np.minimum(np.searchsorted(cumulative, (np.arange(count) + start) / count),
+                      len(w) - 1)
+
+
+def _sine_integral_over_pi(u: np.ndarray, per_unit: int) -> np.ndarray:
+    """``Si(pi u) / pi`` at ``u``, multiples of ``1 / per_unit`` (the trapezoid rule on
+    ``sinc`` at a 64th of that spacing with its Euler-Maclaurin end correction: error about
+    1e-12; no scipy in a fit's process)."""
+    step = 1.0 / (64 * per_unit)
+    top = int(np.ceil(np.abs(u).max() / step))
+    x = np.arange(top + 1) * step
+    f = np.sinc(x)
+    with np.errstate(invalid="ignore", divide="ignore"):  # sinc' at 0 is 0
+        slope = np.where(x > 0, (np.cos(np.pi * x) - f) / np.where(x > 0, x, 1.0), 0.0)
+    table = np.concatenate([[0.0], np.cumsum(0.5 * step * (f[1:] + f[:-1]))])
+    table -= step ** 2 / 12 * slope  # the trapezoid's leading error (sinc' is 0 at 0)
+    at = np.rint(np.abs(u) / step).astype(np.int64)
+    return np.sign(u) * table[at]
+
+
+def grid_quantiles(grid: np.ndarray, mass: np.ndarray, qs=(0.05, 0.95),
+                   rows: int = 512) -> np.ndarray:
+    """``(len(qs), U)``: the quantiles ``qs`` of each row's density sampled on the evenly
+    spaced ``grid`` ``(G,)`` as masses ``mass`` ``(U, G)`` (any positive scale), under the
+    cardinal-series distribution function (module docstring). A row of no finite positive
+    mass, or whose quantile lies beyond the grid's first point, gets NaN.
+
+    ``F`` and its density at ``SUBSTEPS`` points a spacing are products with Toeplitz
+    matrices of the sine integral and ``sinc`` at the offsets (``(2G - 1) SUBSTEPS`` values,
+    not one per pattern and grid point); the quantile is solved on the cubic Hermite
+    interpolant between the two points that straddle ``q``. ``rows`` patterns at a time."""
+    grid = np.asarray(grid, np.float64)
+    G, h = grid.size, float(grid[1] - grid[0])
+    frac = np.arange(SUBSTEPS) / SUBSTEPS
+    offsets = np.arange(-(G - 1), G)[:, None] + frac[None, :]  # (2G - 1, S): j + s - g
+    lag = np.arange(G)[None, :] - np.arange(G)[:, None] + G - 1  # (g, j)
+    cdf_kernel = (0.5 + _sine_integral_over_pi(offsets, SUBSTEPS))[lag].reshape(G, -1)
+    pdf_kernel = (np.sinc(offsets) / h)[lag].reshape(G, -1)
+    points = grid[0] + (np.arange(G)[:, None] + frac[None, :]).reshape(-1) * h  # increasing
+    delta = h / SUBSTEPS
+    out = np.full((len(qs), np.shape(mass)[0]), np.nan)
+    for start in range(0, np.shape(mass)[0], rows):
+        block = np.asarray(mass[start:start + rows], np.float64)
+        total = block.sum(axis=1, keepdims=True)
+        ok = np.isfinite(total[:, 0]) & (total[:, 0] > 0)
+        m = np.where(ok[:, None], block / np.where(ok, total[:, 0], 1.0)[:, None], 0.0)
+        F, f = m @ cdf_kernel, m @ pdf_kernel  # (rows, G S): at ``points``
+        for j, q in enumerate(qs):
+            reached = F >= q
+            i = reached.argmax(axis=1)  # the first point at or past q
+            found = ok & reached.any(axis=1) & (i > 0)
+            i = np.maximum(i, 1)[:, None]
+            F0, F1 = np.take_along_axis(F, i - 1, 1)[:, 0], np.take_along_axis(F, i, 1)[:, 0]
+            d0, d1 = (delta * np.take_along_axis(f, c, 1)[:, 0] for c in (i - 1, i))
+            tau = np.clip((q - F0) / np.where(F1 > F0, F1 - F0, 1.0), 0.0, 1.0)
+            for _ in range(4):  # Newton on the cubic Hermite interpolant, tau in [0, 1]
+                t2, t3 = tau * tau, tau * tau * tau
+                value = ((2 * t3 - 3 * t2 + 1) * F0 + (t3 - 2 * t2 + tau) * d0
+                         + (3 * t2 - 2 * t3) * F1 + (t3 - t2) * d1)
+                slope = ((6 * t2 - 6 * tau) * (F0 - F1) + (3 * t2 - 4 * tau + 1) * d0
+                         + (3 * t2 - 2 * tau) * d1)
+                tau = np.clip(tau - (value - q) / np.where(slope > 0, slope, np.inf), 0.0, 1.0)
+            out[j, start:start + rows] = np.where(found, points[i[:, 0] - 1] + tau * delta, np.nan)
+    return out
+
+
+@exported_jit(static_argnames=("spec",))
+def _grid_mixture(spec, xs, w, grid, log_base, y1, y0):
+    """``(U, G)``: ``sum_d w_d p(theta_g | y_u, x_d)``, each pattern's ability posterior
+    weights on the shared grid ``grid`` ``(G,)`` (``log_base``: log prior + log rule weight)
+    given item draws ``xs`` ``(D, n, k)``, averaged under weights ``w`` ``(D,)``; ``y1``,
+    ``y0`` ``(U, n)`` each pattern's observed ones and zeros. One draw a step, the sum
+    carried: ``U G`` of memory whatever the draws."""
+    from engine.infer.marginal import _grid_log_weights
+
+    def step(total, xw):
+        x, wd = xw
+        lw = _grid_log_weights(spec, x, grid, log_base, y1, y0)
+        return total + wd * jax.nn.softmax(lw, axis=1), None
+
+    zero = jnp.zeros((y1.shape[0], grid.shape[0]), jnp.float32)
+    return jax.lax.scan(step, zero, (xs, w))[0]
+
+
+@dataclass(frozen=True)
+class AbilityDraws:
+    """The item draws a quadrature fit's ability moments were averaged over, and where:
+    ``xs`` ``(D, n, k)`` with normalised weights ``w`` ``(D,)`` (equal for a sampler's), the
+    evenly spaced shared ``grid`` ``(G,)`` with ``log_base`` (log prior + log rule weight),
+    and each pattern's observed ones ``y1`` and zeros ``y0`` ``(U, n)``."""
+
+    xs: np.ndarray
+    w: np.ndarray
+    grid: np.ndarray
+    log_base: np.ndarray
+    y1: np.ndarray
+    y0: np.ndarray
+
+    def quantiles(self, spec, mean: np.ndarray, sd: np.ndarray, seed: int = 0,
+                  qs=(0.05, 0.95)) -> np.ndarray:
+        """``(len(qs), U)``: each pattern's ability posterior quantiles ``qs``: the shape of
+        its posterior over ``MIXTURE_DRAWS`` of the draws, resampled (:func:`resampled`), on
+        the grid (:func:`grid_quantiles`), placed at its posterior ``mean`` and ``sd``
+        ``(U,)`` over all of them (the moments the fit reports). The resampling's Monte
+        Carlo error is mostly a shift and a stretch, which that removes (the `ability`
+        data set, 1,280 patterns, the largest difference from the quantiles over all
+        1,895 weighted draws, in the patterns' median sd, over four seeds: 0.039-0.045
+        unplaced and 0.002-0.004 placed with 64 draws; 0.012-0.014 unplaced with 256)."""
+        if len(self.w) <= MIXTURE_DRAWS:  # every draw at its weight (padded with zero
+            # weights: one program), not some drawn twice
+            pick = np.arange(MIXTURE_DRAWS) % len(self.w)
+            weight = np.where(np.arange(MIXTURE_DRAWS) < len(self.w), np.asarray(self.w)[pick], 0.0)
+        else:
+            pick = resampled(self.w, MIXTURE_DRAWS, seed)
+            weight = np.full(MIXTURE_DRAWS, 1.0 / MIXTURE_DRAWS)
+        mass = _grid_mixture(spec, to_device(np.asarray(self.xs)[pick], jnp.float32),
+                             to_device(weight, jnp.float32),
+                             to_device(self.grid, jnp.float32),
+                             to_device(self.log_base, jnp.float32),
+                             to_device(np.asarray(self.y1, np.float32)),
+                             to_device(np.asarray(self.y0, np.float32)))
+        mass = np.asarray(mass, np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):  # padding patterns: no mass
+            total = mass.sum(axis=1)
+            at = mass @ self.grid / total
+            spread = np.sqrt(np.maximum(mass @ self.grid ** 2 / total - at ** 2, 0.0))
+            stretch = sd / spread
+            # a stretch far from 1 is no Monte Carlo error: a posterior the grid does not
+            # resolve (NaN: the read-out's mean -+ 1.645 sd instead)
+            stretch = np.where((stretch > 0.5) & (stretch < 2.0), stretch, np.nan)
+            return mean + (grid_quantiles(self.grid, mass, qs) - at) * stretch
+
+    @property
+    def record(self) -> str:
+        """How the quantiles are obtained, for fit.json."""
+        return (f"exact: each pattern's 5% and 95% posterior quantiles on the {self.grid.size}"
+                f"-point ability grid, averaged over {MIXTURE_DRAWS} of the items' draws")
