@@ -174,6 +174,10 @@ def _against_laplace(dx: np.ndarray, mode: np.ndarray, sd: np.ndarray, names: li
     those, over the ``answered`` items ``(n,)`` bool (items nobody answered stay put: counted,
     they made the medians 0 where most items were set aside, and such a pilot never agreed);
     ``agrees`` where every block is within ``LAPLACE_SHIFT`` and ``LAPLACE_SD``."""
+    if not np.any(answered):  # every answered item set aside (a 2PL at 100 x 8 whose
+        # subjects all answered every item right): nothing to compare, no median of nothing
+        return {"shift_median": {}, "sd_ratio_median": {}, "agrees": False,
+                "because": "no fitted item to compare"}
     flat = dx.reshape(-1, *dx.shape[2:])[:, answered]
     mode, sd = mode[answered], sd[answered]
     shift = np.median(np.abs(flat.mean(axis=0) - mode) / sd, axis=0)

@@ -4,7 +4,9 @@ importance sampling where that applies."""
 
 from __future__ import annotations
 
+import json
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -391,6 +393,13 @@ def test_the_pilot_is_read_over_the_items_someone_answered():
     dx[:, :, answered] += 0.5 * sd[answered]  # draws half a Laplace sd off: they disagree
     assert not _against_laplace(dx, mode, sd, ["difficulty", "discrimination"],
                                 answered)["agrees"]
+    # no fitted item to judge (every answered one set aside): no agreement, and a record
+    # without the NaNs a median of nothing gave (fit.json is strict JSON)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        none = _against_laplace(dx, mode, sd, ["difficulty", "discrimination"], np.zeros(n, bool))
+    assert not none["agrees"] and none["shift_median"] == {}
+    json.dumps(none, allow_nan=False)
 
 
 @pytest.mark.parametrize("model", ["2pl", "3pl"])
