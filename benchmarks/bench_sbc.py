@@ -37,7 +37,9 @@ Every subject's 90% interval is also checked as ``subjects.parquet`` reports it 
 quadrature fit's: each pattern's exact posterior quantiles) and as mean -+ 1.645 sd: the
 shares of true abilities below and above it, averaged over the replicates
 (``ability_intervals``; 0.05 each for exact posterior quantiles, since the truths are
-drawn from the prior the fit uses).
+drawn from the prior the fit uses), over every subject and over those whose answer sheets
+are all right or all wrong, the most skewed posteriors (exact quantiles are calibrated
+given the data too).
 
 ``--method nuts`` ranks the truth among NUTS draws instead (``engine.infer.nuts``, the same
 priors, constant items as ``fit_nuts`` treats them: with their data under pooled priors): one compiled sampler per
@@ -151,6 +153,10 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
                              ("gaussian", (every_loc - Z90 * every_sd, every_loc + Z90 * every_sd))):
         out[f"interval_{how}"] = [float(np.mean(t["ability"] < low)),
                                   float(np.mean(t["ability"] > high))]
+        # the most skewed posteriors: sheets all right or all wrong (counts, not shares)
+        edge = np.isin(y.sum(axis=1), (0, y.shape[1]))
+        out[f"edge_{how}"] = [int(np.sum(edge & (t["ability"] < low))),
+                              int(np.sum(edge & (t["ability"] > high))), int(edge.sum())]
     # the first informative item and the first set-aside one (selecting on y keeps each
     # selected item's truth a draw from its posterior, so its rank stays uniform)
     tried = matched = 0  # values looked up among the sampler's draws, and found there
@@ -323,7 +329,8 @@ def main() -> None:
             blocks = sorted({k for r in reps for k in r} - {"converged", "constant_share",
                                                            "mean_steps", "route", "sampled",
                                                            "draws_found", "ability_mean_gap_sd",
-                                                           "interval_reported", "interval_gaussian"})
+                                                           "interval_reported", "interval_gaussian",
+                                                           "edge_reported", "edge_gaussian"})
             sampled = [r for r in reps if r.get("sampled")]
             lost = sum(not r["draws_found"] for r in sampled)
             if lost:  # the spy on sample_items missed them: the rows among its draws are short
@@ -339,10 +346,16 @@ def main() -> None:
                            "coverage90_se": (float(miss.std(ddof=1) / np.sqrt(len(ends)))
                                              if len(ends) > 1 else float("nan")),
                            "below_q05": float(ends[:, 0].mean()), "above_q95": float(ends[:, 1].mean())}
+                edge = np.array([r[f"edge_{how}"] for r in reps]).sum(axis=0)
+                summary["all_right_or_wrong"] = {"subjects": int(edge[2]),
+                                                 "below_q05": float(edge[0] / max(edge[2], 1)),
+                                                 "above_q95": float(edge[1] / max(edge[2], 1))}
                 intervals.append(summary)
                 print(f"{model} {shape} ability intervals ({how}): coverage "
                       f"{summary['coverage90']:.4f} +- {summary['coverage90_se']:.4f}, below "
-                      f"{summary['below_q05']:.4f}, above {summary['above_q95']:.4f}", flush=True)
+                      f"{summary['below_q05']:.4f}, above {summary['above_q95']:.4f}; sheets all "
+                      f"right or wrong ({edge[2]}): below {summary['all_right_or_wrong']['below_q05']:.4f}, "
+                      f"above {summary['all_right_or_wrong']['above_q95']:.4f}", flush=True)
             for block in blocks:
                 ranks = np.array([r[block] for r in reps if block in r])
                 stat, p, counts = chi_square(ranks, args.draws, args.bins)
