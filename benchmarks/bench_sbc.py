@@ -71,7 +71,7 @@ from engine.api import fit
 from engine.compile_cache import use_compilation_cache
 from engine.infer.marginal import _item_blocks
 from engine.infer.settings import FitSettings
-from engine.readout.posterior import Z90, result_columns, within_owner_scales
+from engine.readout.posterior import interval_90, result_columns, within_owner_scales
 
 def _simulate(model: str, prior: str, s: int, n: int, rep: int):
     """A replicate's truth (unconstrained blocks, ``discrimination`` as log a; zero for the
@@ -147,14 +147,14 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
     # the shares of true abilities below and above it (0.05 each, over replicates drawn from
     # the prior, for an exact posterior's quantiles)
     cols = result_columns(res, "subject")
-    every_loc = np.asarray(res.guide.loc["ability"], np.float64)
-    every_sd = np.exp(np.asarray(res.guide.log_scale["ability"], np.float64))
+    gaussian = interval_90(np.asarray(res.guide.loc["ability"], np.float64),
+                           np.exp(np.asarray(res.guide.log_scale["ability"], np.float64)))
+    # the most skewed posteriors: sheets all right or all wrong (counts, not shares)
+    edge = np.isin(y.sum(axis=1), (0, y.shape[1]))
     for how, (low, high) in (("reported", (cols["ability_q05"], cols["ability_q95"])),
-                             ("gaussian", (every_loc - Z90 * every_sd, every_loc + Z90 * every_sd))):
+                             ("gaussian", gaussian)):
         out[f"interval_{how}"] = [float(np.mean(t["ability"] < low)),
                                   float(np.mean(t["ability"] > high))]
-        # the most skewed posteriors: sheets all right or all wrong (counts, not shares)
-        edge = np.isin(y.sum(axis=1), (0, y.shape[1]))
         out[f"edge_{how}"] = [int(np.sum(edge & (t["ability"] < low))),
                               int(np.sum(edge & (t["ability"] > high))), int(edge.sum())]
     # the first informative item and the first set-aside one (selecting on y keeps each

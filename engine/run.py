@@ -183,9 +183,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
                         "ability_intervals": "posterior draws (NUTS)" if res.draws else
-                        res.extra["quadrature"]["item_moments"].get(
-                            "ability_intervals", "the posterior mean +- 1.645 sd")
-                        if "quadrature" in res.extra else "the posterior mean +- 1.645 sd",
+                        res.extra.get("quadrature", {}).get("item_moments", {}).get(
+                            "ability_intervals", "the posterior mean +- 1.645 sd"),
                         "item_intervals": "posterior draws (NUTS)" if res.draws else
                         _quadrature_intervals(res.extra["quadrature"])
                         if "quadrature" in res.extra else

@@ -1355,6 +1355,13 @@ def cells_cap(points: int, cells: float, cells_max: float) -> int:
     return max(points, bucket_floor(int(points * cells_max // max(cells, 1)), 2))
 
 
+def _ones_and_zeros(y, mask, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Each pattern's observed ones and zeros ``(U, n)`` from its responses ``y`` and
+    ``mask``, the ones in ``dtype`` (times the mask's)."""
+    y1 = np.asarray(y, dtype) * mask
+    return y1, np.asarray(mask, dtype) - y1
+
+
 class _DrawNodes:
     """Where the abilities are integrated while item draws are weighted: one shared,
     evenly spaced grid, or each pattern's adaptive Gauss-Hermite nodes.
@@ -1455,8 +1462,7 @@ class _DrawNodes:
     def weights(self, spec, x, y, mask, dtype=jnp.float32):
         """``(soft, y1, y0)``: each pattern's ability posterior weights on the shared grid
         ``(U, G)`` given items ``x``, and its observed ones and zeros ``(U, n)`` (float64)."""
-        y1 = np.asarray(y, np.float64) * mask
-        y0 = np.asarray(mask, np.float64) - y1
+        y1, y0 = _ones_and_zeros(y, mask, np.float64)
         soft = _grid_weights(spec, to_device(x, dtype), to_device(self.theta, dtype),
                              to_device(self.log_base, dtype), to_device(y1, dtype),
                              to_device(y0, dtype))
@@ -1475,9 +1481,8 @@ class _DrawNodes:
             return None
         from engine.infer.ability_quantiles import AbilityDraws
 
-        y1 = np.asarray(y, np.float32) * mask
-        return AbilityDraws(xs, w, self.theta, self.log_base, y1,
-                            np.asarray(mask, np.float32) - y1)
+        return AbilityDraws(xs, w, self.theta, self.log_base,
+                            *_ones_and_zeros(y, mask, np.float32))
 
     def moments(self, spec, xs: np.ndarray, item_shape: tuple[int, int], y, mask,
                 aside: "_SetAsideGrid | None" = None):
@@ -1494,10 +1499,10 @@ class _DrawNodes:
         heavy = len(xs) * self.cells_per_draw(*np.shape(y)) > _QUICK_DRAW_CELLS
         with compiler_options(None) if heavy else contextlib.nullcontext():
             if self.shared:  # the grid, and each pattern's ones and zeros
-                y1 = np.asarray(y, np.float32) * mask
+                y1, y0 = _ones_and_zeros(y, mask, np.float32)
                 grid_args = (to_device(self.theta, jnp.float32),
                              to_device(self.log_base, jnp.float32), to_device(y1),
-                             to_device(np.asarray(mask, np.float32) - y1))
+                             to_device(y0))
                 out = (_grid_draw_moments(spec, items, hyper, *grid_args) if aside is None else
                        _grid_draw_aside(spec, items, hyper, *grid_args,
                                         to_device(aside.grid, jnp.float32),
@@ -1807,8 +1812,7 @@ def _sampled(spec, x, g, cov, g_cov, quad, y, mask, counts, settings: MarginalSe
             f"{cells:.3g} cells over sampler_cells_max")}
     # a widened grid stays within the cells, which grow with its points
     grid_max = min(settings.sampler_grid_max, cells_cap(G, cells, settings.sampler_cells_max))
-    y1 = np.asarray(y, np.float64) * mask
-    y0 = mask - y1
+    y1, y0 = _ones_and_zeros(y, mask, np.float64)
     judged = None
     if aside is not None:
         columns, n1, n0 = aside
