@@ -21,6 +21,7 @@ from engine.models.registry import get_model
 from engine.models.spec import ModelSpec
 from engine.readout.expected import score_draws, score_summary
 from engine.readout.posterior import draw_posterior, result_columns
+from engine.readout.quantile_draws import quantile_draws
 from engine.readout.ranking import pairwise_beats, rank_stats
 
 if TYPE_CHECKING:
@@ -41,8 +42,12 @@ class Run:
 
     def __init__(self, path: Path, spec: ModelSpec, guide: GuideState, info: dict,
                  subjects: pd.DataFrame | dict[str, np.ndarray],
-                 items: pd.DataFrame | dict[str, np.ndarray]):
+                 items: pd.DataFrame | dict[str, np.ndarray],
+                 quantile_functions: dict | None = None):
         self.path, self.spec, self.guide, self.info = path, spec, guide, info
+        # a quadrature fit's scalar abilities: {block: (z (J,), each subject's posterior
+        # quantiles at Phi(z) (J, S))}, read by the rank statistics of a scored leaderboard
+        self.quantile_functions = quantile_functions or {}
         self._tables = {"subjects": subjects, "items": items}
 
     def _table(self, name: str) -> pd.DataFrame:
@@ -137,6 +142,10 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     ability = res.spec.param("ability")
     if res.spec.score is not None:  # ability alone does not order subjects: rank by score
         draws = score_draws(res.spec, res.guide, num_draws, rng_key=seed)
+    elif ability.name in res.quantile_functions:  # each subject's exact posterior
+        z, values = res.quantile_functions[ability.name]
+        draws = quantile_draws(res.guide.loc[ability.name], np.exp(res.guide.log_scale[ability.name]),
+                               num_draws, seed, z, values)
     elif ability.shape == ():
         draws = draw_posterior(res.spec, res.guide, num_draws, rng_key=seed,
                                names=("ability",))["ability"]
@@ -152,6 +161,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
                            {k: np.asarray(v) for k, v in res.guide.log_scale.items()})
         arrays = {f"loc/{k}": v for k, v in guide.loc.items()}
         arrays |= {f"log_scale/{k}": v for k, v in guide.log_scale.items()}
+        for k, (z, values) in res.quantile_functions.items():  # (J,) scores, (J, S) quantiles
+            arrays |= {f"quantile_z/{k}": np.asarray(z), f"quantile/{k}": np.asarray(values)}
         np.savez(tmp / "guide.npz", **arrays)
         if res.extra.get("idata") is not None:  # ArviZ InferenceData of a sampler's draws
             res.extra["idata"].to_netcdf(str(tmp / "draws.nc"))
@@ -182,6 +193,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "elbo_trace": res.trace,
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
+                        "rank_draws": _rank_draws(res, ability.name),
                         "ability_intervals": "posterior draws (NUTS)" if res.draws else
                         res.extra.get("quadrature", {}).get("item_moments", {}).get(
                             "ability_intervals", "the posterior mean +- 1.645 sd"),
@@ -198,7 +210,20 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     # what was just written, without reading it back (load_run(out) returns the same Run)
-    return Run(out, res.spec, guide, info, subjects, items)
+    return Run(out, res.spec, guide, info, subjects, items, dict(res.quantile_functions))
+
+
+def _rank_draws(res: FitResult, ability: str) -> str:
+    """What the rank statistics and pairwise.npz were read from, for fit.json."""
+    if res.spec.score is not None:
+        return "draws of the expected score from the posterior factors"
+    if res.draws:
+        return "posterior draws (NUTS)"
+    if ability in res.quantile_functions:
+        z = res.quantile_functions[ability][0]
+        return (f"each subject's exact posterior: normal draws mapped through its quantile "
+                f"function at {len(z)} normal scores ({min(z):g} to {max(z):g})")
+    return "the posterior mean + sd x N(0, 1)"
 
 
 def _quadrature_intervals(record: dict) -> str:
@@ -254,7 +279,9 @@ def load_run(path: str | Path) -> Run:
     z = runfiles.read_npz(path, info, "guide.npz")
     loc = {k.split("/", 1)[1]: v for k, v in z.items() if k.startswith("loc/")}
     log_scale = {k.split("/", 1)[1]: v for k, v in z.items() if k.startswith("log_scale/")}
+    quantiles = {k.split("/", 1)[1]: (z[f"quantile_z/{k.split('/', 1)[1]}"], v)
+                 for k, v in z.items() if k.startswith("quantile/")}
     return Run(path, spec, GuideState(loc, log_scale), info,
                runfiles.read_table(path, info, "subjects.parquet"),
-               runfiles.read_table(path, info, "items.parquet"))
+               runfiles.read_table(path, info, "items.parquet"), quantiles)
 

@@ -33,6 +33,7 @@ from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
 from engine.readout.posterior import summarize
+from engine.readout.quantile_draws import quantile_draws
 from engine.readout.ranking import rank_stats
 from engine.run import Run, load_run
 
@@ -181,26 +182,27 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
     """The run's subjects and the scored ones in one table with joint rank statistics.
 
     Rank intervals come from joint draws of the run's and the new abilities (independent
-    under the mean-field guides); ``new`` marks the scored rows.
+    across subjects); ``new`` marks the scored rows. The run's subjects are drawn from their
+    exact posteriors where the run has them (a quadrature fit's quantile functions), as its
+    own rank statistics were; the scored subjects from their Gaussian factors.
     """
     old = run.subjects[["subject", "ability_mean", "ability_sd", "ability_q05", "ability_q95",
                         "accuracy", "n_responses"]].copy()
     old["new"] = False
     board = pd.concat([old, new.assign(new=True)[old.columns]], ignore_index=True)
-    # Mean-field ability factors are independent Gaussians: draw them directly (numpy, no
-    # compiled program per shape) and map through the block's transform.
+    # Independent abilities: drawn directly (numpy, no compiled program per shape), identical
+    # factors (identical answer sheets) sharing their draws so that they rank alike, and
+    # mapped through the block's transform.
     ability = run.spec.by_owner("subject")[0]
-    loc = np.concatenate([np.asarray(run.guide.loc[ability.name]), np.asarray(new_guide.loc[ability.name])])
-    scale = np.exp(np.concatenate([np.asarray(run.guide.log_scale[ability.name]),
-                                   np.asarray(new_guide.log_scale[ability.name])]))
-    # identical factors (identical answer sheets) share their draws, so they rank alike
-    _, first, inverse = np.unique(np.stack([loc, scale], 1), axis=0, return_index=True,
-                                  return_inverse=True)
-    width = first.size if first.size < loc.size else loc.size
-    eps = np.random.default_rng(seed).standard_normal((num_draws, width), dtype=np.float32)
-    if width < loc.size:
-        eps = eps[:, np.asarray(inverse).reshape(-1)]
-    draws = np.asarray(ability.constrain(loc + scale * eps))
+    new_loc = np.asarray(new_guide.loc[ability.name], np.float64)
+    new_scale = np.exp(np.asarray(new_guide.log_scale[ability.name], np.float64))
+    loc = np.concatenate([np.asarray(run.guide.loc[ability.name]), new_loc])
+    scale = np.concatenate([np.exp(np.asarray(run.guide.log_scale[ability.name])), new_scale])
+    z = values = None
+    if ability.name in run.quantile_functions:  # the new subjects' Gaussians as tables
+        z, old_values = run.quantile_functions[ability.name]
+        values = np.concatenate([old_values, new_loc + new_scale * np.asarray(z)[:, None]], axis=1)
+    draws = np.asarray(ability.constrain(quantile_draws(loc, scale, num_draws, seed, z, values)))
     for k, v in rank_stats(draws, top_k).items():
         board[k] = v
     return board

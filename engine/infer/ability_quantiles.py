@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +36,8 @@ import numpy as np
 from engine.exported import exported_jit
 from engine.host import to_device
 
-__all__ = ["MIXTURE_DRAWS", "AbilityDraws", "grid_quantiles", "resampled"]
+__all__ = ["MIXTURE_DRAWS", "Z_NODES", "PROBABILITIES", "INTERVAL_ROWS", "AbilityDraws",
+           "grid_quantiles", "resampled"]
 
 # item draws the mixture averages over: placed at the moments over all the draws
 # (:meth:`AbilityDraws.quantiles`), 64 of them put each pattern's quantiles within 0.004 sd
@@ -42,6 +45,16 @@ __all__ = ["MIXTURE_DRAWS", "AbilityDraws", "grid_quantiles", "resampled"]
 # grid's weights cost draws x patterns x grid points x items
 MIXTURE_DRAWS = 64
 SUBSTEPS = 4  # points a grid spacing at which the distribution function is tabulated
+
+# each pattern's posterior quantile function is tabulated at the probabilities of these
+# normal scores: the 90% interval's ends (5% and 95%, exactly) and the scores from -3 to 3
+# by a half, through which the rank statistics' draws are mapped
+# (:func:`engine.readout.quantile_draws.quantile_draws`)
+_Z05 = -1.6448536269514729  # the standard normal's 5% quantile
+Z_NODES = (-3.0, -2.5, -2.0, _Z05, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, -_Z05, 2.0, 2.5, 3.0)
+PROBABILITIES = tuple(0.05 if z == _Z05 else 0.95 if z == -_Z05 else
+                      0.5 * math.erfc(-z / math.sqrt(2.0)) for z in Z_NODES)
+INTERVAL_ROWS = (Z_NODES.index(_Z05), Z_NODES.index(-_Z05))  # the 5% and 95% rows
 
 
 def resampled(w: np.ndarray, count: int = MIXTURE_DRAWS, seed: int = 0) -> np.ndarray:

@@ -60,6 +60,10 @@ class FitResult:
     # draws, (4, *full_shape), NaN where not sampled; the read-outs' means and sds then
     # come from these, with the diagnostics beside them
     moments: dict = field(default_factory=dict)
+    # A quadrature fit's scalar abilities: each subject's exact posterior quantiles at the
+    # probabilities of normal scores, ``{block: (z (J,), values (J, S))}``; the rank
+    # statistics' draws are mapped through them (engine.readout.quantile_draws)
+    quantile_functions: dict = field(default_factory=dict)
 
     @property
     def num_passes(self) -> int:

@@ -44,6 +44,7 @@ import numpy as np
 from engine.errors import ModelError, SettingsError
 from engine.exported import QUICK_COMPILE, compiler_options, exported_jit
 from engine.host import to_device
+from engine.infer.ability_quantiles import INTERVAL_ROWS, PROBABILITIES, Z_NODES
 from engine.infer.guide import GuideState
 from engine.infer.terms import value_grad_hessian
 from engine.models.spec import ModelSpec
@@ -2672,8 +2673,9 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     # each pattern's 90% interval from its exact posterior (a short test's is skewed), where
     # its moments came from item draws on a shared grid; else mean -+ 1.645 sd
     ability_quantiles = None
-    if ability_draws is not None:
-        ability_quantiles = ability_draws.quantiles(spec, mean, sd, _seed(settings))[:, inverse]
+    if ability_draws is not None:  # the quantile function at PROBABILITIES, per subject
+        ability_quantiles = ability_draws.quantiles(spec, mean, sd, _seed(settings),
+                                                    PROBABILITIES)[:, inverse]
         moments_record["ability_intervals"] = ability_draws.record
     else:
         moments_record["ability_intervals"] = "the posterior mean +- 1.645 sd"
@@ -2719,6 +2721,8 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
     settings, memory = within_budget(settings, fit_settings.memory_budget or default_memory_budget())
     guide, cross, info = fit_marginal(spec, y, settings, aside, progress_fn)
     y = np.asarray(y)
+    # each subject's exact ability quantiles at PROBABILITIES (None: mean -+ 1.645 sd)
+    ability, table = spec.by_owner("subject")[0].name, info["ability_quantiles"]
 
     def by_block(a):  # a sampled summary (m, n, k) as {block: (m, n)}; {} where not sampled
         return {} if a is None else {p.name: a[:, :, j].astype(np.float32)
@@ -2739,6 +2743,7 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                    | {"memory": memory}},
         cross=cross,
         intervals=by_block(info["item_quantiles"]) | (
-            {} if info["ability_quantiles"] is None
-            else {spec.by_owner("subject")[0].name: info["ability_quantiles"].astype(np.float32)}),
-        moments=by_block(info["item_constrained"]))
+            {} if table is None else {ability: table[list(INTERVAL_ROWS)].astype(np.float32)}),
+        moments=by_block(info["item_constrained"]),
+        quantile_functions={} if table is None else {
+            ability: (np.asarray(Z_NODES), table.astype(np.float32))})

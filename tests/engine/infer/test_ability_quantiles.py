@@ -7,8 +7,13 @@ from hypothesis import strategies as st
 from scipy import integrate, optimize, stats
 from scipy.special import expit
 
-from engine.infer.ability_quantiles import MIXTURE_DRAWS, AbilityDraws, grid_quantiles, resampled
+from engine.infer.ability_quantiles import (INTERVAL_ROWS, MIXTURE_DRAWS, Z_NODES, AbilityDraws,
+                                            grid_quantiles, resampled)
 from engine.models.registry import get_model
+from engine.readout.quantile_draws import quantile_draws
+from engine.readout.ranking import rank_stats
+from engine.run import load_run
+from engine.score import score
 
 
 def _reference_quantile(density, q, lo=-12.0, hi=12.0):
@@ -142,6 +147,28 @@ def test_a_short_tests_intervals_are_the_exact_posteriors(tmp_path):
     assert above > below + 0.02
     gaussian = 1.6448536 * s["ability_sd"]
     assert np.max(np.abs(s["ability_q95"] - s["ability_mean"] - gaussian)) > 0.01
+    # the rank statistics read the same posterior: normal draws through each subject's
+    # quantile function, whose 5% and 95% points are the interval's
+    assert run.info["readout"]["rank_draws"].startswith("each subject's exact posterior")
+    z, table = load_run(tmp_path / "run").quantile_functions["ability"]
+    np.testing.assert_array_equal(z, Z_NODES)
+    np.testing.assert_array_equal(table[list(INTERVAL_ROWS)],
+                                  s[["ability_q05", "ability_q95"]].to_numpy().T)
+    loc, scale = s["ability_mean"].to_numpy(), s["ability_sd"].to_numpy()
+    for col, want in rank_stats(quantile_draws(loc, scale, 200, 0, z, table)).items():
+        np.testing.assert_array_equal(s[col], want)
+    many = quantile_draws(loc, scale, 100_000, 1, z, table)
+    sheet = np.flatnonzero(top)[0]
+    ends = np.quantile(many[:, sheet], [0.05, 0.95])
+    np.testing.assert_allclose(ends, [row["ability_q05"], row["ability_q95"]], atol=0.03 * row["ability_sd"])
+    # a scored leaderboard draws the run's subjects from the same tables, the new ones
+    # from their Gaussian factors
+    board, scored = score(run, y[top][:1], num_draws=200)
+    both = np.concatenate([table, scored.guide.loc["ability"] + np.exp(
+        scored.guide.log_scale["ability"]) * np.asarray(z)[:, None]], axis=1)
+    draws = quantile_draws(board["ability_mean"].to_numpy(), np.exp(np.concatenate([
+        np.log(scale), scored.guide.log_scale["ability"]])), 200, 0, z, both)
+    np.testing.assert_array_equal(board["rank_mean"], rank_stats(draws)["rank_mean"])
 
 
 def test_sampled_items_give_exact_ability_intervals(monkeypatch):
