@@ -31,7 +31,9 @@ Where the items were sampled, subject 0's ability is also ranked under its exact
 (row "ability (exact, over sampler draws)"): given the items, ``N(0, 1)`` times its answers'
 likelihood on a fine grid, averaged over the sampler's kept item draws, its CDF at the
 truth mapped to ``0..L``. It asks whether the posterior the fit summarises is calibrated,
-where the plain "ability" row asks whether the Gaussian with its mean and sd is;
+where the plain "ability" row asks whether the Gaussian with its mean and sd is; row
+"ability (reported quantile function)" ranks it among normal draws mapped through its
+reported quantile function (the rank statistics' draws, ``engine.readout.quantile_draws``);
 the row records how far that posterior's mean is from the reported one (``mean_gap_sd``).
 Every subject's 90% interval is also checked as ``subjects.parquet`` reports it (a
 quadrature fit's: each pattern's exact posterior quantiles) and as mean -+ 1.645 sd: the
@@ -72,6 +74,7 @@ from engine.compile_cache import use_compilation_cache
 from engine.infer.marginal import _item_blocks
 from engine.infer.settings import FitSettings
 from engine.readout.posterior import interval_90, result_columns, within_owner_scales
+from engine.readout.quantile_draws import quantile_draws
 
 def _simulate(model: str, prior: str, s: int, n: int, rep: int):
     """A replicate's truth (unconstrained blocks, ``discrimination`` as log a; zero for the
@@ -143,6 +146,11 @@ def _ranks(model: str, prior: str, s: int, n: int, rep: int, num_draws: int, fac
                         or res.extra.get("ability_factor", {}).get("method", "?"))
     loc, sd = res.guide.loc["ability"][0], np.exp(res.guide.log_scale["ability"][0])
     out["ability"] = int((rng.normal(loc, sd, num_draws) < t["ability"][0]).sum())
+    if "ability" in res.quantile_functions:  # among the rank statistics' draws: normal draws
+        # through subject 0's reported quantile function (its own stream: rows above unchanged)
+        z, table = res.quantile_functions["ability"]
+        own = quantile_draws(np.array([loc]), np.array([sd]), num_draws, 10_007 + rep, z, table[:, :1])
+        out["ability (reported quantile function)"] = int((own[:, 0] < t["ability"][0]).sum())
     # every subject's 90% interval as subjects.parquet reports it, and as mean -+ 1.645 sd:
     # the shares of true abilities below and above it (0.05 each, over replicates drawn from
     # the prior, for an exact posterior's quantiles)
