@@ -118,7 +118,7 @@ def _reference(res) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
                     samples: int = 1000, prior: str = "population",
                     warmup: int = 500, chains: int = 4, model: str = "2pl",
-                    options: dict | None = None) -> tuple[dict, dict]:
+                    options: dict | None = None, target_accept: float = 0.8) -> tuple[dict, dict]:
     """NUTS on ``y`` (default settings), or its summary from ``cache`` when an earlier run
     saved it: the sampler is the expensive part, and a changed fit is compared again for
     free."""
@@ -131,6 +131,7 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
     tag += ("" if warmup == 500 else f"-w{warmup}") + ("" if chains == 4 else f"-c{chains}")
     tag += "" if model == "2pl" else f"-{model}"
     tag += "".join(f"-{k}{v}" for k, v in sorted((options or {}).items()))
+    tag += "" if target_accept == 0.8 else f"-ta{target_accept:g}"
     path = cache / f"nuts-{name.replace(':', '_')}{tag}.npz" if cache else None
     if path is not None and path.exists():
         z = np.load(path)
@@ -140,13 +141,14 @@ def _nuts_reference(name: str, y: np.ndarray, cache: Path | None,
     t = time.perf_counter()
     res = engine.api.fit_nuts(y, model=model, prior=prior, model_options=options,
                               settings=NutsSettings(num_samples=samples, num_warmup=warmup,
-                                                    num_chains=chains))
+                                                    num_chains=chains, target_accept=target_accept))
     ref = _reference(res)
     record = {"wall_s": time.perf_counter() - t,
               "rhat_max": res.extra["diagnostics"]["rhat_max"],
               "ess_bulk_min": res.extra["diagnostics"].get("ess_bulk_min"),
               "divergences": res.extra["diagnostics"].get("divergences"),
               "chains": chains, "warmup": warmup, "samples_per_chain": samples,
+              "target_accept": target_accept,
               "device": str(jax.devices()[0])}
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +188,7 @@ def _agreement(res, ref: dict, constant: np.ndarray | None = None) -> dict:
 def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 1000,
             marginal: dict | None = None, prior: str = "population", nuts_only: bool = False,
             warmup: int = 500, chains: int = 4, model: str = "2pl", negative: float = 0.0,
-            signed: bool = False, laplace: bool = False) -> dict:
+            signed: bool = False, laplace: bool = False, target_accept: float = 0.8) -> dict:
     import engine
 
     y = _load(name, model=model, negative=negative)
@@ -197,7 +199,7 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
            "negative": negative, "model_options": options}
     if nuts_only:
         out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup, chains,
-                                              model, options)[1]
+                                              model, options, target_accept)[1]
         return out
     fits = {}
     for label, factor in (("auto", "auto"), ("gaussian", "gaussian")):
@@ -223,7 +225,7 @@ def measure(name: str, nuts: bool, cache: Path | None = None, samples: int = 100
         out["fits"]["laplace"] = {"wall_s": time.perf_counter() - t, "method": "quadrature"}
     if nuts:
         ref, out["fits"]["nuts"] = _nuts_reference(name, y, cache, samples, prior, warmup,
-                                                   chains, model, options)
+                                                   chains, model, options, target_accept)
         for label in fits:
             out["fits"][label]["vs_nuts"] = _agreement(fits[label], ref, constant)
     if marginal and name in marginal:
@@ -353,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nuts-samples", type=int, default=1000)
     ap.add_argument("--nuts-warmup", type=int, default=500)
     ap.add_argument("--nuts-chains", type=int, default=4)
+    ap.add_argument("--nuts-target-accept", type=float, default=0.8,
+                    help="NutsSettings.target_accept of the reference (0.95 where it diverges)")
     ap.add_argument("--model", default="2pl", choices=["1pl", "2pl", "3pl", "4pl", "feas"],
                     help="3pl, 4pl, feas: on real data (lsat7, nlu:..., openml:...); the "
                          "simulated shapes are the 1PL's or 2PL's")
@@ -387,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.data.split(","):
         runs.append(measure(name, not args.no_nuts, args.nuts_cache, args.nuts_samples, marginal,
                             args.prior, args.nuts_only, args.nuts_warmup, args.nuts_chains,
-                            args.model, args.negative, args.signed, args.laplace))
+                            args.model, args.negative, args.signed, args.laplace,
+                            args.nuts_target_accept))
         print(json.dumps(runs[-1], indent=1), flush=True)
     out = Path(args.out or HERE / "results" / "marginal.json")
     out.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
