@@ -193,7 +193,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "elbo_trace": res.trace,
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
-                        "rank_draws": _rank_draws(res, ability.name),
+                        "rank_draws": _rank_draws(res, ability.name, draws is not None),
                         "ability_intervals": "posterior draws (NUTS)" if res.draws else
                         res.extra.get("quadrature", {}).get("item_moments", {}).get(
                             "ability_intervals", "the posterior mean +- 1.645 sd"),
@@ -213,8 +213,11 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     return Run(out, res.spec, guide, info, subjects, items, dict(res.quantile_functions))
 
 
-def _rank_draws(res: FitResult, ability: str) -> str:
-    """What the rank statistics and pairwise.npz were read from, for fit.json."""
+def _rank_draws(res: FitResult, ability: str, drawn: bool) -> str | None:
+    """What the rank statistics and pairwise.npz were read from, for fit.json (None: no
+    rank draws, e.g. vector abilities without a score)."""
+    if not drawn:
+        return None
     if res.spec.score is not None:
         return "draws of the expected score from the posterior factors"
     if res.draws:

@@ -194,14 +194,16 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
     # factors (identical answer sheets) sharing their draws so that they rank alike, and
     # mapped through the block's transform.
     ability = run.spec.by_owner("subject")[0]
-    new_loc = np.asarray(new_guide.loc[ability.name], np.float64)
-    new_scale = np.exp(np.asarray(new_guide.log_scale[ability.name], np.float64))
+    new_loc = np.asarray(new_guide.loc[ability.name])
+    new_scale = np.exp(np.asarray(new_guide.log_scale[ability.name]))  # as the run's: a new
+    # factor equal to a run's, bit for bit, shares its draws
     loc = np.concatenate([np.asarray(run.guide.loc[ability.name]), new_loc])
     scale = np.concatenate([np.exp(np.asarray(run.guide.log_scale[ability.name])), new_scale])
     z = values = None
     if ability.name in run.quantile_functions:  # the new subjects' Gaussians as tables
         z, old_values = run.quantile_functions[ability.name]
-        values = np.concatenate([old_values, new_loc + new_scale * np.asarray(z)[:, None]], axis=1)
+        values = np.concatenate([old_values, new_loc.astype(np.float64) + new_scale.astype(
+            np.float64) * np.asarray(z)[:, None]], axis=1)
     draws = np.asarray(ability.constrain(quantile_draws(loc, scale, num_draws, seed, z, values)))
     for k, v in rank_stats(draws, top_k).items():
         board[k] = v

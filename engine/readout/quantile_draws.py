@@ -67,7 +67,9 @@ def quantile_draws(loc: np.ndarray, scale: np.ndarray, num_draws: int, seed: int
     _, first, inverse = np.unique(np.stack([loc, scale], 1), axis=0, return_index=True,
                                   return_inverse=True)
     inverse = np.asarray(inverse).reshape(-1)
-    eps = np.random.default_rng(seed).standard_normal((num_draws, first.size), dtype=np.float32)
+    # any integer seed, as the fit takes it (``--seed -1``)
+    eps = np.random.default_rng(int(seed) % 2 ** 32).standard_normal((num_draws, first.size),
+                                                                      dtype=np.float32)
     out = np.empty((num_draws, first.size), np.float32)
     J = z.size
     slopes = np.diff(table[:, first], axis=0) / np.diff(z)[:, None]  # (J - 1, U)

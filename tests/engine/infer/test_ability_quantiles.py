@@ -135,6 +135,7 @@ def test_a_short_tests_intervals_are_the_exact_posteriors(tmp_path):
     res = fit(y, model="2pl", settings=FitSettings(seed=0))
     assert res.extra["quadrature"]["item_moments"]["ability_intervals"].startswith("exact")
     run = save_run(res, tmp_path / "run", num_draws=200)
+    assert save_run(res, tmp_path / "any_seed", num_draws=20, seed=-1).info["readout"]["seed"] == -1
     assert run.info["readout"]["ability_intervals"].startswith("exact")
     s = run.subjects
     assert np.all((s["ability_q05"] < s["ability_mean"]) & (s["ability_mean"] < s["ability_q95"]))

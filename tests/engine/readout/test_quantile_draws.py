@@ -44,11 +44,24 @@ def test_without_a_table_the_draws_are_gaussian_and_identical_subjects_share_the
 
 
 def test_each_subject_is_drawn_through_its_own_table():
-    d = stats.skewnorm(6)
-    table = np.stack([d.ppf(P), stats.norm.ppf(P, d.mean(), d.std() * 1.01)], axis=1)
-    x = quantile_draws(np.array([d.mean(), d.mean()]), np.array([d.std(), d.std() * 1.01]),
-                       50_000, 1, Z, table)
-    assert stats.skew(x[:, 0]) > 0.5 and abs(stats.skew(x[:, 1])) < 0.05
+    """Subjects out of sorted order, one twice: each column's draws follow its own
+    distribution (scipy's quantiles within 0.03 sd), the repeated one's are shared."""
+    dists = [stats.skewnorm(6, 2.0, 1.0), stats.norm(-1.0, 0.5), stats.skewnorm(-4, 0.5, 2.0),
+             stats.skewnorm(6, 2.0, 1.0), stats.norm(3.0, 0.2)]
+    loc = np.array([d.mean() for d in dists])
+    scale = np.array([d.std() for d in dists])
+    table = np.stack([d.ppf(P) for d in dists], axis=1)
+    x = quantile_draws(loc, scale, 100_000, 1, Z, table)
+    np.testing.assert_array_equal(x[:, 0], x[:, 3])
+    qs = np.array([0.05, 0.25, 0.5, 0.75, 0.95])
+    for s, d in enumerate(dists):
+        assert np.abs(np.quantile(x[:, s], qs) - d.ppf(qs)).max() < 0.03 * d.std(), s
+    assert abs(np.corrcoef(x[:, 0], x[:, 2])[0, 1]) < 0.02
+
+
+def test_a_negative_seed_is_taken_as_the_fit_takes_it():
+    np.testing.assert_array_equal(quantile_draws(np.zeros(2), np.ones(2), 10, -1),
+                                  quantile_draws(np.zeros(2), np.ones(2), 10, 2 ** 32 - 1))
 
 
 def test_missing_nodes_are_extended_along_the_end_segments():
@@ -69,6 +82,22 @@ def test_missing_nodes_are_extended_along_the_end_segments():
         a = quantile_draws(loc[:1], scale[:1], 1000, 5, Z, holed[:, col:col + 1])
         b = quantile_draws(loc[:1], scale[:1], 1000, 5, Z, full[:, :1])
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_a_skewed_tables_missing_ends_follow_its_end_segments():
+    """Beyond the finite nodes, a column continues along its outermost finite segment (not
+    the table's last): a skew-normal whose two outer nodes each side are missing."""
+    d = stats.skewnorm(5)
+    values = d.ppf(P)[:, None]
+    holed = values.copy()
+    holed[:2, 0] = holed[-2:, 0] = np.nan
+    s = standardised_table(Z, holed, np.array([d.mean()]), np.array([d.std()]))[:, 0]
+    full = (values[:, 0] - d.mean()) / d.std()
+    np.testing.assert_allclose(s[2:-2], full[2:-2], rtol=1e-12)
+    low = (full[3] - full[2]) / (Z[3] - Z[2])
+    high = (full[-3] - full[-4]) / (Z[-3] - Z[-4])
+    np.testing.assert_allclose(s[:2], full[2] + low * (Z[:2] - Z[2]), rtol=1e-12)
+    np.testing.assert_allclose(s[-2:], full[-3] + high * (Z[-2:] - Z[-3]), rtol=1e-12)
 
 
 def test_a_table_out_of_order_is_made_non_decreasing():
