@@ -439,7 +439,9 @@ def cmd_score(args) -> int:
                        method=args.method)
     lb = leaderboard(board)
     new = lb[lb["new"]]
-    how = ("grid update, 1 pass" if res.extra.get("method") == "grid" else
+    exact = str(res.extra.get("abilities", "")).startswith("exact")
+    how = ("each sheet's exact posterior over the run's item draws" if exact else
+           "grid update, 1 pass" if res.extra.get("method") == "grid" else
            f"frozen fit, {res.num_passes} passes, {'converged' if res.converged else 'NOT converged'}")
     print(f"scored {len(new)} new subject(s) against frozen items in {time.perf_counter() - t0:.1f} s "
           f"({how})")

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS", "store_candidates"]
 
 PAIRWISE_MAX_SUBJECTS = 2000
+# the item draws a quadrature fit averaged its abilities over, saved (ability_draws.npz) up to
+# this size so that `score` averages new subjects over the same draws
+ABILITY_DRAWS_MAX_BYTES = 16 << 20
 FORMAT_VERSION = runfiles.FORMAT_VERSION  # 2: fit.json records every file's checksum
 
 
@@ -73,6 +76,15 @@ class Run:
         if "pairwise.npz" not in self.info.get("files", {}) and not (self.path / "pairwise.npz").exists():
             return None
         return runfiles.read_npz(self.path, self.info, "pairwise.npz")["p_beats"]
+
+
+    def ability_draws(self) -> dict[str, np.ndarray] | None:
+        """The item draws a quadrature fit averaged its abilities over (``xs``, ``w``,
+        ``grid``, ``log_base``; ``ability_draws.npz``), checked against fit.json's checksum;
+        None where the run saved none."""
+        if "ability_draws.npz" not in self.info.get("files", {}):
+            return None
+        return runfiles.read_npz(self.path, self.info, "ability_draws.npz")
 
 
 def _versions() -> dict:
@@ -168,6 +180,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             res.extra["idata"].to_netcdf(str(tmp / "draws.nc"))
         if draws is not None and draws.shape[1] <= PAIRWISE_MAX_SUBJECTS:
             runfiles.write_npz(tmp / "pairwise.npz", p_beats=pairwise_beats(draws))
+        score_abilities = _save_ability_draws(res, tmp)
         info = {
             "format_version": FORMAT_VERSION,
             "model": res.extra["model"],
@@ -194,6 +207,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
                         "rank_draws": _rank_draws(res, ability.name, draws is not None),
+                        "score_abilities": score_abilities,
                         "ability_intervals": "posterior draws (NUTS)" if res.draws else
                         res.extra.get("quadrature", {}).get("item_moments", {}).get(
                             "ability_intervals", "the posterior mean +- 1.645 sd"),
@@ -211,6 +225,25 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         raise
     # what was just written, without reading it back (load_run(out) returns the same Run)
     return Run(out, res.spec, guide, info, subjects, items, dict(res.quantile_functions))
+
+
+def _save_ability_draws(res: FitResult, tmp: Path) -> str | None:
+    """Write ``ability_draws.npz`` (the item draws a quadrature fit averaged its abilities
+    over) where it has them and they are small enough; how `score` will read new subjects'
+    abilities (None: a model `score` does not grid)."""
+    found = res.extra.get("ability_draws")
+    if found is None:
+        return None if "quadrature" not in res.extra else (
+            "the mean-field factor given the item factors (this fit kept no item draws to "
+            "average over: adaptive nodes, or items set aside)")
+    arrays = found.arrays()
+    size = sum(a.nbytes for a in arrays.values())
+    if size > ABILITY_DRAWS_MAX_BYTES:
+        return (f"the mean-field factor given the item factors (the fit's item draws, "
+                f"{size / 2 ** 20:.0f} MiB, were not saved)")
+    runfiles.write_npz(tmp / "ability_draws.npz", **arrays)
+    return (f"exact: each new answer sheet's posterior averaged over the fit's "
+            f"{len(arrays['w'])} item draws (ability_draws.npz), as this run's subjects' were")
 
 
 def _rank_draws(res: FitResult, ability: str, drawn: bool) -> str | None:

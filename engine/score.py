@@ -32,7 +32,7 @@ from engine.infer.conditional import GridSettings, conditional_abilities, condit
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
-from engine.readout.posterior import summarize
+from engine.readout.posterior import result_columns
 from engine.readout.quantile_draws import quantile_draws
 from engine.readout.ranking import rank_stats
 from engine.run import Run, load_run
@@ -87,6 +87,49 @@ def _grid_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitRe
                       "elbo_note": "sum over subjects of log normalisers (item terms excluded)"})
 
 
+def _exact_result(run: Run, y: np.ndarray, item_idx) -> tuple[FitResult | None, str]:
+    """New subjects' abilities as the run's own were read, where the run saved its item
+    draws (a quadrature fit, ``ability_draws.npz``): each distinct answer sheet's exact
+    posterior, its grid weights averaged over those draws, its mean and sd over all of them
+    and its quantile function as the run's (``AbilityDraws``); an answer sheet of the
+    run's gets the run's ability, interval and quantiles. ``(None, why)`` where the run
+    has no draws, or a sheet's posterior reaches the ends of the run's grid."""
+    t0 = time.perf_counter()
+    saved = run.ability_draws()
+    if saved is None:
+        return None, "the mean-field factor given the run's item factors (the run saved no item draws)"
+    from engine.infer.ability_quantiles import INTERVAL_ROWS, PROBABILITIES, Z_NODES, AbilityDraws
+    from engine.rows import identical_rows
+
+    if item_idx is not None:
+        saved = saved | {"xs": saved["xs"][:, np.asarray(item_idx)]}
+    first, inverse, _ = identical_rows(y)
+    sheets = y[first]
+    mask = (sheets >= 0).astype(np.float32)
+    ones = (sheets == 1).astype(np.float32) * mask
+    draws = AbilityDraws.of(saved, ones, mask - ones)
+    mean, sd, edge = draws.moments(run.spec)
+    if not (np.all(np.isfinite(mean)) and np.all(sd > 0) and np.all(edge < 1e-6)):
+        return None, ("the mean-field factor given the run's item factors (a new answer "
+                      "sheet's posterior reaches the ends of the run's ability grid)")
+    seed = int(run.info["settings"].get("seed", 0)) % 2 ** 32  # the fit's: the run's quantiles
+    table = draws.quantiles(run.spec, mean, sd, seed, PROBABILITIES)[:, inverse]
+    (ability,) = run.spec.by_owner("subject")
+    init, frozen = _frozen_init(run, item_idx)
+    guide = GuideState({**init.loc, ability.name: mean[inverse].astype(np.float32)},
+                       {**init.log_scale, ability.name: np.log(sd[inverse]).astype(np.float32)})
+    wall = time.perf_counter() - t0
+    how = (f"exact: each answer sheet's posterior averaged over the run's {len(saved['w'])} "
+           f"item draws, as the run's subjects' were")
+    trace = [{"pass": 1, "elbo": float("nan"), "elbo_smooth": float("nan"), "seconds": wall}]
+    return FitResult(run.spec, guide, _run_settings(run), trace, True, wall, 0.0, y.shape[0],
+                     y.shape[1], int((y >= 0).sum()), 1, tuple(sorted(frozen)),
+                     {"method": "grid", "abilities": how, "elbo_note": "not computed"},
+                     intervals={ability.name: table[list(INTERVAL_ROWS)].astype(np.float32)},
+                     quantile_functions={ability.name: (np.asarray(Z_NODES),
+                                                        table.astype(np.float32))}), how
+
+
 def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarray | None = None,
                     settings: FitSettings | None = None, method: str = "auto",
                     grid: GridSettings = GridSettings()) -> FitResult:
@@ -98,6 +141,9 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
         (all run items in order when ``item_idx`` is None).
     settings : the frozen fit's settings (``method="fit"``); default the run's.
     method : ``auto`` (``grid`` where the model allows it, else ``fit``), ``grid`` or ``fit``.
+        ``grid`` against a run that saved its item draws (a quadrature fit:
+        ``ability_draws.npz``) reads each new answer sheet's exact posterior over those
+        draws, as the run's own subjects were read (``extra["abilities"]`` says which).
 
     Returns
     -------
@@ -126,7 +172,12 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
         y = y.copy()
         y[:, aside] = np.nan if np.issubdtype(y.dtype, np.floating) else -1
     if method in ("grid", "auto") and applies:
-        return _grid_result(run, y, item_idx, grid)
+        exact, how = _exact_result(run, y, item_idx)
+        if exact is not None:
+            return exact
+        res = _grid_result(run, y, item_idx, grid)
+        res.extra["abilities"] = how
+        return res
     if settings is None:
         settings = _run_settings(run)
     init, frozen = _frozen_init(run, item_idx)
@@ -178,13 +229,15 @@ def _run_kind(run: Run) -> str:
 
 
 def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, num_draws: int = 1000,
-                         top_k: int = 3, seed: int = 0) -> pd.DataFrame:
+                         top_k: int = 3, seed: int = 0,
+                         new_quantiles: tuple[np.ndarray, np.ndarray] | None = None) -> pd.DataFrame:
     """The run's subjects and the scored ones in one table with joint rank statistics.
 
     Rank intervals come from joint draws of the run's and the new abilities (independent
     across subjects); ``new`` marks the scored rows. The run's subjects are drawn from their
     exact posteriors where the run has them (a quadrature fit's quantile functions), as its
-    own rank statistics were; the scored subjects from their Gaussian factors.
+    own rank statistics were; the scored subjects from theirs, ``new_quantiles`` ``(z,
+    values (J, s))``, where given, else from their Gaussian factors.
     """
     old = run.subjects[["subject", "ability_mean", "ability_sd", "ability_q05", "ability_q95",
                         "accuracy", "n_responses"]].copy()
@@ -200,10 +253,11 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
     loc = np.concatenate([np.asarray(run.guide.loc[ability.name]), new_loc])
     scale = np.concatenate([np.exp(np.asarray(run.guide.log_scale[ability.name])), new_scale])
     z = values = None
-    if ability.name in run.quantile_functions:  # the new subjects' Gaussians as tables
-        z, old_values = run.quantile_functions[ability.name]
-        values = np.concatenate([old_values, new_loc.astype(np.float64) + new_scale.astype(
-            np.float64) * np.asarray(z)[:, None]], axis=1)
+    if ability.name in run.quantile_functions:  # the new subjects' own tables, or their
+        z, old_values = run.quantile_functions[ability.name]  # Gaussians as tables
+        new_values = (new_quantiles[1] if new_quantiles is not None else new_loc.astype(
+            np.float64) + new_scale.astype(np.float64) * np.asarray(z)[:, None])
+        values = np.concatenate([old_values, new_values], axis=1)
     draws = np.asarray(ability.constrain(quantile_draws(loc, scale, num_draws, seed, z, values)))
     for k, v in rank_stats(draws, top_k).items():
         board[k] = v
@@ -234,12 +288,13 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
     else:
         y, ids = read_new_responses(run, responses)
     res = score_responses(run, y, settings=settings, method=method)
-    table = summarize(run.spec, res.guide, "subject")
+    table = pd.DataFrame(result_columns(res, "subject"))  # exact intervals where computed
     stats = response_stats(y)
     table.insert(0, "subject", ids)
     table["accuracy"] = stats["subject_mean"]
     table["n_responses"] = stats["subject_n"]
     subject_guide = GuideState({"ability": res.guide.loc["ability"]},
                                {"ability": res.guide.log_scale["ability"]})
-    board = place_on_leaderboard(run, table, subject_guide, num_draws=num_draws, top_k=top_k, seed=seed)
+    board = place_on_leaderboard(run, table, subject_guide, num_draws=num_draws, top_k=top_k,
+                                 seed=seed, new_quantiles=res.quantile_functions.get("ability"))
     return board, res

@@ -130,6 +130,15 @@ def grid_quantiles(grid: np.ndarray, mass: np.ndarray, qs=(0.05, 0.95),
     return out
 
 
+def _grid_moments(grid: np.ndarray, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's mean and sd under masses ``mass`` ``(U, G)`` at the points ``grid``
+    (NaN for a row of no mass)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        total = mass.sum(axis=1)
+        mean = mass @ grid / total
+        return mean, np.sqrt(np.maximum(mass @ grid ** 2 / total - mean ** 2, 0.0))
+
+
 @exported_jit(static_argnames=("spec",))
 def _grid_mixture(spec, xs, w, grid, log_base, y1, y0):
     """``(U, G)``: ``sum_d w_d p(theta_g | y_u, x_d)``, each pattern's ability posterior
@@ -179,22 +188,46 @@ class AbilityDraws:
         else:
             pick = resampled(self.w, MIXTURE_DRAWS, seed)
             weight = np.full(MIXTURE_DRAWS, 1.0 / MIXTURE_DRAWS)
-        mass = _grid_mixture(spec, to_device(np.asarray(self.xs)[pick], jnp.float32),
-                             to_device(weight, jnp.float32),
-                             to_device(self.grid, jnp.float32),
-                             to_device(self.log_base, jnp.float32),
-                             to_device(np.asarray(self.y1, np.float32)),
-                             to_device(np.asarray(self.y0, np.float32)))
-        mass = np.asarray(mass, np.float64)
+        mass = self._mass(spec, pick, weight)
+        at, spread = _grid_moments(self.grid, mass)
         with np.errstate(invalid="ignore", divide="ignore"):  # padding patterns: no mass
-            total = mass.sum(axis=1)
-            at = mass @ self.grid / total
-            spread = np.sqrt(np.maximum(mass @ self.grid ** 2 / total - at ** 2, 0.0))
             stretch = sd / spread
             # a stretch far from 1 is no Monte Carlo error: a posterior the grid does not
             # resolve (NaN: the read-out's mean -+ 1.645 sd instead)
             stretch = np.where((stretch > 0.5) & (stretch < 2.0), stretch, np.nan)
             return mean + (grid_quantiles(self.grid, mass, qs) - at) * stretch
+
+    def _mass(self, spec, pick: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """``(U, G)`` float64: the draws ``pick`` averaged under ``weight`` on the grid."""
+        return np.asarray(_grid_mixture(spec, to_device(np.asarray(self.xs)[pick], jnp.float32),
+                                        to_device(weight, jnp.float32),
+                                        to_device(self.grid, jnp.float32),
+                                        to_device(self.log_base, jnp.float32),
+                                        to_device(np.asarray(self.y1, np.float32)),
+                                        to_device(np.asarray(self.y0, np.float32))), np.float64)
+
+    def moments(self, spec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(mean, sd, edge)`` ``(U,)``: each pattern's posterior mean and sd over every draw
+        at its weight (the mixture on the grid: the moments the fit reports, to float
+        precision), and the share of its mass on the grid's two outermost points at each
+        end (a grid too narrow for the pattern where it is not small)."""
+        mass = self._mass(spec, np.arange(len(self.w)), np.asarray(self.w, np.float64))
+        mean, sd = _grid_moments(self.grid, mass)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            edge = (mass[:, :2].sum(axis=1) + mass[:, -2:].sum(axis=1)) / mass.sum(axis=1)
+        return mean, sd, edge
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The item draws and the grid, to save with a run (no patterns): float32 draws (what
+        the fit computed with), float64 weights (the resampling reads their sums)."""
+        return {"xs": np.asarray(self.xs, np.float32), "w": np.asarray(self.w, np.float64),
+                "grid": np.asarray(self.grid, np.float64),
+                "log_base": np.asarray(self.log_base, np.float64)}
+
+    @classmethod
+    def of(cls, arrays: dict, y1: np.ndarray, y0: np.ndarray) -> "AbilityDraws":
+        """Saved :meth:`arrays` for the patterns of ones ``y1`` and zeros ``y0``."""
+        return cls(arrays["xs"], arrays["w"], arrays["grid"], arrays["log_base"], y1, y0)
 
     @property
     def record(self) -> str:

@@ -2693,7 +2693,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             "ability_sd_at_items": np.sqrt(var)[inverse], "item_covariance": cov,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
             "item_quantiles": quantiles, "item_constrained": constrained,
-            "ability_quantiles": ability_quantiles,
+            "ability_quantiles": ability_quantiles, "ability_draws": ability_draws,
             "volume_nodes": route.record(Q) if hyper else None,
             "diverged": diverged, "optimised_from_pass": optimised_from,
             "wall_s": time.perf_counter() - t0}
@@ -2740,7 +2740,11 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                    "newton_steps", "log_marginal_posterior", "item_moments", "set_aside",
                    "diverged", "mode_converged", "quick_compile", "optimised_from_pass",
                    "volume_nodes")}
-                   | {"memory": memory}},
+                   | {"memory": memory},
+               # the item draws the abilities were averaged over, where every item was
+               # fitted (none set aside): `score` averages new subjects over the same ones
+               **({"ability_draws": info["ability_draws"]} if info["ability_draws"] is not None
+                  and (aside is None or not len(aside[0])) else {})},
         cross=cross,
         intervals=by_block(info["item_quantiles"]) | (
             {} if table is None else {ability: table[list(INTERVAL_ROWS)].astype(np.float32)}),

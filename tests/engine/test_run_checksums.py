@@ -19,7 +19,8 @@ from engine.run import load_run
 from engine.runfiles import read_table, write_table
 
 CLI = [sys.executable, "-m", "engine.cli"]
-FILES = ["fit.json", "subjects.parquet", "items.parquet", "guide.npz", "pairwise.npz"]
+FILES = ["fit.json", "subjects.parquet", "items.parquet", "guide.npz", "pairwise.npz",
+         "ability_draws.npz"]
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,7 @@ def run_copy(clean_run, tmp_path):
 def _read_everything(path):
     run = load_run(path)
     run.pairwise()
+    run.ability_draws()
     return run
 
 

@@ -162,14 +162,29 @@ def test_a_short_tests_intervals_are_the_exact_posteriors(tmp_path):
     sheet = np.flatnonzero(top)[0]
     ends = np.quantile(many[:, sheet], [0.05, 0.95])
     np.testing.assert_allclose(ends, [row["ability_q05"], row["ability_q95"]], atol=0.03 * row["ability_sd"])
-    # a scored leaderboard draws the run's subjects from the same tables, the new ones
-    # from their Gaussian factors
-    board, scored = score(run, y[top][:1], num_draws=200)
-    both = np.concatenate([table, scored.guide.loc["ability"] + np.exp(
-        scored.guide.log_scale["ability"]) * np.asarray(z)[:, None]], axis=1)
+    # scored anew, an answer sheet of the run's is read as the run read it: its posterior
+    # over the run's saved item draws (the same mean, sd, interval and quantile function to
+    # float precision), and the leaderboard draws everyone through their own tables
+    assert run.info["readout"]["score_abilities"].startswith("exact")
+    board, scored = score(load_run(tmp_path / "run"), y[top][:1], num_draws=200)
+    assert scored.extra["abilities"].startswith("exact")
+    new = board[board["new"]].iloc[0]
+    for col in ("ability_mean", "ability_sd", "ability_q05", "ability_q95"):
+        assert new[col] == pytest.approx(row[col], abs=1e-5), col
+    z_new, new_table = scored.quantile_functions["ability"]
+    np.testing.assert_allclose(new_table[:, 0], table[:, sheet], atol=1e-5)
     draws = quantile_draws(board["ability_mean"].to_numpy(), np.exp(np.concatenate([
-        np.log(scale), scored.guide.log_scale["ability"]])), 200, 0, z, both)
+        np.log(scale), scored.guide.log_scale["ability"]])), 200, 0, z,
+        np.concatenate([table, new_table], axis=1))
     np.testing.assert_array_equal(board["rank_mean"], rank_stats(draws)["rank_mean"])
+    # a sheet the run never saw, with an item unanswered: its own exact posterior (skewed
+    # like its neighbours'), within the run's range
+    odd = y[top][:1].copy()
+    odd[0, 0] = -1
+    _, alone = score(load_run(tmp_path / "run"), odd, num_draws=50)
+    low, high = alone.intervals["ability"][:, 0]
+    m = alone.guide.loc["ability"][0]
+    assert low < m < high and (high - m) > (m - low)
 
 
 def test_sampled_items_give_exact_ability_intervals(monkeypatch):
@@ -211,3 +226,37 @@ def test_sampled_items_give_exact_ability_intervals(monkeypatch):
         # measured up to 0.016 sd: the reported mean and sd average every sweep, the
         # reference the 8,000 kept draws
         np.testing.assert_allclose([low[s], high[s]], want, atol=0.03 * sd[s])
+
+
+def test_score_reads_the_mean_field_factor_where_the_run_kept_no_item_draws(tmp_path, monkeypatch):
+    """Where the run set items aside (a column every subject answered alike) its abilities
+    were not averaged over draws of every item, and where its draws are over the size
+    bound they are not saved: `score` then reads new sheets from the mean-field factor
+    given the run's item factors, and fit.json and the result say so."""
+    import engine.run
+    from engine import FitSettings, fit, save_run
+
+    rng = np.random.default_rng(5)
+    theta = rng.normal(0, 1, 300)
+    b, a = rng.normal(0, 1, 6), np.exp(rng.normal(0, 0.3, 6))
+    y = (rng.uniform(size=(300, 6)) < expit(a * (theta[:, None] - b))).astype(np.int8)
+    aside = y.copy()
+    aside[:, 5] = 1
+    res = fit(aside, model="2pl", settings=FitSettings(seed=0))
+    assert "ability_draws" not in res.extra
+    run = save_run(res, tmp_path / "aside", num_draws=50)
+    assert "ability_draws.npz" not in run.info["files"]
+    assert run.info["readout"]["score_abilities"].startswith("the mean-field factor")
+    _, scored = score(load_run(tmp_path / "aside"), aside[:3], num_draws=50)
+    assert scored.extra["method"] == "grid"
+    assert scored.extra["abilities"].startswith("the mean-field factor")
+    assert not scored.quantile_functions
+
+    monkeypatch.setattr(engine.run, "ABILITY_DRAWS_MAX_BYTES", 100)
+    res = fit(y, model="2pl", settings=FitSettings(seed=0))
+    assert "ability_draws" in res.extra
+    run = save_run(res, tmp_path / "big", num_draws=50)
+    assert "ability_draws.npz" not in run.info["files"]
+    assert "were not saved" in run.info["readout"]["score_abilities"]
+    _, scored = score(load_run(tmp_path / "big"), y[:3], num_draws=50)
+    assert "saved no item draws" in scored.extra["abilities"]
