@@ -231,12 +231,13 @@ def _save_ability_draws(res: FitResult, tmp: Path) -> str | None:
     """Write ``ability_draws.npz`` (the item draws a quadrature fit averaged its abilities
     over) where it has them and they are small enough; how `score` will read new subjects'
     abilities (None: a model `score` does not grid)."""
-    found = res.extra.get("ability_draws")
-    if found is None:
+    if res.extra.get("ability_draws") is None:
         return None if "quadrature" not in res.extra else (
             "the mean-field factor given the item factors (this fit kept no item draws to "
             "average over: adaptive nodes, or items set aside)")
-    arrays = found.arrays()
+    found, pattern_of_subject, seed = res.extra["ability_draws"]
+    arrays = found.arrays() | {"pattern_of_subject": np.asarray(pattern_of_subject, np.int64),
+                               "seed": np.asarray(seed, np.int64)}
     size = sum(a.nbytes for a in arrays.values())
     if size > ABILITY_DRAWS_MAX_BYTES:
         return (f"the mean-field factor given the item factors (the fit's item draws, "

@@ -87,47 +87,82 @@ def _grid_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitRe
                       "elbo_note": "sum over subjects of log normalisers (item terms excluded)"})
 
 
-def _exact_result(run: Run, y: np.ndarray, item_idx) -> tuple[FitResult | None, str]:
+def _exact_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitResult | None:
     """New subjects' abilities as the run's own were read, where the run saved its item
-    draws (a quadrature fit, ``ability_draws.npz``): each distinct answer sheet's exact
-    posterior, its grid weights averaged over those draws, its mean and sd over all of them
-    and its quantile function as the run's (``AbilityDraws``); an answer sheet of the
-    run's gets the run's ability, interval and quantiles. ``(None, why)`` where the run
-    has no draws, or a sheet's posterior reaches the ends of the run's grid."""
-    t0 = time.perf_counter()
+    draws (a quadrature fit, ``ability_draws.npz``); None where it did not.
+
+    Each distinct answer sheet the run has (all its items, the same unanswered ones) takes
+    the run's own ability, interval and quantile function, to the bit (and ties with the
+    run's subjects of that sheet on the leaderboard). Any other sheet: its exact posterior,
+    the grid weights averaged over those draws, its mean and sd over all of them and its
+    quantile function as the run's were computed (``AbilityDraws``, with the fit's seed).
+    A sheet whose posterior the run's grid does not hold (mass at its ends) or resolve
+    (an sd under its spacing: more answers than any of the run's sheets) takes the
+    mean-field factor given the run's item factors instead, with a Gaussian interval;
+    ``extra["abilities"]`` counts each kind."""
     saved = run.ability_draws()
     if saved is None:
-        return None, "the mean-field factor given the run's item factors (the run saved no item draws)"
+        return None
     from engine.infer.ability_quantiles import INTERVAL_ROWS, PROBABILITIES, Z_NODES, AbilityDraws
     from engine.rows import identical_rows
 
-    if item_idx is not None:
-        saved = saved | {"xs": saved["xs"][:, np.asarray(item_idx)]}
-    first, inverse, _ = identical_rows(y)
-    sheets = y[first]
-    mask = (sheets >= 0).astype(np.float32)
-    ones = (sheets == 1).astype(np.float32) * mask
-    draws = AbilityDraws.of(saved, ones, mask - ones)
-    mean, sd, edge = draws.moments(run.spec)
-    if not (np.all(np.isfinite(mean)) and np.all(sd > 0) and np.all(edge < 1e-6)):
-        return None, ("the mean-field factor given the run's item factors (a new answer "
-                      "sheet's posterior reaches the ends of the run's ability grid)")
-    seed = int(run.info["settings"].get("seed", 0)) % 2 ** 32  # the fit's: the run's quantiles
-    table = draws.quantiles(run.spec, mean, sd, seed, PROBABILITIES)[:, inverse]
+    t0 = time.perf_counter()
     (ability,) = run.spec.by_owner("subject")
+    z = np.asarray(Z_NODES)
+    responses = np.where(np.isnan(y), -1, y).astype(np.int8) if np.issubdtype(
+        y.dtype, np.floating) else y.astype(np.int8)
+    first, inverse, _ = identical_rows(responses)
+    sheets = responses[first]
+    loc, log_scale = np.empty(len(sheets)), np.empty(len(sheets))
+    table = np.empty((len(z), len(sheets)))
+    known = np.full(len(sheets), -1)  # the run subject whose sheet each one is
+    if item_idx is None:
+        subject_of = {}
+        for s, u in enumerate(saved["pattern_of_subject"]):
+            subject_of.setdefault(int(u), s)
+        where = {saved["patterns"][u].tobytes(): s for u, s in subject_of.items()}
+        known = np.array([where.get(sheet.tobytes(), -1) for sheet in sheets])
+    at = known[known >= 0]
+    loc[known >= 0] = run.guide.loc[ability.name][at]  # float32 values: back to the bit
+    log_scale[known >= 0] = run.guide.log_scale[ability.name][at]
+    if ability.name in run.quantile_functions:
+        table[:, known >= 0] = run.quantile_functions[ability.name][1][:, at]
+    new = np.flatnonzero(known < 0)
+    unresolved = np.zeros(0, np.int64)
+    if new.size:
+        xs = saved["xs"] if item_idx is None else saved["xs"][:, np.asarray(item_idx)]
+        mask = (sheets[new] >= 0).astype(np.float32)
+        ones = (sheets[new] == 1).astype(np.float32) * mask
+        draws = AbilityDraws.of(saved | {"xs": xs}, ones, mask - ones)
+        mean, sd, edge = draws.moments(run.spec)
+        spacing = float(saved["grid"][1] - saved["grid"][0])
+        ok = np.isfinite(mean) & (sd >= spacing) & (edge < 1e-6)
+        loc[new], log_scale[new] = mean, np.log(sd)
+        if ok.any():
+            table[:, new[ok]] = draws.quantiles(run.spec, mean, sd, int(saved["seed"]),
+                                                PROBABILITIES)[:, ok]
+        unresolved = new[~ok]
+        if unresolved.size:  # the mean-field factor given the run's items, a Gaussian
+            mf = _grid_result(run, y[first[unresolved]], item_idx, grid).guide
+            loc[unresolved] = mf.loc[ability.name]
+            log_scale[unresolved] = mf.log_scale[ability.name]
+            table[:, unresolved] = loc[unresolved] + np.exp(log_scale[unresolved]) * z[:, None]
     init, frozen = _frozen_init(run, item_idx)
-    guide = GuideState({**init.loc, ability.name: mean[inverse].astype(np.float32)},
-                       {**init.log_scale, ability.name: np.log(sd[inverse]).astype(np.float32)})
+    guide = GuideState({**init.loc, ability.name: loc[inverse].astype(np.float32)},
+                       {**init.log_scale, ability.name: log_scale[inverse].astype(np.float32)})
+    ends = table[list(INTERVAL_ROWS)]
+    ends[:, unresolved] = np.nan  # the Gaussian's
     wall = time.perf_counter() - t0
-    how = (f"exact: each answer sheet's posterior averaged over the run's {len(saved['w'])} "
-           f"item draws, as the run's subjects' were")
+    how = (f"exact: {len(sheets)} answer sheet(s): {int((known >= 0).sum())} of the run's, "
+           f"read as the run read them; {new.size - unresolved.size} averaged over the run's "
+           f"{len(saved['w'])} item draws as the run's were; {unresolved.size} beyond the "
+           f"run's ability grid (the mean-field factor given its item factors)")
     trace = [{"pass": 1, "elbo": float("nan"), "elbo_smooth": float("nan"), "seconds": wall}]
     return FitResult(run.spec, guide, _run_settings(run), trace, True, wall, 0.0, y.shape[0],
                      y.shape[1], int((y >= 0).sum()), 1, tuple(sorted(frozen)),
                      {"method": "grid", "abilities": how, "elbo_note": "not computed"},
-                     intervals={ability.name: table[list(INTERVAL_ROWS)].astype(np.float32)},
-                     quantile_functions={ability.name: (np.asarray(Z_NODES),
-                                                        table.astype(np.float32))}), how
+                     intervals={ability.name: ends[:, inverse].astype(np.float32)},
+                     quantile_functions={ability.name: (z, table[:, inverse].astype(np.float32))})
 
 
 def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarray | None = None,
@@ -172,11 +207,12 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
         y = y.copy()
         y[:, aside] = np.nan if np.issubdtype(y.dtype, np.floating) else -1
     if method in ("grid", "auto") and applies:
-        exact, how = _exact_result(run, y, item_idx)
+        exact = _exact_result(run, y, item_idx, grid)
         if exact is not None:
             return exact
         res = _grid_result(run, y, item_idx, grid)
-        res.extra["abilities"] = how
+        res.extra["abilities"] = ("the mean-field factor given the run's item factors (the "
+                                  "run saved no item draws)")
         return res
     if settings is None:
         settings = _run_settings(run)

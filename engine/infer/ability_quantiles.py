@@ -218,11 +218,14 @@ class AbilityDraws:
         return mean, sd, edge
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The item draws and the grid, to save with a run (no patterns): float32 draws (what
-        the fit computed with), float64 weights (the resampling reads their sums)."""
+        """The item draws and the grid, to save with a run: float32 draws (what the fit
+        computed with), float64 weights (the resampling reads their sums), and the patterns
+        as int8 responses (1, 0, -1 unobserved)."""
+        ones, zeros = np.asarray(self.y1) > 0, np.asarray(self.y0) > 0
         return {"xs": np.asarray(self.xs, np.float32), "w": np.asarray(self.w, np.float64),
                 "grid": np.asarray(self.grid, np.float64),
-                "log_base": np.asarray(self.log_base, np.float64)}
+                "log_base": np.asarray(self.log_base, np.float64),
+                "patterns": np.where(ones, 1, np.where(zeros, 0, -1)).astype(np.int8)}
 
     @classmethod
     def of(cls, arrays: dict, y1: np.ndarray, y0: np.ndarray) -> "AbilityDraws":

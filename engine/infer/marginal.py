@@ -2694,6 +2694,7 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
             "item_moments": moments_record, "item_mode": mode, "set_aside": set_aside,
             "item_quantiles": quantiles, "item_constrained": constrained,
             "ability_quantiles": ability_quantiles, "ability_draws": ability_draws,
+            "pattern_of_subject": inverse, "seed": _seed(settings),
             "volume_nodes": route.record(Q) if hyper else None,
             "diverged": diverged, "optimised_from_pass": optimised_from,
             "wall_s": time.perf_counter() - t0}
@@ -2743,7 +2744,9 @@ def fit_marginal_result(spec: ModelSpec, y: np.ndarray, fit_settings,
                    | {"memory": memory},
                # the item draws the abilities were averaged over, where every item was
                # fitted (none set aside): `score` averages new subjects over the same ones
-               **({"ability_draws": info["ability_draws"]} if info["ability_draws"] is not None
+               # (with each subject's pattern among them, and the quantiles' seed)
+               **({"ability_draws": (info["ability_draws"], info["pattern_of_subject"],
+                                     info["seed"])} if info["ability_draws"] is not None
                   and (aside is None or not len(aside[0])) else {})},
         cross=cross,
         intervals=by_block(info["item_quantiles"]) | (

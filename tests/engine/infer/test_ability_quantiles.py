@@ -169,10 +169,11 @@ def test_a_short_tests_intervals_are_the_exact_posteriors(tmp_path):
     board, scored = score(load_run(tmp_path / "run"), y[top][:1], num_draws=200)
     assert scored.extra["abilities"].startswith("exact")
     new = board[board["new"]].iloc[0]
-    for col in ("ability_mean", "ability_sd", "ability_q05", "ability_q95"):
-        assert new[col] == pytest.approx(row[col], abs=1e-5), col
+    for col in ("ability_mean", "ability_sd", "ability_q05", "ability_q95", "rank_mean",
+                "rank_q05", "rank_q95", "p_top1"):  # to the bit, and tied with its twins
+        assert new[col] == row[col] == board.loc[sheet, col], col
     z_new, new_table = scored.quantile_functions["ability"]
-    np.testing.assert_allclose(new_table[:, 0], table[:, sheet], atol=1e-5)
+    np.testing.assert_array_equal(new_table[:, 0], table[:, sheet])
     draws = quantile_draws(board["ability_mean"].to_numpy(), np.exp(np.concatenate([
         np.log(scale), scored.guide.log_scale["ability"]])), 200, 0, z,
         np.concatenate([table, new_table], axis=1))
@@ -182,9 +183,43 @@ def test_a_short_tests_intervals_are_the_exact_posteriors(tmp_path):
     odd = y[top][:1].copy()
     odd[0, 0] = -1
     _, alone = score(load_run(tmp_path / "run"), odd, num_draws=50)
+    assert "0 of the run's" in alone.extra["abilities"] and "1 averaged" in alone.extra["abilities"]
     low, high = alone.intervals["ability"][:, 0]
     m = alone.guide.loc["ability"][0]
     assert low < m < high and (high - m) > (m - low)
+    # the run's own sheets, scored among others, are read as the run read them; the
+    # other sheets' results do not depend on what they are scored with
+    some = y[:40]
+    _, together = score(load_run(tmp_path / "run"), np.concatenate([some, odd]), num_draws=50)
+    np.testing.assert_array_equal(together.guide.loc["ability"][:40], s["ability_mean"][:40].astype(np.float32))
+    assert together.guide.loc["ability"][40] == alone.guide.loc["ability"][0]
+
+
+def test_score_of_a_sheet_the_runs_grid_does_not_resolve_is_the_mean_field_factor(tmp_path):
+    """A run whose subjects answered 3 of 12 items each: its grid is spaced for their wide
+    posteriors, so a new sheet of all 12 answers (a narrower posterior than any of the
+    run's) is read from the mean-field factor with a Gaussian interval, and says so; the
+    run's own sheets beside it stay exact."""
+    from engine import FitSettings, fit, save_run
+
+    rng = np.random.default_rng(8)
+    theta = rng.normal(0, 1, 400)
+    b, a = rng.normal(0, 1, 12), np.exp(rng.normal(0, 0.3, 12))
+    full = (rng.uniform(size=(400, 12)) < expit(a * (theta[:, None] - b))).astype(np.int8)
+    y = np.full_like(full, -1)
+    for s_ in range(400):
+        keep = rng.choice(12, 3, replace=False)
+        y[s_, keep] = full[s_, keep]
+    res = fit(y, model="2pl", settings=FitSettings(seed=0))
+    run = save_run(res, tmp_path / "run", num_draws=50)
+    assert run.info["readout"]["score_abilities"].startswith("exact")
+    board, scored = score(load_run(tmp_path / "run"), np.concatenate([full[:1], y[:1]]), num_draws=50)
+    assert "1 of the run's" in scored.extra["abilities"]
+    assert "1 beyond the run's ability grid" in scored.extra["abilities"]
+    new = board[board["new"]]
+    m, sd = new["ability_mean"].iloc[0], new["ability_sd"].iloc[0]
+    assert new["ability_q95"].iloc[0] == pytest.approx(m + 1.6448536 * sd, rel=1e-5)
+    assert new["ability_mean"].iloc[1] == run.subjects["ability_mean"].iloc[0]
 
 
 def test_sampled_items_give_exact_ability_intervals(monkeypatch):
