@@ -236,7 +236,7 @@ def _save_ability_draws(res: FitResult, tmp: Path) -> str | None:
             "the mean-field factor given the item factors (this fit kept no item draws to "
             "average over: adaptive nodes, or items set aside)")
     found, pattern_of_subject, seed = res.extra["ability_draws"]
-    arrays = found.arrays() | {"pattern_of_subject": np.asarray(pattern_of_subject, np.int64),
+    arrays = found.arrays() | {"pattern_of_subject": np.asarray(pattern_of_subject, np.int32),
                                "seed": np.asarray(seed, np.int64)}
     size = sum(a.nbytes for a in arrays.values())
     if size > ABILITY_DRAWS_MAX_BYTES:

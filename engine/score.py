@@ -116,16 +116,16 @@ def _exact_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitR
     loc, log_scale = np.empty(len(sheets)), np.empty(len(sheets))
     table = np.empty((len(z), len(sheets)))
     known = np.full(len(sheets), -1)  # the run subject whose sheet each one is
-    if item_idx is None:
+    if item_idx is None and "pattern_of_subject" in saved and ability.name in run.quantile_functions:
         subject_of = {}
         for s, u in enumerate(saved["pattern_of_subject"]):
             subject_of.setdefault(int(u), s)
         where = {saved["patterns"][u].tobytes(): s for u, s in subject_of.items()}
-        known = np.array([where.get(sheet.tobytes(), -1) for sheet in sheets])
+        known = np.array([where.get(sheet.tobytes(), -1) for sheet in sheets], np.int64)
     at = known[known >= 0]
     loc[known >= 0] = run.guide.loc[ability.name][at]  # float32 values: back to the bit
     log_scale[known >= 0] = run.guide.log_scale[ability.name][at]
-    if ability.name in run.quantile_functions:
+    if at.size:
         table[:, known >= 0] = run.quantile_functions[ability.name][1][:, at]
     new = np.flatnonzero(known < 0)
     unresolved = np.zeros(0, np.int64)
@@ -139,8 +139,9 @@ def _exact_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitR
         ok = np.isfinite(mean) & (sd >= spacing) & (edge < 1e-6)
         loc[new], log_scale[new] = mean, np.log(sd)
         if ok.any():
-            table[:, new[ok]] = draws.quantiles(run.spec, mean, sd, int(saved["seed"]),
-                                                PROBABILITIES)[:, ok]
+            seed = int(saved["seed"]) if "seed" in saved else int(
+                run.info["settings"].get("seed", 0)) % 2 ** 32  # the fit's
+            table[:, new[ok]] = draws.quantiles(run.spec, mean, sd, seed, PROBABILITIES)[:, ok]
         unresolved = new[~ok]
         if unresolved.size:  # the mean-field factor given the run's items, a Gaussian
             mf = _grid_result(run, y[first[unresolved]], item_idx, grid).guide
