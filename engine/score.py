@@ -131,9 +131,7 @@ def _exact_result(run: Run, y: np.ndarray, item_idx, grid: GridSettings) -> FitR
     unresolved = np.zeros(0, np.int64)
     if new.size:
         xs = saved["xs"] if item_idx is None else saved["xs"][:, np.asarray(item_idx)]
-        mask = (sheets[new] >= 0).astype(np.float32)
-        ones = (sheets[new] == 1).astype(np.float32) * mask
-        draws = AbilityDraws.of(saved | {"xs": xs}, ones, mask - ones)
+        draws = AbilityDraws.of(saved | {"xs": xs}, sheets[new])
         mean, sd, edge = draws.moments(run.spec)
         spacing = float(saved["grid"][1] - saved["grid"][0])
         ok = np.isfinite(mean) & (sd >= spacing) & (edge < 1e-6)

@@ -25,9 +25,8 @@ linearly instead is 0.2 sd off.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -228,9 +227,14 @@ class AbilityDraws:
                 "patterns": np.where(ones, 1, np.where(zeros, 0, -1)).astype(np.int8)}
 
     @classmethod
-    def of(cls, arrays: dict, y1: np.ndarray, y0: np.ndarray) -> "AbilityDraws":
-        """Saved :meth:`arrays` for the patterns of ones ``y1`` and zeros ``y0``."""
-        return cls(arrays["xs"], arrays["w"], arrays["grid"], arrays["log_base"], y1, y0)
+    def of(cls, arrays: dict, responses: np.ndarray) -> "AbilityDraws":
+        """Saved :meth:`arrays` for the answer patterns ``responses`` ``(U, n)``, coded as
+        :meth:`arrays` codes them (1, 0, -1 unobserved)."""
+        responses = np.asarray(responses)
+        mask = (responses >= 0).astype(np.float32)
+        ones = (responses == 1).astype(np.float32)
+        return cls(arrays["xs"], arrays["w"], arrays["grid"], arrays["log_base"], ones,
+                   mask - ones)
 
     @property
     def record(self) -> str:
