@@ -31,7 +31,8 @@ the mean error of the fitted location (unconstrained scale, raw truth).
 
 ``--mirt-guessing-beta A,B`` fits mirt with ``priors={"guessing": BetaPrior(A, B)}`` (MAP EM).
 
-``--nuts`` also samples each data set with NUTS (``engine.fit_nuts`` at its defaults) and
+``--nuts`` also samples each data set with NUTS (``engine.fit_nuts`` at its defaults;
+``--nuts-extend N``: up to N rounds of more draws while an R-hat exceeds 1.01) and
 scores the raw truth with its draws' central 90% intervals: the exact posterior's coverage;
 ``nuts_agreement`` compares the fit's ``items.parquet`` / ``subjects.parquet`` columns with
 NUTS's draws per block: ``|fit mean - NUTS mean| / NUTS sd`` (median, max) and the sd ratio
@@ -211,7 +212,7 @@ def agreement(mine, exact, block: str) -> dict:
             "mean_signed_z": float(np.mean((fm - nm) / ns))}
 
 
-def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
+def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None, extend: int = 0) -> dict:
     """Coverage of NUTS's central 90% intervals (the draws' 5% and 95% quantiles, at
     ``fit --method nuts``'s defaults) of the raw truth, per block, with the run's largest
     R-hat, wall time and sampler coordinates (fit.json's, with any restart in standardised
@@ -225,9 +226,13 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
     from engine.readout.posterior import result_columns
 
     start = time.perf_counter()
-    res = engine.fit_nuts(sim["responses"], model=model, prior=prior)
+    from engine.infer.nuts import NutsSettings
+
+    res = engine.fit_nuts(sim["responses"], model=model, prior=prior,
+                          settings=NutsSettings(extend=extend))
     out = {"wall_s": time.perf_counter() - start,
            "rhat_max": float(res.extra["diagnostics"]["rhat_max"]),
+           "extended": int(res.extra["diagnostics"].get("extended", 0)),
            "coordinates": res.extra["diagnostics"]["coordinates"],  # and any restart
            # each block's largest Monte Carlo error of a posterior sd, relative to the sd
            "mcse_sd_rel_max": {b: v.get("mcse_sd_rel_max")
@@ -253,7 +258,7 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None) -> dict:
 def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str = "auto",
             mirt_python: str | None = None, prior: str | None = "population",
             nuts: bool = False, mirt_timeout: float | None = None, truths: dict | None = None,
-            mirt_guessing_beta: str | None = None) -> dict:
+            mirt_guessing_beta: str | None = None, nuts_extend: int = 0) -> dict:
     import engine
     from engine.readout.posterior import interval_90, result_columns, within_owner_scales
 
@@ -286,7 +291,7 @@ def measure(model: str, shape: tuple[int, int], seed: int, ability_factor: str =
     if mirt_python:
         out["mirt"] = mirt_wald(model, sim, mirt_python, mirt_timeout, mirt_guessing_beta)
     if nuts:
-        out["nuts"] = nuts_coverage(model, sim, prior, res)
+        out["nuts"] = nuts_coverage(model, sim, prior, res, nuts_extend)
     table = result_columns(res, "item")
     raw = _truth_unconstrained(sim, model)
     out["summary"] = {block: {"mean_truth": float(np.mean(sim[block])),
@@ -331,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds before a mirt run is recorded as failed")
     ap.add_argument("--nuts", action="store_true",
                     help="add NUTS's coverage (fit --method nuts defaults) on the same data")
+    ap.add_argument("--nuts-extend", type=int, default=0, metavar="N",
+                    help="with --nuts: up to N rounds of more draws while any R-hat is over "
+                         "1.01 (NutsSettings.extend; fit.json's `extended` says how many ran)")
     ap.add_argument("--mirt-guessing-beta", default=None, metavar="A,B",
                     help="with --mirt: fit mirt with priors={'guessing': BetaPrior(A, B)}")
     ap.add_argument("--guessing-truth", type=float, default=None, metavar="C",
@@ -363,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in shapes:
             for seed in seeds:
                 runs.append(measure(m, s, seed, args.ability_factor, args.mirt, prior, args.nuts,
-                                    args.mirt_timeout, truths, args.mirt_guessing_beta))
+                                    args.mirt_timeout, truths, args.mirt_guessing_beta,
+                                    args.nuts_extend))
                 r = runs[-1]
                 with each.open("a") as f:
                     f.write(json.dumps(r) + "\n")

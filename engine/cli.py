@@ -339,7 +339,7 @@ def _vector_leaderboard(run, args) -> int:
 
     spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
     draws = draw_posterior(run.spec, run.guide, args.draws, rng_key=jax.random.PRNGKey(args.seed),
-                           names=("ability",))["ability"]
+                           names=("ability",), share_identical=True)["ability"]
     skills = list(run.spec.skills) or ["ability"]
     board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec)
     print(format_vector_board(board, args.top_k))

@@ -22,7 +22,7 @@ from engine.models.spec import ModelSpec
 from engine.readout.expected import score_draws, score_summary
 from engine.readout.posterior import draw_posterior, result_columns
 from engine.readout.quantile_draws import quantile_draws
-from engine.readout.ranking import pairwise_beats, rank_stats
+from engine.readout.ranking import identical_subjects, pairwise_beats, rank_stats
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -121,16 +121,43 @@ def store_candidates(run: "Run") -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int) -> dict[str, np.ndarray]:
+def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int,
+                   groups: np.ndarray | None = None) -> dict[str, np.ndarray]:
     ex = res.extra
     cols = {"subject": np.asarray(ex["subjects"])} | result_columns(res, "subject")
     cols["accuracy"] = np.asarray(ex["stats"]["subject_mean"])
     cols["n_responses"] = np.asarray(ex["stats"]["subject_n"])
     if draws is not None and res.spec.score is not None:  # draws of the expected score
-        cols |= {k: np.asarray(v) for k, v in score_summary(draws).items()}
+        cols |= {k: np.asarray(v) for k, v in score_summary(draws, groups).items()}
     if draws is not None:
-        cols |= {k: np.asarray(v) for k, v in rank_stats(draws, top_k).items()}
+        cols |= {k: np.asarray(v) for k, v in rank_stats(draws, top_k, groups).items()}
     return cols
+
+
+def _rank_draws_and_groups(res: FitResult, num_draws: int, seed: int):
+    """Joint draws ``(T, S)`` of what ranks the subjects (ability, or the expected score) and
+    the groups of subjects whose posteriors are the same (:func:`identical_subjects`; None:
+    none), or ``(None, None)``. Twins are drawn independently, their statistics pooled."""
+    ability = res.spec.param("ability")
+    subject = res.spec.by_owner("subject")
+    factors = [a for p in subject for a in (res.guide.loc[p.name], res.guide.log_scale[p.name])]
+    if res.draws and ability.shape == () and res.spec.score is None:  # NUTS
+        pooled = np.asarray(res.draws["ability"]).reshape((-1, res.num_subjects))
+        joint = res.extra.get("rank_draws")  # twins' own draws, where they were pooled
+        return (pooled if joint is None else np.asarray(joint)), identical_subjects(pooled.T)
+    if res.spec.score is not None:  # ability alone does not order subjects: rank by score
+        return (score_draws(res.spec, res.guide, num_draws, rng_key=seed),
+                identical_subjects(*factors))
+    if ability.name in res.quantile_functions:  # each subject's exact posterior
+        z, values = res.quantile_functions[ability.name]
+        return (quantile_draws(res.guide.loc[ability.name],
+                               np.exp(res.guide.log_scale[ability.name]), num_draws, seed, z,
+                               values),
+                identical_subjects(*factors))
+    if ability.shape == ():
+        return (draw_posterior(res.spec, res.guide, num_draws, rng_key=seed,
+                               names=("ability",))["ability"], identical_subjects(*factors))
+    return None, None
 
 
 def _item_table(res: FitResult) -> dict[str, np.ndarray]:
@@ -150,23 +177,12 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     out = Path(out)
     if out.exists() and not overwrite:
         raise RunExistsError(f"run directory {out} exists; pass --overwrite or choose another --out")
-    draws = None
     ability = res.spec.param("ability")
-    if res.spec.score is not None:  # ability alone does not order subjects: rank by score
-        draws = score_draws(res.spec, res.guide, num_draws, rng_key=seed)
-    elif ability.name in res.quantile_functions:  # each subject's exact posterior
-        z, values = res.quantile_functions[ability.name]
-        draws = quantile_draws(res.guide.loc[ability.name], np.exp(res.guide.log_scale[ability.name]),
-                               num_draws, seed, z, values)
-    elif ability.shape == ():
-        draws = draw_posterior(res.spec, res.guide, num_draws, rng_key=seed,
-                               names=("ability",))["ability"]
-    if res.draws and ability.shape == () and getattr(res.spec, "score", None) is None:  # NUTS
-        draws = np.asarray(res.draws["ability"]).reshape((-1, res.num_subjects))
+    draws, groups = _rank_draws_and_groups(res, num_draws, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        subjects, items = _subject_table(res, draws, top_k), _item_table(res)
+        subjects, items = _subject_table(res, draws, top_k, groups), _item_table(res)
         runfiles.write_table(subjects, tmp / "subjects.parquet")
         runfiles.write_table(items, tmp / "items.parquet")
         guide = GuideState({k: np.asarray(v) for k, v in res.guide.loc.items()},
@@ -179,7 +195,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         if res.extra.get("idata") is not None:  # ArviZ InferenceData of a sampler's draws
             res.extra["idata"].to_netcdf(str(tmp / "draws.nc"))
         if draws is not None and draws.shape[1] <= PAIRWISE_MAX_SUBJECTS:
-            runfiles.write_npz(tmp / "pairwise.npz", p_beats=pairwise_beats(draws))
+            runfiles.write_npz(tmp / "pairwise.npz", p_beats=pairwise_beats(draws, groups=groups))
         score_abilities = _save_ability_draws(res, tmp)
         info = {
             "format_version": FORMAT_VERSION,

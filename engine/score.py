@@ -34,7 +34,7 @@ from engine.infer.guide import GuideState
 from engine.infer.settings import FitSettings
 from engine.readout.posterior import result_columns
 from engine.readout.quantile_draws import quantile_draws
-from engine.readout.ranking import rank_stats
+from engine.readout.ranking import identical_subjects, rank_stats
 from engine.run import Run, load_run
 
 __all__ = ["score", "score_responses", "read_new_responses", "place_on_leaderboard", "METHODS"]
@@ -278,13 +278,13 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
                         "accuracy", "n_responses"]].copy()
     old["new"] = False
     board = pd.concat([old, new.assign(new=True)[old.columns]], ignore_index=True)
-    # Independent abilities: drawn directly (numpy, no compiled program per shape), identical
-    # factors (identical answer sheets) sharing their draws so that they rank alike, and
-    # mapped through the block's transform.
+    # Independent abilities: drawn directly (numpy, no compiled program per shape) and
+    # mapped through the block's transform; subjects of one posterior (identical answer
+    # sheets, a scored one beside the run's) drawn apart, their rank statistics pooled.
     ability = run.spec.by_owner("subject")[0]
     new_loc = np.asarray(new_guide.loc[ability.name])
     new_scale = np.exp(np.asarray(new_guide.log_scale[ability.name]))  # as the run's: a new
-    # factor equal to a run's, bit for bit, shares its draws
+    # factor equal to a run's, bit for bit, is in its group
     loc = np.concatenate([np.asarray(run.guide.loc[ability.name]), new_loc])
     scale = np.concatenate([np.exp(np.asarray(run.guide.log_scale[ability.name])), new_scale])
     z = values = None
@@ -294,7 +294,8 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
             np.float64) + new_scale.astype(np.float64) * np.asarray(z)[:, None])
         values = np.concatenate([old_values, new_values], axis=1)
     draws = np.asarray(ability.constrain(quantile_draws(loc, scale, num_draws, seed, z, values)))
-    for k, v in rank_stats(draws, top_k).items():
+    groups = identical_subjects(loc, scale)
+    for k, v in rank_stats(draws, top_k, groups).items():
         board[k] = v
     return board
 

@@ -972,9 +972,11 @@ def pool_identical_rows(spec: ModelSpec, y: np.ndarray, draws: NutsDraws) -> tup
 
     Their abilities are exchangeable in the posterior, so each has the group's marginal;
     draw ``t`` of the group is member ``t mod m``'s draw ``t`` (jointly drawn with every
-    other parameter at ``t``), so every member gets the same ability, interval, rank
-    statistics and tie group, from all members' draws. Only for models whose subjects have
-    one scalar block; returns ``(draws, rows whose draws were replaced)``.
+    other parameter at ``t``), so every member gets the same ability, interval and tie
+    group, from all members' draws. (The pooled columns tie in every draw, so they do not
+    rank: :func:`nuts_fit_result` keeps the draws as sampled for the rank statistics.) Only
+    for models whose subjects have one scalar block; returns ``(draws, rows whose draws
+    were replaced)``.
     """
     subject = spec.by_owner("subject")
     if len(subject) != 1 or subject[0].shape != ():
@@ -1036,8 +1038,12 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
         timings["wall_s"] += t["wall_s"]
         timings["compile_s"] += t["compile_s"]
         constrained, idata, diag = read(draws, settings)
+    as_drawn = constrained
     draws, pooled = pool_identical_rows(spec, y, draws)
-    if pooled:
+    rank_draws = None
+    if pooled:  # the rank read-outs need each twin's own draws (independent abilities)
+        name = spec.by_owner("subject")[0].name
+        rank_draws = np.asarray(as_drawn[name], np.float32).reshape((-1, y.shape[0]))
         constrained = constrain_draws(spec, draws.position)
         idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
     diag["pooled_rows"] = pooled
@@ -1059,4 +1065,5 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
                      converged=diag["converged"], wall_time_s=timings["wall_s"],
                      compile_time_s=timings["compile_s"], num_subjects=y.shape[0],
                      num_items=y.shape[1], num_observed=observed, num_devices=1,
-                     extra={"idata": idata, "diagnostics": diag}, draws=constrained)
+                     extra={"idata": idata, "diagnostics": diag, "rank_draws": rank_draws},
+                     draws=constrained)

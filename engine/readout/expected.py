@@ -80,8 +80,13 @@ def score_draws(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key) 
     return out
 
 
-def score_summary(draws: np.ndarray) -> dict[str, np.ndarray]:
-    """``score_mean``, ``score_sd``, ``score_q05``, ``score_q95`` per subject from ``(T, S)``."""
-    return {"score_mean": draws.mean(axis=0), "score_sd": draws.std(axis=0),
-            "score_q05": np.quantile(draws, 0.05, axis=0),
-            "score_q95": np.quantile(draws, 0.95, axis=0)}
+def score_summary(draws: np.ndarray, groups: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """``score_mean``, ``score_sd``, ``score_q05``, ``score_q95`` per subject from ``(T, S)``;
+    subjects of one group of ``groups`` (identical posteriors) read from all the group's
+    draws (:func:`engine.readout.ranking.pooled_statistics`)."""
+    from engine.readout.ranking import pooled_statistics
+
+    return pooled_statistics(draws, groups, {
+        "score_mean": lambda v: v.mean(axis=0), "score_sd": lambda v: v.std(axis=0),
+        "score_q05": lambda v: np.quantile(v, 0.05, axis=0),
+        "score_q95": lambda v: np.quantile(v, 0.95, axis=0)})

@@ -26,16 +26,20 @@ Z90 = 1.6448536269514722  # standard normal 95th percentile: a central 90% inter
 
 
 def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key,
-                   names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+                   names: tuple[str, ...] | None = None,
+                   share_identical: bool = False) -> dict[str, np.ndarray]:
     """Joint draws of constrained parameters, ``(num_draws, *block_shape)`` per name.
 
     ``rng_key`` is a JAX PRNG key, or a Python int seed standing for
     ``jax.random.PRNGKey(seed)`` (the same draws; the key is then made inside the compiled
     program, which saves a fresh process two small programs).
 
-    Subjects whose factors are identical (location and scale, to the bit: e.g. the same
-    answer sheet) share their draws, so they tie in every draw and get identical rank
-    statistics; without such duplicates the draws are as before.
+    Every subject is drawn independently (the joint posterior of the factors), twins
+    included: :func:`engine.readout.ranking.rank_stats` pools the statistics of subjects
+    whose factors are identical. ``share_identical``: subjects whose factors are identical
+    (location and scale, to the bit: e.g. the same answer sheet) share their draws instead,
+    so they tie in every draw (the multidimensional boards, which read each draw's
+    dominance order); without such duplicates the draws are the same either way.
     """
     names = names or spec.names
     seeded = isinstance(rng_key, (int, np.integer))
@@ -43,7 +47,8 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
     params, locs, log_scales, inverses, shapes = [], [], [], [], []
     for name in names:
         p = spec.param(name)
-        first, inverse = _identical_owners(guide, name) if p.owner == "subject" else (None, None)
+        first, inverse = (_identical_owners(guide, name) if share_identical and p.owner == "subject"
+                          else (None, None))
         loc = np.asarray(guide.loc[name])
         width = loc.shape[:1] if first is None else (first.size,)
         params.append(p)

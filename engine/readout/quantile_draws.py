@@ -12,8 +12,10 @@ without a table is drawn as ``mean + sd e``. The 90% interval of the draws is th
 which ``subjects.parquet`` reports, so the rank statistics and the intervals read the same
 posterior.
 
-Subjects whose posterior location and scale are identical (identical answer sheets) share
-their draws, so they tie in every draw and rank alike.
+Every subject is drawn independently, twins (identical answer sheets) included: their
+posteriors are the same, their abilities are not, so they rank among each other as any two
+subjects do. The rank read-outs pool such subjects' statistics
+(:func:`engine.readout.ranking.rank_stats` with ``groups``), so they still read alike.
 """
 
 from __future__ import annotations
@@ -50,34 +52,34 @@ def standardised_table(z: np.ndarray, values: np.ndarray, loc: np.ndarray,
 
 def quantile_draws(loc: np.ndarray, scale: np.ndarray, num_draws: int, seed: int,
                    z: np.ndarray | None = None, values: np.ndarray | None = None,
-                   chunk: int = 4096) -> np.ndarray:
+                   chunk: int = 2048) -> np.ndarray:
     """``(num_draws, S)`` float32 draws of ``S`` scalar abilities, independent across
-    subjects: ``loc + scale g(e)`` with ``e`` standard normal (NumPy's generator seeded with
-    ``seed``) and ``g`` each subject's standardised quantile function (module docstring)
-    from the table ``values`` ``(J, S)`` at normal scores ``z`` ``(J,)``; without a table,
-    ``g`` is the identity (the Gaussian ``loc + scale e``). Subjects of one location and
-    scale share their draws (and the first one's table)."""
+    subjects (identical posteriors included): ``loc + scale g(e)`` with ``e`` standard
+    normal (NumPy's generator seeded with ``seed``) and ``g`` each subject's standardised
+    quantile function (module docstring) from the table ``values`` ``(J, S)`` at normal
+    scores ``z`` ``(J,)``; without a table, ``g`` is the identity (the Gaussian
+    ``loc + scale e``)."""
     loc, scale = np.asarray(loc, np.float64), np.asarray(scale, np.float64)
+    S = loc.size
     if values is None:
-        z, table = np.array([-1.0, 1.0]), np.array([[-1.0], [1.0]]) * np.ones((1, loc.size))
+        z, table = np.array([-1.0, 1.0]), np.array([[-1.0], [1.0]]) * np.ones((1, S))
     else:
         z, table = np.asarray(z, np.float64), standardised_table(z, values, loc, scale)
-    # one posterior a location and scale (identical sheets; under the 1PL every sheet of a
-    # score on the same items): its first subject's table stands for all
-    _, first, inverse = np.unique(np.stack([loc, scale], 1), axis=0, return_index=True,
-                                  return_inverse=True)
-    inverse = np.asarray(inverse).reshape(-1)
-    # any integer seed, as the fit takes it (``--seed -1``)
-    eps = np.random.default_rng(int(seed) % 2 ** 32).standard_normal((num_draws, first.size),
+    # any integer seed, as the fit takes it (``--seed -1``); drawn a subject a row, so that
+    # each subject's draws lie together in memory
+    eps = np.random.default_rng(int(seed) % 2 ** 32).standard_normal((S, num_draws),
                                                                       dtype=np.float32)
-    out = np.empty((num_draws, first.size), np.float32)
+    out = np.empty((S, num_draws), np.float32)
     J = z.size
-    slopes = np.diff(table[:, first], axis=0) / np.diff(z)[:, None]  # (J - 1, U)
-    for start in range(0, first.size, chunk):
-        cols = slice(start, start + chunk)
-        e = eps[:, cols].astype(np.float64)
-        k = np.clip(np.searchsorted(z, e) - 1, 0, J - 2)  # each draw's segment
-        base = np.take_along_axis(table[:, first[cols]], k, axis=0)
-        g = base + np.take_along_axis(slopes[:, cols], k, axis=0) * (e - z[k])
-        out[:, cols] = loc[first[cols]] + scale[first[cols]] * g
-    return out[:, inverse]
+    starts = table[:-1].T  # (S, J - 1): each segment's start, and its slope
+    slopes = (np.diff(table, axis=0) / np.diff(z)[:, None]).T
+    for a in range(0, S, chunk):
+        rows = slice(a, min(a + chunk, S))
+        e = eps[rows].astype(np.float64)
+        k = np.zeros(e.shape, np.intp)  # each draw's segment: the inner nodes at or below
+        for node in z[1:-1]:  # it (a comparison a node: a tenth of a binary search's time)
+            k += e >= node
+        at = k + (J - 1) * np.arange(e.shape[0])[:, None]  # in the rows' flattened tables
+        g = starts[rows].ravel()[at] + slopes[rows].ravel()[at] * (e - z[k])
+        out[rows] = loc[rows, None] + scale[rows, None] * g
+    return np.ascontiguousarray(out.T)

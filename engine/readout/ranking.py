@@ -9,14 +9,53 @@ import numpy as np
 from engine.memory import usable_cores
 from engine.rows import identical_rows
 
-__all__ = ["ranks_from_draws", "rank_stats", "pairwise_beats", "tie_groups"]
+__all__ = ["ranks_from_draws", "rank_stats", "pairwise_beats", "tie_groups",
+           "identical_subjects", "pooled_statistics"]
+
+
+def identical_subjects(*columns) -> np.ndarray | None:
+    """Group of each subject (``(S,)`` integers) where some subjects' posteriors are the same:
+    every array of ``columns`` (rows: subjects; e.g. each subject block's posterior
+    location and scale) equal byte for byte after a cast to float64. Identical answer sheets
+    give such subjects (under the 1PL, also equal scores on the same items). None where
+    every subject's posterior is its own."""
+    S = np.shape(columns[0])[0]
+    parts = [np.asarray(c, np.float64).reshape(S, -1) for c in columns]
+    first, inverse, _ = identical_rows(np.concatenate(parts, axis=1))
+    return None if first.size == S else inverse
+
+
+def _group_members(groups: np.ndarray) -> list[np.ndarray]:
+    """The members of each group of ``groups`` ``(S,)`` that has more than one."""
+    groups = np.asarray(groups).reshape(-1)
+    order = np.argsort(groups, kind="stable")
+    ordered = groups[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    sizes = np.diff(np.r_[starts, groups.size])
+    return [order[a:a + n] for a, n in zip(starts, sizes) if n > 1]
+
+
+def pooled_statistics(values: np.ndarray, groups: np.ndarray | None,
+                      statistics: dict) -> dict[str, np.ndarray]:
+    """``{name: fn(values)}``, each ``fn`` taking draws ``(T, S)`` to one number a column
+    ``(S,)``, with the columns of each group of ``groups`` read as one pooled column of all
+    its members' draws ``(T k, 1)``: subjects whose posteriors are the same
+    (:func:`identical_subjects`) are exchangeable, so each member's statistic is the
+    group's, the same to the bit for all of them and with a k-th of the Monte Carlo
+    variance. ``groups`` None: every column on its own."""
+    out = {k: np.asarray(fn(values), np.float64) for k, fn in statistics.items()}
+    for members in ([] if groups is None else _group_members(groups)):
+        pooled = np.asarray(values)[:, members].reshape(-1, 1)
+        for k, fn in statistics.items():
+            out[k][members] = np.asarray(fn(pooled), np.float64)[0]
+    return out
 
 
 def ranks_from_draws(draws: np.ndarray) -> np.ndarray:
     """Rank of each subject in each draw, 1 = highest ability: ``(T, S)`` -> ``(T, S)``.
 
     Equal values share the best rank among them (1 + the number of strictly higher values),
-    so subjects that tie in a draw (identical answer sheets share draws) rank alike. (The
+    so subjects that tie in a draw (values on a grid, or shared draws) rank alike. (The
     order among equal values does not matter, so the sort need not be stable: NumPy's
     default sort took `ability`'s 1,000 x 1,525 in a third of a stable sort's time.)
     """
@@ -64,37 +103,80 @@ def _weighted_ranks(distinct: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def rank_stats(draws: np.ndarray, top_k: int = 3) -> dict[str, np.ndarray]:
+def rank_stats(draws: np.ndarray, top_k: int = 3,
+               groups: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Expected rank, 90% rank interval, P(top-1) and P(top-k) per subject.
 
-    Subjects whose draws are identical (identical answer sheets share their draws) are
-    ranked once and their statistics repeated: the same numbers, to the bit, as ranking
-    every column (LSAT7's 1,000 subjects x 1,000 draws are 32 distinct columns: 0.13 s
-    against 0.01 s). Draws with a NaN (no order) rank every column."""
+    ``draws`` ``(T, S)`` are joint draws of the subjects' abilities. ``groups``
+    (:func:`identical_subjects`): subjects whose posteriors are the same, drawn
+    independently (not sharing draws: twins rank among each other as any two subjects
+    do, so P(top-1) sums to one over the board); each one's statistics are read from the
+    ranks of all the group's members (:func:`pooled_statistics`), identical to the bit.
+
+    Without ``groups``, columns that are identical are ties in every draw (best rank):
+    ranked once and their statistics repeated, the same numbers, to the bit, as ranking
+    every column. Draws with a NaN (no order) rank every column."""
     draws = np.asarray(draws)
+    if groups is not None:
+        ranks = ranks_from_draws(draws)
+        stats = _rank_columns(ranks, top_k)
+        for members in _group_members(groups):  # from the count of each rank in the group
+            for k, v in _pooled_rank_stats(ranks[:, members], top_k).items():
+                stats[k][members] = v
+        return stats
     first, inverse, counts = identical_rows(draws.T) if draws.shape[0] else (None, None, None)
     if first is not None and first.size < draws.shape[1] and not np.isnan(draws).any():
         ranks = _weighted_ranks(draws[:, first], counts)
     else:
         ranks, inverse = ranks_from_draws(draws), None
-    q05, q95 = _quantiles(ranks, (0.05, 0.95))
-    stats = {
-        "rank_mean": ranks.mean(axis=0),
-        "rank_q05": q05,
-        "rank_q95": q95,
-        "p_top1": (ranks == 1).mean(axis=0),
-        f"p_top{top_k}": (ranks <= top_k).mean(axis=0),
-    }
+    stats = _rank_columns(ranks, top_k)
     return stats if inverse is None else {k: v[inverse] for k, v in stats.items()}
 
 
-def pairwise_beats(draws: np.ndarray, chunk: int = 256) -> np.ndarray:
+def _rank_columns(ranks: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
+    """:func:`rank_stats`' columns of ranks ``(T, S)``, each column on its own."""
+    q05, q95 = _quantiles(ranks, (0.05, 0.95))
+    return {"rank_mean": ranks.mean(axis=0), "rank_q05": q05, "rank_q95": q95,
+            "p_top1": (ranks == 1).mean(axis=0), f"p_top{top_k}": (ranks <= top_k).mean(axis=0)}
+
+
+def _pooled_rank_stats(ranks: np.ndarray, top_k: int) -> dict[str, float]:
+    """:func:`rank_stats`' numbers of all of ``ranks`` (a group's columns) pooled, read from
+    how often each rank occurs (no sort of the ``T k`` ranks): the quantiles are NumPy's
+    linear ones of the sorted ranks, exactly."""
+    count = np.bincount(ranks.reshape(-1))
+    n = int(count.sum())
+    cum = np.cumsum(count)
+    values = np.arange(count.size, dtype=np.float64)
+
+    def ordered(i: int) -> float:  # the i-th smallest rank (0-based)
+        return float(np.searchsorted(cum, i, side="right"))
+
+    out = {"rank_mean": float(values @ count) / n}
+    for name, q in (("rank_q05", 0.05), ("rank_q95", 0.95)):
+        at = q * (n - 1)
+        below = int(np.floor(at))
+        a, b, t = ordered(below), ordered(min(below + 1, n - 1)), at - below
+        out[name] = b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
+    out["p_top1"] = float(count[1]) / n if count.size > 1 else 0.0
+    out[f"p_top{top_k}"] = float(cum[min(top_k, count.size - 1)]) / n
+    return out
+
+
+def pairwise_beats(draws: np.ndarray, chunk: int = 256,
+                   groups: np.ndarray | None = None) -> np.ndarray:
     """``P[s, s'] = Pr(ability_s > ability_s')`` over draws, ``(S, S)``.
 
-    Subjects whose draws are identical (shared by identical answer sheets) are compared
-    once: a questionnaire of 1,000 subjects with 32 distinct sheets costs a 32 x 32 table.
-    Each draw's values are replaced by their order in the draw (16-bit integers where there
-    are fewer than 32,768 columns: the same comparisons, twice as many to a vector
+    ``groups`` (:func:`identical_subjects`): subjects whose posteriors are the same. Two
+    members of one group are exchangeable, so each beats the other with probability one
+    half; against anyone else a member's probability is its group's, counted from the
+    group's first member's draws (a pair's probability needs only the two marginals), so a
+    questionnaire of 1,000 subjects with 32 distinct sheets costs a 32 x 32 count. The
+    diagonal is 0.
+
+    Without ``groups``, subjects whose draws are identical are compared once (ties: no
+    win). Each draw's values are replaced by their order in the draw (16-bit integers where
+    there are fewer than 32,768 columns: the same comparisons, twice as many to a vector
     instruction), and the count runs one draw at a time into 8-bit counters (rows in
     blocks of ``chunk``), so no ``draws x chunk x S`` comparison is held and no float is
     summed: `ability`'s 1,199 distinct columns x 1,000 draws in 0.10 s where 32-bit floats
@@ -104,6 +186,14 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 256) -> np.ndarray:
     T, S = draws.shape
     if T == 0:  # no draws, no probabilities
         return np.full((S, S), np.nan, np.float32)
+    if groups is not None:
+        groups = np.asarray(groups).reshape(-1)
+        first, inverse, _ = identical_rows(groups[:, None])
+        p = _count_beats(_order_codes(draws[:, first]), chunk)[np.ix_(inverse, inverse)]
+        for members in _group_members(groups):
+            p[np.ix_(members, members)] = 0.5
+        np.fill_diagonal(p, 0.0)
+        return p
     first, inverse, _ = identical_rows(draws.T)  # subjects whose columns are identical
     if first.size < S:  # identical columns: count the distinct ones, then expand
         return _count_beats(_order_codes(draws[:, first]), chunk)[np.ix_(inverse, inverse)]

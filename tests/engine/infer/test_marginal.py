@@ -312,6 +312,13 @@ def test_identical_patterns_identical_readouts(tmp_path, model, prior):
     board = leaderboard(run.subjects, None)
     tie = board.set_index("subject")["tie_group"]
     assert tie.loc[[str(s) for s in [5] + list(range(40, 60))]].nunique() == 1
+    # twins are drawn apart and rank among each other: one subject is first in each draw
+    assert run.subjects["p_top1"].sum() == pytest.approx(1.0)
+    assert run.subjects["p_top3"].sum() == pytest.approx(3.0)
+    assert run.subjects["rank_mean"].sum() == pytest.approx(120 * 121 / 2)
+    p = run.pairwise()
+    assert p[5, 40] == p[40, 5] == 0.5 and p[61, 62] == 0.5 and p[5, 5] == 0
+    np.testing.assert_array_equal(p[5, :5], p[41, :5])  # twins: the same row elsewhere
 
 
 def test_mean_field_fits_pool_identical_patterns(tmp_path):
@@ -323,6 +330,7 @@ def test_mean_field_fits_pool_identical_patterns(tmp_path):
     run = save_run(res, tmp_path / "run", num_draws=200)
     rows = run.subjects.drop(columns=["subject"]).iloc[[3, 10, 11, 12, 13, 14]]
     assert (rows.nunique() == 1).all()
+    assert run.subjects["p_top1"].sum() == pytest.approx(1.0)
     alone = pool_identical_rows(res.spec, res.guide, np.arange(40 * 8).reshape(40, 8))
     assert alone is res.guide  # nothing shared: the factors are kept
 

@@ -321,7 +321,8 @@ def test_chains_split_over_threads_draw_what_one_program_draws():
 
 def test_identical_sheets_get_identical_read_outs(tmp_path):
     """Subjects with the same responses (missing cells included) share NUTS draws, so their
-    ability, interval, rank statistics and P(beats) are equal; a different sheet is not."""
+    ability and interval are equal, and so are their rank statistics and P(beats), pooled
+    from their own draws; a different sheet is not."""
     rng = np.random.default_rng(7)
     y = (rng.random((14, 5)) < 0.6).astype(np.int8)
     y[1] = y[0]
@@ -345,6 +346,12 @@ def test_identical_sheets_get_identical_read_outs(tmp_path):
         pd.testing.assert_series_equal(table.iloc[i], table.iloc[j], check_names=False)
     p = np.load(tmp_path / "run" / "pairwise.npz")["p_beats"]
     np.testing.assert_array_equal(p[0, 3:], p[1, 3:])
+    # the ranks read each twin's own draws (as sampled): twins rank among each other
+    assert p[0, 1] == p[1, 0] == 0.5
+    assert table["p_top1"].sum() == pytest.approx(1.0)
+    assert table["rank_mean"].sum() == pytest.approx(14 * 15 / 2)
+    joint = res.extra["rank_draws"]
+    assert joint.shape == (600, 14) and not np.array_equal(joint[:, 0], joint[:, 1])
 
 
 def _pooled_normal_model() -> ModelSpec:

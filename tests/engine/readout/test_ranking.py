@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import rankdata
 
-from engine.readout.ranking import pairwise_beats, rank_stats, ranks_from_draws, tie_groups
+from engine.readout.ranking import (identical_subjects, pairwise_beats, pooled_statistics,
+                                    rank_stats, ranks_from_draws, tie_groups)
 
 
 @pytest.fixture
@@ -148,3 +149,98 @@ def test_rank_stats_with_a_nan_draw_rank_every_column():
     draws[5, 1] = np.nan
     ranks = ranks_from_draws(draws)
     np.testing.assert_array_equal(rank_stats(draws)["rank_mean"], ranks.mean(axis=0))
+
+
+def test_twins_drawn_apart_rank_as_the_exact_posterior_says():
+    """Gaussian posteriors, three subjects sharing one, two another: each subject's P(top-1)
+    against scipy's integral of its density times everyone else's CDF, its expected rank
+    and P(beats) against the closed form, pooled twins read alike, and the board's
+    probabilities add up (one first, three in the top three)."""
+    from scipy import integrate, stats
+
+    mu = np.array([1.0, 1.0, 1.0, 0.6, 0.6, 0.9, -0.2, 1.3])
+    sd = np.array([0.5, 0.5, 0.5, 0.3, 0.3, 0.2, 1.0, 0.8])
+    S, T = mu.size, 200_000
+    draws = mu + sd * np.random.default_rng(3).standard_normal((T, S))
+    groups = identical_subjects(mu, sd)
+    assert groups is not None and np.unique(groups).size == 5
+    got = rank_stats(draws, 3, groups)
+
+    def p_top1(s):
+        others = [t for t in range(S) if t != s]
+        f = lambda x: stats.norm.pdf(x, mu[s], sd[s]) * np.prod(
+            [stats.norm.cdf(x, mu[t], sd[t]) for t in others])
+        return integrate.quad(f, -10, 10, epsabs=1e-10)[0]
+
+    exact = np.array([p_top1(s) for s in range(S)])
+    assert exact.sum() == pytest.approx(1.0, abs=1e-6)
+    np.testing.assert_allclose(got["p_top1"], exact, atol=0.004)
+    beats = stats.norm.cdf((mu[:, None] - mu[None, :]) / np.hypot(sd[:, None], sd[None, :]))
+    np.fill_diagonal(beats, 0.0)
+    np.testing.assert_allclose(got["rank_mean"], 1 + beats.sum(axis=0), atol=0.02)
+    assert got["p_top1"].sum() == pytest.approx(1.0)
+    assert got["p_top3"].sum() == pytest.approx(3.0)
+    for members in ([0, 1, 2], [3, 4]):
+        for k, v in got.items():
+            assert np.unique(v[members]).size == 1, k
+    p = pairwise_beats(draws.astype(np.float32), groups=groups)
+    off = ~np.eye(S, dtype=bool)
+    np.testing.assert_allclose(p[off], beats[off], atol=0.005)
+    assert p[0, 1] == p[1, 2] == p[4, 3] == 0.5 and np.all(np.diag(p) == 0)
+    np.testing.assert_array_equal(p[0, 3:], p[1, 3:])  # twins' rows alike outside their block
+    np.testing.assert_array_equal(p[3:, 0], p[3:, 2])
+    # sharing the twins' draws instead (one column a posterior) ties them in every draw:
+    # the board's P(top-1) then adds to more than one
+    shared = draws[:, [0, 0, 0, 3, 3, 5, 6, 7]]
+    assert rank_stats(shared, 3)["p_top1"].sum() > 1.2
+
+
+@given(T=st.integers(1, 40), S=st.integers(1, 12), G=st.integers(1, 12),
+       seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_pooled_statistics_read_each_group_as_one_column(T, S, G, seed):
+    """A group's statistics are the ones of all its members' draws side by side, equal for
+    every member; a subject alone keeps the column-wise statistic's value, to the bit."""
+    rng = np.random.default_rng(seed)
+    values = rng.normal(size=(T, S))
+    groups = rng.integers(0, G, S)
+    fns = {"mean": lambda v: v.mean(axis=0), "q": lambda v: np.quantile(v, 0.3, axis=0)}
+    got = pooled_statistics(values, groups, fns)
+    for s in range(S):
+        members = np.flatnonzero(groups == groups[s])
+        pooled = values[:, members].reshape(-1)
+        if members.size == 1:
+            assert got["mean"][s] == fns["mean"](values)[s] and got["q"][s] == fns["q"](values)[s]
+        else:
+            assert got["mean"][s] == pytest.approx(pooled.mean(), rel=1e-12, abs=1e-12)
+            assert got["q"][s] == pytest.approx(np.quantile(pooled, 0.3), rel=1e-12, abs=1e-12)
+            assert np.unique(got["mean"][members]).size == 1
+    assert identical_subjects(np.arange(S)) is None
+    assert pooled_statistics(values, None, fns)["mean"].tolist() == values.mean(axis=0).tolist()
+
+
+@given(T=st.integers(1, 30), S=st.integers(2, 10), G=st.integers(1, 5), top_k=st.integers(1, 4),
+       seed=st.integers(0, 2**32 - 1), grid=st.sampled_from([None, 0.5]))
+@settings(max_examples=60, deadline=None)
+def test_grouped_rank_stats_equal_the_pooled_ranks_statistics(T, S, G, top_k, seed, grid):
+    """Each group's rank statistics, read from how often each rank occurs, equal NumPy's
+    mean, linear quantiles and frequencies of all its members' ranks side by side (ties
+    on a coarse grid included); a subject alone keeps its column's."""
+    rng = np.random.default_rng(seed)
+    draws = rng.normal(size=(T, S))
+    if grid:
+        draws = np.round(draws / grid) * grid
+    groups = rng.integers(0, G, S)
+    got = rank_stats(draws, top_k, groups)
+    ranks = ranks_from_draws(draws)
+    alone = rank_stats(draws, top_k)
+    for s in range(S):
+        members = np.flatnonzero(groups == groups[s])
+        r = ranks[:, members].reshape(-1)
+        want = {"rank_mean": r.mean(), "rank_q05": np.quantile(r, 0.05),
+                "rank_q95": np.quantile(r, 0.95), "p_top1": (r == 1).mean(),
+                f"p_top{top_k}": (r <= top_k).mean()}
+        for k, v in want.items():
+            if members.size == 1:
+                assert got[k][s] == alone[k][s], k
+            assert got[k][s] == pytest.approx(v, rel=1e-12, abs=1e-12), k

@@ -58,10 +58,14 @@ def test_score_agrees_with_a_full_refit(run_and_refit, model, method):
     assert np.corrcoef(full, new["ability_mean"])[0, 1] > 0.995
     # placed on the leaderboard: everyone ranked together, rank intervals over 140 subjects
     assert len(board) == 140 and board["new"].sum() == 20
-    # someone is first in every draw; subjects with one posterior (under the 1PL equal
-    # scores on the same items) share their draws and both rank first when they lead
-    shared = board.drop_duplicates(["ability_mean", "ability_sd"])
-    assert shared["p_top1"].sum() == pytest.approx(1.0)
+    # someone is first in every draw, and three are in the top three: subjects with one
+    # posterior (under the 1PL equal scores on the same items) are drawn apart, so they
+    # rank among each other, and read alike (their statistics pooled)
+    assert board["p_top1"].sum() == pytest.approx(1.0)
+    assert board["p_top3"].sum() == pytest.approx(3.0)
+    stats = ["rank_mean", "rank_q05", "rank_q95", "p_top1", "p_top3"]
+    twins = board.groupby(["ability_mean", "ability_sd"])[stats].nunique()
+    assert (twins.to_numpy() == 1).all()
     assert board["rank_q95"].max() <= 140
     best_new = new["ability_mean"].idxmax()
     assert board.loc[best_new, "rank_mean"] < board.loc[new["ability_mean"].idxmin(), "rank_mean"]
