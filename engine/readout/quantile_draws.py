@@ -71,15 +71,17 @@ def quantile_draws(loc: np.ndarray, scale: np.ndarray, num_draws: int, seed: int
                                                                       dtype=np.float32)
     out = np.empty((S, num_draws), np.float32)
     J = z.size
-    starts = table[:-1].T  # (S, J - 1): each segment's start, and its slope
-    slopes = (np.diff(table, axis=0) / np.diff(z)[:, None]).T
+    # in float32, as the draws are kept: each segment's value at its start node and slope,
+    # (S, J - 1), in the position's units
+    zf = z.astype(np.float32)
+    starts = (loc[:, None] + scale[:, None] * table[:-1].T).astype(np.float32)
+    slopes = (scale[:, None] * (np.diff(table, axis=0) / np.diff(z)[:, None]).T).astype(np.float32)
     for a in range(0, S, chunk):
         rows = slice(a, min(a + chunk, S))
-        e = eps[rows].astype(np.float64)
+        e = eps[rows]
         k = np.zeros(e.shape, np.intp)  # each draw's segment: the inner nodes at or below
-        for node in z[1:-1]:  # it (a comparison a node: a tenth of a binary search's time)
+        for node in zf[1:-1]:  # it (a comparison a node: a tenth of a binary search's time)
             k += e >= node
         at = k + (J - 1) * np.arange(e.shape[0])[:, None]  # in the rows' flattened tables
-        g = starts[rows].ravel()[at] + slopes[rows].ravel()[at] * (e - z[k])
-        out[rows] = loc[rows, None] + scale[rows, None] * g
+        out[rows] = starts[rows].ravel()[at] + slopes[rows].ravel()[at] * (e - zf[k])
     return np.ascontiguousarray(out.T)

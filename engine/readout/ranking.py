@@ -65,7 +65,9 @@ def ranks_from_draws(draws: np.ndarray) -> np.ndarray:
     position = np.broadcast_to(np.arange(draws.shape[1])[None, :], order.shape)
     starts = np.ones(order.shape, bool)
     starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-    best = np.maximum.accumulate(np.where(starts, position, 0), axis=1)
+    # no ties (continuous draws): each value's rank is its position in the order
+    best = position if starts.all() else np.maximum.accumulate(np.where(starts, position, 0),
+                                                                axis=1)
     ranks = np.empty_like(order)
     np.put_along_axis(ranks, order, best + 1, axis=1)
     return ranks
@@ -119,8 +121,14 @@ def rank_stats(draws: np.ndarray, top_k: int = 3,
     draws = np.asarray(draws)
     if groups is not None:
         ranks = ranks_from_draws(draws)
-        stats = _rank_columns(ranks, top_k)
-        for members in _group_members(groups):  # from the count of each rank in the group
+        together = _group_members(groups)
+        alone = np.ones(draws.shape[1], bool)
+        for members in together:
+            alone[members] = False
+        stats = {k: np.full(draws.shape[1], np.nan) for k in _rank_columns(ranks[:, :0], top_k)}
+        for k, v in _rank_columns(ranks[:, alone], top_k).items():  # a subject on its own
+            stats[k][alone] = v
+        for members in together:  # from the count of each rank in the group
             for k, v in _pooled_rank_stats(ranks[:, members], top_k).items():
                 stats[k][members] = v
         return stats
