@@ -64,8 +64,10 @@ def bootstrap_intervals(replicates: pd.DataFrame, variational: pd.DataFrame,
 
 
 def _variational(full, level: float, seed: int) -> pd.DataFrame:
+    # twins' draws shared: their read-outs alike, tied at their best rank as the
+    # replicates' point estimates tie (trials.py)
     draws = draw_posterior(full.spec, full.guide, 2000, rng_key=jax.random.PRNGKey(seed),
-                           names=("ability",))["ability"]
+                           names=("ability",), share_identical=True)["ability"]
     a = (1.0 - level) / 2.0
     ranks = ranks_from_draws(draws)
     return pd.DataFrame({

@@ -335,13 +335,20 @@ def _vector_leaderboard(run, args) -> int:
     import jax
 
     from engine.readout.posterior import draw_posterior
+    from engine.readout.ranking import identical_subjects
     from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
 
     spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
+    # one number a draw (skill, weights): twins drawn apart and pooled; the orders over all
+    # skills: twins' draws shared
+    scalar = spec.mode in ("skill", "weights")
     draws = draw_posterior(run.spec, run.guide, args.draws, rng_key=jax.random.PRNGKey(args.seed),
-                           names=("ability",), share_identical=True)["ability"]
+                           names=("ability",), share_identical=not scalar)["ability"]
+    groups = identical_subjects(run.guide.loc["ability"], run.guide.log_scale["ability"]) \
+        if scalar else None
     skills = list(run.spec.skills) or ["ability"]
-    board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec)
+    board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec,
+                               groups=groups)
     print(format_vector_board(board, args.top_k))
     return 0
 

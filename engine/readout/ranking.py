@@ -128,7 +128,7 @@ def rank_stats(draws: np.ndarray, top_k: int = 3,
         stats = {k: np.full(draws.shape[1], np.nan) for k in _rank_columns(ranks[:, :0], top_k)}
         for k, v in _rank_columns(ranks[:, alone], top_k).items():  # a subject on its own
             stats[k][alone] = v
-        for members in together:  # from the count of each rank in the group
+        for members in together:  # from all the group's ranks
             for k, v in _pooled_rank_stats(ranks[:, members], top_k).items():
                 stats[k][members] = v
         return stats
@@ -149,26 +149,16 @@ def _rank_columns(ranks: np.ndarray, top_k: int) -> dict[str, np.ndarray]:
 
 
 def _pooled_rank_stats(ranks: np.ndarray, top_k: int) -> dict[str, float]:
-    """:func:`rank_stats`' numbers of all of ``ranks`` (a group's columns) pooled, read from
-    how often each rank occurs (no sort of the ``T k`` ranks): the quantiles are NumPy's
-    linear ones of the sorted ranks, exactly."""
-    count = np.bincount(ranks.reshape(-1))
-    n = int(count.sum())
-    cum = np.cumsum(count)
-    values = np.arange(count.size, dtype=np.float64)
-
-    def ordered(i: int) -> float:  # the i-th smallest rank (0-based)
-        return float(np.searchsorted(cum, i, side="right"))
-
-    out = {"rank_mean": float(values @ count) / n}
-    for name, q in (("rank_q05", 0.05), ("rank_q95", 0.95)):
-        at = q * (n - 1)
-        below = int(np.floor(at))
-        a, b, t = ordered(below), ordered(min(below + 1, n - 1)), at - below
-        out[name] = b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
-    out["p_top1"] = float(count[1]) / n if count.size > 1 else 0.0
-    out[f"p_top{top_k}"] = float(cum[min(top_k, count.size - 1)]) / n
-    return out
+    """:func:`rank_stats`' numbers of all of ``ranks`` (a group's columns) pooled: NumPy's
+    mean and linear quantiles of them, and the share of ranks at most 1 and ``top_k``, to
+    the bit, from one sort of the group's own ``T k`` ranks (arrays as long as the board,
+    one a group, took a third of a minute over 25,000 groups of 100,000 subjects)."""
+    r = np.sort(ranks.reshape(-1))
+    n = r.size
+    q05, q95 = _quantiles(r[:, None], (0.05, 0.95))
+    return {"rank_mean": float(r.mean()), "rank_q05": float(q05[0]), "rank_q95": float(q95[0]),
+            "p_top1": np.searchsorted(r, 1, side="right") / n,
+            f"p_top{top_k}": np.searchsorted(r, top_k, side="right") / n}
 
 
 def pairwise_beats(draws: np.ndarray, chunk: int = 256,

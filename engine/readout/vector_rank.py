@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import SettingsError
-from engine.readout.ranking import rank_stats, tie_groups
+from engine.readout.ranking import pooled_statistics, rank_stats, tie_groups
 
 __all__ = ["non_dominated_sort", "dominance_matrix", "dominance_layers", "RankSpec", "parse_rank",
            "skill_board", "pareto_board", "weighted_board", "lexicographic_board", "dominance_board",
@@ -253,37 +253,45 @@ def parse_rank(text: str, threshold: float = 0.9) -> RankSpec:
 
 # ---- boards ---------------------------------------------------------------------------
 
-def _summary(values: np.ndarray, prefix: str) -> dict[str, np.ndarray]:
-    return {f"{prefix}_mean": values.mean(axis=0), f"{prefix}_q05": np.quantile(values, 0.05, axis=0),
-            f"{prefix}_q95": np.quantile(values, 0.95, axis=0)}
+def _summary(values: np.ndarray, prefix: str, groups: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    return pooled_statistics(values, groups, {
+        f"{prefix}_mean": lambda v: v.mean(axis=0),
+        f"{prefix}_q05": lambda v: np.quantile(v, 0.05, axis=0),
+        f"{prefix}_q95": lambda v: np.quantile(v, 0.95, axis=0)})
 
 
-def _scalar_board(scores: np.ndarray, subjects, column: str, top_k: int) -> pd.DataFrame:
-    df = pd.DataFrame({"subject": list(subjects), **_summary(scores, column)})
+def _scalar_board(scores: np.ndarray, subjects, column: str, top_k: int,
+                  groups: np.ndarray | None = None) -> pd.DataFrame:
+    df = pd.DataFrame({"subject": list(subjects), **_summary(scores, column, groups)})
     df["tie_group"] = tie_groups(df[f"{column}_mean"].to_numpy(), df[f"{column}_q05"].to_numpy(),
                                  df[f"{column}_q95"].to_numpy())
-    for k, v in rank_stats(scores, top_k).items():
+    for k, v in rank_stats(scores, top_k, groups).items():
         df[k] = v
     df = df.sort_values(f"{column}_mean", ascending=False, kind="stable").reset_index(drop=True)
     df.insert(0, "rank", np.arange(1, len(df) + 1))
     return df
 
 
-def skill_board(draws, subjects, skills, skill: str, top_k: int = 3) -> pd.DataFrame:
-    """One skill's leaderboard: posterior mean, 90% interval, tie group and rank statistics."""
+def skill_board(draws, subjects, skills, skill: str, top_k: int = 3,
+                groups: np.ndarray | None = None) -> pd.DataFrame:
+    """One skill's leaderboard: posterior mean, 90% interval, tie group and rank statistics.
+    ``groups`` (:func:`engine.readout.ranking.identical_subjects`): subjects of one posterior,
+    drawn apart, whose numbers are read from the group's draws together (:func:`rank_stats`)."""
     if skill not in skills:
         raise SettingsError(f"unknown skill {skill!r}; this run's skills are {', '.join(skills)}")
-    return _scalar_board(draws[:, :, list(skills).index(skill)], subjects, skill, top_k)
+    return _scalar_board(draws[:, :, list(skills).index(skill)], subjects, skill, top_k, groups)
 
 
-def weighted_board(draws, subjects, skills, weights, top_k: int = 3) -> pd.DataFrame:
-    """Rank by ``w . theta`` per draw, weights normalised to sum 1 (kept in ``attrs``)."""
+def weighted_board(draws, subjects, skills, weights, top_k: int = 3,
+                   groups: np.ndarray | None = None) -> pd.DataFrame:
+    """Rank by ``w . theta`` per draw, weights normalised to sum 1 (kept in ``attrs``);
+    ``groups`` as in :func:`skill_board`."""
     w = np.asarray(weights, np.float64)
     if w.shape != (len(skills),) or (w < 0).any() or w.sum() <= 0:
         raise SettingsError(f"need {len(skills)} non-negative weights (one per skill: {', '.join(skills)}), "
                             f"not all zero; got {list(weights)}")
     w = w / w.sum()
-    df = _scalar_board(np.asarray(draws) @ w, subjects, "score", top_k)
+    df = _scalar_board(np.asarray(draws) @ w, subjects, "score", top_k, groups)
     df.attrs["weights"] = dict(zip(skills, w.tolist()))
     return df
 
@@ -338,8 +346,16 @@ def dominance_board(draws, subjects, skills, threshold: float = 0.9) -> pd.DataF
     return df
 
 
-def vector_leaderboard(draws, subjects, skills, spec: RankSpec, top_k: int = 3) -> pd.DataFrame:
-    """The board ``spec`` declares, from ``(T, S, D)`` joint posterior draws."""
+def vector_leaderboard(draws, subjects, skills, spec: RankSpec, top_k: int = 3,
+                       groups: np.ndarray | None = None) -> pd.DataFrame:
+    """The board ``spec`` declares, from ``(T, S, D)`` joint posterior draws.
+
+    The skill and weights boards rank one number a draw: draw subjects of one posterior
+    (identical answer sheets) apart and give their ``groups``
+    (:func:`engine.readout.ranking.identical_subjects`), so they rank among each other and
+    read alike. The pareto, lexicographic and dominance boards read each draw's order over
+    all skills: give them such subjects' draws shared (``draw_posterior(...,
+    share_identical=True)``), so they read alike there."""
     draws = np.asarray(draws)
     if draws.ndim == 2:
         draws = draws[:, :, None]
@@ -347,9 +363,9 @@ def vector_leaderboard(draws, subjects, skills, spec: RankSpec, top_k: int = 3) 
     if draws.shape[2] != len(skills):
         raise SettingsError(f"{draws.shape[2]} skills in the draws but {len(skills)} names")
     if spec.mode == "skill":
-        df = skill_board(draws, subjects, skills, spec.skill, top_k)
+        df = skill_board(draws, subjects, skills, spec.skill, top_k, groups)
     elif spec.mode == "weights":
-        df = weighted_board(draws, subjects, skills, spec.weights, top_k)
+        df = weighted_board(draws, subjects, skills, spec.weights, top_k, groups)
     elif spec.mode == "pareto":
         df = pareto_board(draws, subjects, skills)
     elif spec.mode == "lexicographic":

@@ -493,6 +493,8 @@ def test_identical_rows_get_identical_read_outs(tmp_path, model):
     assert {"ability_mean", "ability_q05"} <= set(rows.columns)
     tie = leaderboard(run.subjects, None).set_index("subject")["tie_group"]
     assert tie.loc[[str(s) for s in same]].nunique() == 1
-    assert run.subjects["p_top1"].sum() == pytest.approx(1.0)  # twins drawn apart
+    # twins drawn apart: they rank among each other, so the ranks of a draw are 1..S
+    assert run.subjects["p_top1"].sum() == pytest.approx(1.0)
+    assert run.subjects["rank_mean"].sum() == pytest.approx(60 * 61 / 2)
     others = run.subjects.drop(columns=["subject"]).iloc[[0, 1, 2]]
     assert others["ability_mean"].nunique() == 3  # rows not alike keep their own values

@@ -176,3 +176,31 @@ def test_cli_fit_dims_q_matrix_and_vector_leaderboards(tmp_path, capsys):
     assert main(["fit", str(tmp_path / "store"), "--out", str(tmp_path / "run3"), "--model", "mirt-comp",
                  "--q-matrix", str(tmp_path / "bad.csv"), "--quiet"]) == 2
     assert "bad.csv row 2, column 'a'" in capsys.readouterr().err
+
+
+def test_skill_board_of_a_run_with_twins_ranks_them_apart(tmp_path, capsys):
+    """``leaderboard --rank skill=ability`` on a run with identical answer sheets: the twins
+    are drawn apart and read alike, so one subject is first in each draw (P(top-1) adds to
+    one over the board) and the expected ranks are those of 1..S."""
+    from engine.api import fit
+    from engine.cli import main
+    from engine.infer.settings import FitSettings
+    from engine.run import save_run
+
+    rng = np.random.default_rng(2)
+    y = (rng.random((30, 6)) < 0.6).astype(np.int8)
+    y[10:16] = 1  # six perfect sheets
+    save_run(fit(y, model="2pl", settings=FitSettings(seed=0, ability_factor="gaussian")),
+             tmp_path / "run", num_draws=200)
+    capsys.readouterr()
+    assert main(["leaderboard", str(tmp_path / "run"), "--rank", "skill=ability", "--draws", "400",
+                 "--top-k", "30"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines[1].split()
+    rows = pd.DataFrame([line.split() for line in lines[2:32]], columns=head)
+    rows = rows.astype({c: float for c in head if c != "subject"})
+    assert len(rows) == 30
+    assert rows["p_top1"].sum() == pytest.approx(1.0, abs=0.01)  # printed to 3 decimals
+    assert rows["rank_mean"].sum() == pytest.approx(30 * 31 / 2, abs=0.1)
+    twins = rows[rows["subject"].isin([str(s) for s in range(10, 16)])]
+    assert len(twins) == 6 and (twins.drop(columns=["rank", "subject"]).nunique() == 1).all()
