@@ -21,6 +21,7 @@ from engine.infer.guide import GuideState, init_guide
 from engine.infer.marginal import choose_ability_factor, fit_marginal_result, pool_identical_rows
 from engine.infer.settings import FitSettings
 from engine.models.registry import get_model, resolve_prior
+from engine.rows import sheet_digests
 
 __all__ = ["fit", "fit_nuts", "response_stats", "resolve_model", "load_responses", "make_source",
            "default_memory_budget", "IN_MEMORY_FACTOR"]
@@ -316,6 +317,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         model=model, model_options=options, subjects=subjects, items=items,
         stats=stats, data=info,
     )
+    if y is not None:  # the subjects' answer sheets, for score to find one it has read
+        result.extra["sheet_digests"] = sheet_digests(y, info["kind"])
     return result
 
 
@@ -352,7 +355,8 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
     if info["kind"] != "binary":
         info["boundary"] = boundary_counts(y)
     result = _sample_nuts(spec, y, response_stats(y), info, settings, subjects, items)
-    result.extra.update(model=model, model_options=options)
+    result.extra.update(model=model, model_options=options,
+                        sheet_digests=sheet_digests(y, info["kind"]))
     return result
 
 

@@ -78,6 +78,14 @@ class Run:
         return runfiles.read_npz(self.path, self.info, "pairwise.npz")["p_beats"]
 
 
+    def sheet_digests(self) -> np.ndarray | None:
+        """Each subject's answer-sheet digest ``(S, 16)`` uint8 (``sheets.npz``,
+        :func:`engine.rows.sheet_digests`), checked against fit.json's checksum; None where
+        the run kept none (a fit streamed from a store larger than memory, or an older run)."""
+        if "sheets.npz" not in self.info.get("files", {}):
+            return None
+        return runfiles.read_npz(self.path, self.info, "sheets.npz")["digest"]
+
     def ability_draws(self) -> dict[str, np.ndarray] | None:
         """The item draws a quadrature fit averaged its abilities over (``xs``, ``w``,
         ``grid``, ``log_base``; ``ability_draws.npz``), checked against fit.json's checksum;
@@ -197,6 +205,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         if draws is not None and draws.shape[1] <= PAIRWISE_MAX_SUBJECTS:
             runfiles.write_npz(tmp / "pairwise.npz", p_beats=pairwise_beats(draws, groups=groups))
         score_abilities = _save_ability_draws(res, tmp)
+        if res.extra.get("sheet_digests") is not None:  # for score: the sheets already read
+            runfiles.write_npz(tmp / "sheets.npz", digest=np.asarray(res.extra["sheet_digests"]))
         info = {
             "format_version": FORMAT_VERSION,
             "model": res.extra["model"],

@@ -120,7 +120,8 @@ def read_info(run_dir: str | Path) -> dict:
         raise RunNotFoundError(f"{run_dir} is not a run directory (no fit.json); run "
                                f"`irt-engine fit` first")
     try:
-        info = json.loads(path.read_bytes().decode("utf-8"))
+        text = path.read_bytes().decode("utf-8")
+        info = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise RunDamagedError(f"run file {path} is damaged (not readable JSON: {err}); "
                               f"{_fix(run_dir)}") from None
@@ -132,8 +133,11 @@ def read_info(run_dir: str | Path) -> dict:
                               f"irt-engine reads (1 to {FORMAT_VERSION}); upgrade irt-engine or "
                               f"{_fix(run_dir)}")
     if version >= 2:
+        # the text exactly as written, too: a changed last digit of a 17-digit float parses
+        # to the same number, so the checksum of the parsed content alone would not see it
+        as_written = _fit_json_text(info) == text
         recorded = info.pop(_SELF, None)
-        if (recorded != _sha256(_fit_json_text(info).encode())
+        if (not as_written or recorded != _sha256(_fit_json_text(info).encode())
                 or not isinstance(info.get("files"), dict)):
             raise RunDamagedError(f"run file {path} is damaged (its content no longer matches "
                                   f"the checksum written with it); {_fix(run_dir)}")

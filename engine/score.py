@@ -3,6 +3,10 @@
 Only the new subjects' abilities are fitted; every item and global factor of the run is
 held fixed, so the abilities land on the run's scale, ready for its leaderboard.
 
+An answer sheet the run has already read (the same response in every cell, missing ones
+included: the digests of ``sheets.npz``) takes the run's read-out of it, whatever the
+method: a submission scored again lands where it stands on the run's leaderboard.
+
 Two methods, the same target (the mean-field factor of each ability given the frozen
 items):
 
@@ -36,6 +40,7 @@ from engine.readout.posterior import result_columns
 from engine.readout.quantile_draws import quantile_draws
 from engine.readout.ranking import identical_subjects, rank_stats
 from engine.run import Run, load_run
+from engine.rows import sheet_digests
 
 __all__ = ["score", "score_responses", "read_new_responses", "place_on_leaderboard", "METHODS"]
 
@@ -199,6 +204,17 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
                             f"model {run.info['model']!r} has not: use --method fit")
     y = np.asarray(y)
     y = y if np.issubdtype(y.dtype, np.floating) else y.astype(np.int8)  # float: continuous kinds
+    twins = _run_twins(run, y) if item_idx is None else None  # sheets the run has read
+    res = _score(run, y, item_idx, settings, method, applies, grid)
+    if twins is not None and (twins >= 0).any():
+        _take_run_readouts(run, res, twins)
+    return res
+
+
+def _score(run: Run, y: np.ndarray, item_idx, settings, method: str, applies: bool,
+           grid: GridSettings) -> FitResult:
+    """:func:`score_responses`' result by ``method``, before the sheets the run has read take
+    the run's read-outs."""
     if "constant_response" in run.items and run.items["constant_response"].any():
         # items the run fitted as unobserved (prior only) are not evidence here either
         aside = run.items["constant_response"].to_numpy(bool)
@@ -223,6 +239,53 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
               signed_discrimination=signed, model_options=options, init=init, frozen=frozen)
     res.extra["method"] = "fit"
     return res
+
+
+def _run_twins(run: Run, y: np.ndarray) -> np.ndarray | None:
+    """For each row of ``y`` (all the run's items), the run subject with the same answer
+    sheet in every cell (``sheets.npz``; the first such subject), or -1; None where the run
+    kept no digests."""
+    digests = run.sheet_digests()
+    if digests is None or len(digests) != len(run.subjects):
+        return None
+    where = {}
+    for s, d in enumerate(digests):
+        where.setdefault(d.tobytes(), s)
+    new = sheet_digests(y, _run_kind(run))
+    return np.array([where.get(d.tobytes(), -1) for d in new], np.int64)
+
+
+def _take_run_readouts(run: Run, res: FitResult, twins: np.ndarray) -> None:
+    """Give the rows whose answer sheet the run has (``twins`` >= 0: that run subject) the
+    run's factors of every subject block and, for a scalar ability, the run's interval and
+    quantile function: one sheet, one read-out, whichever way the others were scored
+    (:func:`score`'s table takes the run's columns for them too). ``extra["run_twins"]``
+    keeps ``twins``; ``extra["abilities"]`` says how many."""
+    rows, at = np.flatnonzero(twins >= 0), twins[twins >= 0]
+    loc, log_scale = dict(res.guide.loc), dict(res.guide.log_scale)
+    for p in run.spec.by_owner("subject"):
+        loc[p.name] = np.array(loc[p.name], np.float32)
+        log_scale[p.name] = np.array(log_scale[p.name], np.float32)
+        loc[p.name][rows] = run.guide.loc[p.name][at]
+        log_scale[p.name][rows] = run.guide.log_scale[p.name][at]
+    res.guide = GuideState(loc, log_scale)
+    (ability,) = [p for p in run.spec.by_owner("subject") if p.name == "ability"] or [None]
+    if ability is not None and ability.shape == () and "ability_q05" in run.subjects:
+        ends = np.array((res.intervals or {}).get(ability.name, np.full((2, len(twins)), np.nan)),
+                        np.float32)
+        ends[:, rows] = run.subjects[["ability_q05", "ability_q95"]].to_numpy().T[:, at]
+        res.intervals = {**(res.intervals or {}), ability.name: ends}
+        if ability.name in run.quantile_functions:
+            z, table = run.quantile_functions[ability.name]
+            mine = res.quantile_functions.get(ability.name)
+            new = (np.array(mine[1], np.float32) if mine is not None else
+                   (loc[ability.name][None, :] + np.exp(log_scale[ability.name])[None, :]
+                    * np.asarray(z, np.float32)[:, None]).astype(np.float32))
+            new[:, rows] = table[:, at]
+            res.quantile_functions = {**res.quantile_functions, ability.name: (z, new)}
+    res.extra["run_twins"] = twins
+    note = f"{rows.size} of {len(twins)} answer sheet(s) the run's own: read as the run read them"
+    res.extra["abilities"] = "; ".join(x for x in (res.extra.get("abilities"), note) if x)
 
 
 def read_new_responses(run: Run, responses: str | Path | Store) -> tuple[np.ndarray, np.ndarray]:
@@ -325,6 +388,11 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
         y, ids = read_new_responses(run, responses)
     res = score_responses(run, y, settings=settings, method=method)
     table = pd.DataFrame(result_columns(res, "subject"))  # exact intervals where computed
+    twins = res.extra.get("run_twins")
+    if twins is not None and (twins >= 0).any():  # sheets the run has read: its numbers, as
+        mine, theirs = np.flatnonzero(twins >= 0), twins[twins >= 0]  # subjects.parquet has
+        for col in table.columns.intersection(run.subjects.columns):  # them (NUTS: its draws')
+            table.loc[mine, col] = run.subjects[col].to_numpy()[theirs]
     stats = response_stats(y)
     table.insert(0, "subject", ids)
     table["accuracy"] = stats["subject_mean"]

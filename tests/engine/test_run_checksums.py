@@ -20,7 +20,7 @@ from engine.runfiles import read_table, write_table
 
 CLI = [sys.executable, "-m", "engine.cli"]
 FILES = ["fit.json", "subjects.parquet", "items.parquet", "guide.npz", "pairwise.npz",
-         "ability_draws.npz"]
+         "ability_draws.npz", "sheets.npz"]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,7 @@ def _read_everything(path):
     run = load_run(path)
     run.pairwise()
     run.ability_draws()
+    run.sheet_digests()
     return run
 
 
@@ -170,3 +171,30 @@ def test_save_run_returns_what_load_run_reads(tmp_path, ability_factor):
             np.testing.assert_array_equal(got[k], want[k])
     pd.testing.assert_frame_equal(written.subjects, read.subjects)
     pd.testing.assert_frame_equal(written.items, read.items)
+
+
+def test_a_changed_byte_that_parses_alike_is_damage(run_copy):
+    """fit.json's checksum covers its parsed content, so the text must be as written too:
+    a float's 17th digit changed to one that parses to the same number, or a space added,
+    is refused, not read."""
+    import re
+
+    path = run_copy / "fit.json"
+    clean = path.read_text()
+    same = None
+    for m in re.finditer(r"-?\d+\.\d{12,}", clean):  # a long float whose last digit is slack
+        token = m.group()
+        for d in "0123456789":
+            other = token[:-1] + d
+            if other != token and float(other) == float(token):
+                same = clean[:m.start()] + other + clean[m.end():]
+                break
+        if same:
+            break
+    assert same is not None and json.loads(same) == json.loads(clean)
+    for text in (same, clean + " ", clean.replace("{", "{ ", 1)):
+        path.write_text(text)
+        with pytest.raises(RunDamagedError, match="fit.json"):
+            load_run(run_copy)
+    path.write_text(clean)
+    load_run(run_copy)
