@@ -128,7 +128,9 @@ def read_info(run_dir: str | Path) -> dict:
     if not isinstance(info, dict):
         raise RunDamagedError(f"run file {path} is damaged (not a JSON object); {_fix(run_dir)}")
     version = info.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    # 0 or a negative number is damage too (a single bit turns 2 into 0: a run read as
+    # one from before checksums, unverified)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
         raise RunDamagedError(f"run file {path}: format_version {version!r} is not one this "
                               f"irt-engine reads (1 to {FORMAT_VERSION}); upgrade irt-engine or "
                               f"{_fix(run_dir)}")
