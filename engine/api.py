@@ -317,7 +317,7 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
         model=model, model_options=options, subjects=subjects, items=items,
         stats=stats, data=info,
     )
-    if y is not None:  # the subjects' answer sheets, for score to find one it has read
+    if y is not None and not frozen:  # the subjects' sheets, for score to find one it has read
         result.extra["sheet_digests"] = sheet_digests(y, info["kind"])
     return result
 

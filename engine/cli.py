@@ -447,9 +447,14 @@ def cmd_score(args) -> int:
     lb = leaderboard(board)
     new = lb[lb["new"]]
     exact = str(res.extra.get("abilities", "")).startswith("exact")
-    how = ("each sheet's exact posterior over the run's item draws" if exact else
+    twins = res.extra.get("run_twins")
+    known = 0 if twins is None else int((twins >= 0).sum())
+    how = ("every sheet the run's own: the run's read-outs" if known == len(new) else
+           "each sheet's exact posterior over the run's item draws" if exact else
            "grid update, 1 pass" if res.extra.get("method") == "grid" else
            f"frozen fit, {res.num_passes} passes, {'converged' if res.converged else 'NOT converged'}")
+    if 0 < known < len(new):
+        how += f"; {known} sheet(s) the run's own: the run's read-outs"
     print(f"scored {len(new)} new subject(s) against frozen items in {time.perf_counter() - t0:.1f} s "
           f"({how})")
     print(format_leaderboard(lb if args.all else new))

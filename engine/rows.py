@@ -71,10 +71,12 @@ def sheet_digests(y: np.ndarray, kind: str) -> np.ndarray:
 
     y = np.asarray(y)
     if kind == "binary":
-        rows = (np.where(np.isnan(y) | (y < 0), -1, y) if np.issubdtype(y.dtype, np.floating)
-                else np.where(y < 0, -1, y)).astype(np.int8)
-    else:
+        rows = (y if y.dtype == np.int8 else  # as stores and fits hold them: -1 missing
+                np.where(np.isnan(y) | (y < 0), -1, y) if np.issubdtype(y.dtype, np.floating)
+                else np.where(y < 0, -1, y)).astype(np.int8, copy=False)
+    else:  # one NaN for every missing cell (a negative NaN, or a negative code), 0.0 for -0.0
         rows = np.asarray(y, np.float32)
+        rows = np.where(np.isnan(rows) | (rows < 0), np.float32(np.nan), rows) + np.float32(0)
     rows = np.ascontiguousarray(rows)
     out = np.empty((rows.shape[0], 16), np.uint8)
     for i in range(rows.shape[0]):

@@ -64,6 +64,12 @@ def _fit_json_text(info: dict) -> str:
     return json.dumps(info, indent=2, default=float)
 
 
+def _plain(text: str) -> str:
+    """fit.json's text without what a copy may change and JSON ignores: Windows line ends
+    and whitespace after the object (an editor's final newline)."""
+    return text.replace("\r\n", "\n").rstrip()
+
+
 def seal(directory: str | Path, info: dict) -> dict:
     """Write ``directory/fit.json``: ``info`` plus the record of every other file there
     (:func:`file_record`) and fit.json's own checksum. Call it last, after every run file is
@@ -76,7 +82,7 @@ def seal(directory: str | Path, info: dict) -> dict:
     # the checksum covers the text written, reproduced from the parsed JSON on load
     info = json.loads(_fit_json_text(info))
     sealed = info | {_SELF: _sha256(_fit_json_text(info).encode())}
-    (directory / FIT_JSON).write_text(_fit_json_text(sealed))
+    (directory / FIT_JSON).write_bytes(_fit_json_text(sealed).encode())  # "\n" everywhere
     return info
 
 
@@ -137,12 +143,17 @@ def read_info(run_dir: str | Path) -> dict:
     if version >= 2:
         # the text exactly as written, too: a changed last digit of a 17-digit float parses
         # to the same number, so the checksum of the parsed content alone would not see it
-        as_written = _fit_json_text(info) == text
+        as_written = _fit_json_text(info) == _plain(text)
         recorded = info.pop(_SELF, None)
-        if (not as_written or recorded != _sha256(_fit_json_text(info).encode())
+        if (recorded != _sha256(_fit_json_text(info).encode())
                 or not isinstance(info.get("files"), dict)):
             raise RunDamagedError(f"run file {path} is damaged (its content no longer matches "
                                   f"the checksum written with it); {_fix(run_dir)}")
+        if not as_written:
+            raise RunDamagedError(f"run file {path} is damaged (its text changed since it was "
+                                  f"written, though it parses to the content its checksum "
+                                  f"covers: a digit past a number's precision, or the layout "
+                                  f"inside the object); {_fix(run_dir)}")
     return info
 
 

@@ -21,6 +21,7 @@ items):
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -205,10 +206,12 @@ def score_responses(run: Run | str | Path, y: np.ndarray, *, item_idx: np.ndarra
     y = np.asarray(y)
     y = y if np.issubdtype(y.dtype, np.floating) else y.astype(np.int8)  # float: continuous kinds
     twins = _run_twins(run, y) if item_idx is None else None  # sheets the run has read
-    res = _score(run, y, item_idx, settings, method, applies, grid)
-    if twins is not None and (twins >= 0).any():
-        _take_run_readouts(run, res, twins)
-    return res
+    if twins is None or not (twins >= 0).any():
+        return _score(run, y, item_idx, settings, method, applies, grid)
+    rest = np.flatnonzero(twins < 0)  # only the others are scored (a run's sheet whose
+    # responses are all at the boundary may not be fittable anew, and need not be)
+    part = _score(run, y[rest], item_idx, settings, method, applies, grid) if rest.size else None
+    return _with_run_readouts(run, y, twins, part)
 
 
 def _score(run: Run, y: np.ndarray, item_idx, settings, method: str, applies: bool,
@@ -255,37 +258,55 @@ def _run_twins(run: Run, y: np.ndarray) -> np.ndarray | None:
     return np.array([where.get(d.tobytes(), -1) for d in new], np.int64)
 
 
-def _take_run_readouts(run: Run, res: FitResult, twins: np.ndarray) -> None:
-    """Give the rows whose answer sheet the run has (``twins`` >= 0: that run subject) the
-    run's factors of every subject block and, for a scalar ability, the run's interval and
-    quantile function: one sheet, one read-out, whichever way the others were scored
-    (:func:`score`'s table takes the run's columns for them too). ``extra["run_twins"]``
-    keeps ``twins``; ``extra["abilities"]`` says how many."""
-    rows, at = np.flatnonzero(twins >= 0), twins[twins >= 0]
-    loc, log_scale = dict(res.guide.loc), dict(res.guide.log_scale)
+def _with_run_readouts(run: Run, y: np.ndarray, twins: np.ndarray,
+                       part: FitResult | None) -> FitResult:
+    """The result for all rows of ``y``: those whose answer sheet the run has (``twins``
+    >= 0: that run subject) take the run's factors of every subject block and, for a scalar
+    ability, the run's interval and quantile function; the others (``twins`` < 0) are
+    ``part``'s rows in order (None: there are none). One sheet, one read-out, whichever
+    way the others were scored; :func:`score`'s table takes the run's columns for them too.
+    ``extra["run_twins"]`` keeps ``twins``; ``extra["abilities"]`` says how many."""
+    rows, at, rest = np.flatnonzero(twins >= 0), twins[twins >= 0], np.flatnonzero(twins < 0)
+    n = len(twins)
+    if part is None:  # every sheet the run's: the run's items, no fit
+        init, frozen = _frozen_init(run, None)
+        part = FitResult(run.spec, init, _run_settings(run), [], True, 0.0, 0.0, 0, y.shape[1],
+                         0, 1, tuple(sorted(frozen)), {"method": "the run's read-outs"})
+    loc, log_scale = dict(part.guide.loc), dict(part.guide.log_scale)
     for p in run.spec.by_owner("subject"):
-        loc[p.name] = np.array(loc[p.name], np.float32)
-        log_scale[p.name] = np.array(log_scale[p.name], np.float32)
-        loc[p.name][rows] = run.guide.loc[p.name][at]
-        log_scale[p.name][rows] = run.guide.log_scale[p.name][at]
-    res.guide = GuideState(loc, log_scale)
-    (ability,) = [p for p in run.spec.by_owner("subject") if p.name == "ability"] or [None]
-    if ability is not None and ability.shape == () and "ability_q05" in run.subjects:
-        ends = np.array((res.intervals or {}).get(ability.name, np.full((2, len(twins)), np.nan)),
-                        np.float32)
-        ends[:, rows] = run.subjects[["ability_q05", "ability_q95"]].to_numpy().T[:, at]
-        res.intervals = {**(res.intervals or {}), ability.name: ends}
+        for mine, theirs in ((loc, run.guide.loc), (log_scale, run.guide.log_scale)):
+            full = np.zeros((n,) + np.shape(theirs[p.name])[1:], np.float32)
+            if rest.size:
+                full[rest] = mine[p.name]
+            full[rows] = theirs[p.name][at]
+            mine[p.name] = full
+    intervals, tables = dict(part.intervals), dict(part.quantile_functions)
+    for p in run.spec.by_owner("subject"):  # each scalar block's interval
+        ends = np.full((2, n), np.nan, np.float32)  # NaN: the Gaussian's (summary_columns)
+        if p.name in intervals:
+            ends[:, rest] = intervals[p.name]
+        columns = [f"{p.name}_q05", f"{p.name}_q95"]
+        if p.shape == () and set(columns) <= set(run.subjects.columns):
+            # the run's reported interval, on the unconstrained scale intervals are kept on
+            ends[:, rows] = p.unconstrain(run.subjects[columns].to_numpy().T[:, at])
+        if p.name in intervals or not np.isnan(ends).all():
+            intervals[p.name] = ends
+    ability = next((p for p in run.spec.by_owner("subject") if p.name == "ability"), None)
+    if ability is not None and ability.shape == ():
         if ability.name in run.quantile_functions:
             z, table = run.quantile_functions[ability.name]
-            mine = res.quantile_functions.get(ability.name)
-            new = (np.array(mine[1], np.float32) if mine is not None else
-                   (loc[ability.name][None, :] + np.exp(log_scale[ability.name])[None, :]
-                    * np.asarray(z, np.float32)[:, None]).astype(np.float32))
-            new[:, rows] = table[:, at]
-            res.quantile_functions = {**res.quantile_functions, ability.name: (z, new)}
-    res.extra["run_twins"] = twins
-    note = f"{rows.size} of {len(twins)} answer sheet(s) the run's own: read as the run read them"
-    res.extra["abilities"] = "; ".join(x for x in (res.extra.get("abilities"), note) if x)
+            full = (loc[ability.name][None, :].astype(np.float64) + np.exp(
+                log_scale[ability.name].astype(np.float64))[None, :] * np.asarray(z)[:, None])
+            if ability.name in tables:  # the scored rows' own, the others Gaussian
+                full[:, rest] = tables[ability.name][1]
+            full[:, rows] = table[:, at]
+            tables[ability.name] = (z, full.astype(np.float32))
+    note = f"{rows.size} of {n} answer sheet(s) the run's own: read as the run read them"
+    extra = dict(part.extra) | {"run_twins": twins, "abilities": "; ".join(
+        x for x in (part.extra.get("abilities"), note) if x)}
+    return dataclasses.replace(part, guide=GuideState(loc, log_scale), num_subjects=n,
+                               num_observed=int((np.nan_to_num(y, nan=-1) >= 0).sum()),
+                               intervals=intervals, quantile_functions=tables, extra=extra)
 
 
 def read_new_responses(run: Run, responses: str | Path | Store) -> tuple[np.ndarray, np.ndarray]:

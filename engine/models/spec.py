@@ -28,6 +28,12 @@ TRANSFORMS: dict[str, Callable] = {
     "exp": jnp.exp,
     "sigmoid": jax.nn.sigmoid,
 }
+# their inverses, on NumPy arrays (constrained -> unconstrained)
+_INVERSES: dict[str, Callable] = {
+    "identity": lambda x: x,
+    "exp": np.log,
+    "sigmoid": lambda x: np.log(x) - np.log1p(-x),
+}
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,10 @@ class ParamSpec:
 
     def constrain(self, x):
         return TRANSFORMS[self.transform](x)
+
+    def unconstrain(self, x):
+        """The unconstrained value of a constrained NumPy ``x`` (``constrain``'s inverse)."""
+        return _INVERSES[self.transform](np.asarray(x, np.float64))
 
 
 @dataclass(frozen=True)

@@ -175,8 +175,9 @@ def test_save_run_returns_what_load_run_reads(tmp_path, ability_factor):
 
 def test_a_changed_byte_that_parses_alike_is_damage(run_copy):
     """fit.json's checksum covers its parsed content, so the text must be as written too:
-    a float's 17th digit changed to one that parses to the same number, or a space added,
-    is refused, not read."""
+    a float's 17th digit changed to one that parses to the same number, a space added
+    inside, or a format version a bit away (2 -> 0, read unverified before) is refused;
+    line ends and a final newline are not."""
     import re
 
     path = run_copy / "fit.json"
@@ -192,10 +193,14 @@ def test_a_changed_byte_that_parses_alike_is_damage(run_copy):
         if same:
             break
     assert same is not None and json.loads(same) == json.loads(clean)
-    for text in (same, clean + " ", clean.replace("{", "{ ", 1),
+    for text in (same, clean.replace("{", "{ ", 1),
                  clean.replace('"format_version": 2', '"format_version": 0', 1)):  # one bit
-        path.write_text(text)
+        path.write_bytes(text.encode())
         with pytest.raises(RunDamagedError, match="fit.json"):
             load_run(run_copy)
-    path.write_text(clean)
+    # what a copy may change and JSON ignores is read: Windows line ends, a final newline
+    for text in (clean.replace("\n", "\r\n"), clean + "\n", clean + "\r\n  \n"):
+        path.write_bytes(text.encode())
+        load_run(run_copy)
+    path.write_bytes(clean.encode())
     load_run(run_copy)

@@ -85,3 +85,43 @@ def test_sheet_digests_read_one_sheet_whatever_carries_it():
     c = np.array([[0.25, np.nan], [0.25, 0.5]])
     np.testing.assert_array_equal(sheet_digests(c, "unit"), sheet_digests(c.astype(np.float32), "unit"))
     assert not (sheet_digests(c, "unit")[0] == sheet_digests(c, "unit")[1]).all()
+
+
+def test_a_transformed_ability_and_sheets_that_need_no_fit(tmp_path):
+    """beta3 (a sigmoid ability, unit scores): a run sheet scored back takes the run's
+    interval on the fit's own (unconstrained) scale, so score_responses' result reports the
+    run's numbers; a batch of only the run's sheets is not fitted at all, and a run sheet a
+    fresh fit could not take (every response 0 or 1) is read all the same."""
+    from engine.readout.posterior import result_columns
+    from engine.score import score_responses
+
+    rng = np.random.default_rng(5)
+    y = rng.beta(2.0, 2.0, size=(40, 8)).astype(np.float32)
+    y[3] = np.where(np.arange(8) % 2, 1.0, 0.0)  # a sheet of boundary scores only
+    y[7, 2] = np.nan
+    res = fit(y, model="beta3", settings=FitSettings(seed=0, max_passes=200))
+    run = load_run(save_run(res, tmp_path / "run", num_draws=200).path)
+    assert run.spec.param("ability").transform == "sigmoid"
+    again = score_responses(run, y[[3, 7]])
+    assert again.extra["method"] == "the run's read-outs"
+    cols = result_columns(again, "subject")
+    for col in ("ability_mean", "ability_q05", "ability_q95"):
+        np.testing.assert_allclose(cols[col], run.subjects[col].to_numpy()[[3, 7]], rtol=1e-5)
+    other = y[7].copy()
+    other[2] = 0.5
+    board, mixed = score(run, np.vstack([y[3], other]), num_draws=200)
+    np.testing.assert_array_equal(mixed.extra["run_twins"], [3, -1])
+    new = board[board["new"]].reset_index(drop=True)
+    for col in ("ability_mean", "ability_q05", "ability_q95", "rank_mean", "p_top1"):
+        assert new.loc[0, col] == board.loc[3, col], col
+    assert board["p_top1"].sum() == pytest.approx(1.0)
+
+
+def test_digests_of_missing_and_signed_zero_floats_are_canonical():
+    """A negative NaN (0/0 on some paths), a negative missing code and -0.0 read as the
+    NaN and 0.0 the fit stored."""
+    row = np.array([[0.25, np.nan, 0.0]], np.float64)
+    odd = np.array([[0.25, -np.nan, -0.0]], np.float64)
+    coded = np.array([[0.25, -1.0, 0.0]], np.float64)
+    for other in (odd, coded):
+        np.testing.assert_array_equal(sheet_digests(row, "unit"), sheet_digests(other, "unit"))

@@ -168,7 +168,8 @@ def test_a_short_tests_intervals_are_the_exact_posteriors(tmp_path):
     # float precision), and the leaderboard draws everyone through their own tables
     assert run.info["readout"]["score_abilities"].startswith("exact")
     board, scored = score(load_run(tmp_path / "run"), y[top][:1], num_draws=200)
-    assert scored.extra["abilities"].startswith("exact")
+    assert scored.extra["abilities"] == ("1 of 1 answer sheet(s) the run's own: read as the "
+                                         "run read them")  # found by sheets.npz
     new = board[board["new"]].iloc[0]
     for col in ("ability_mean", "ability_sd", "ability_q05", "ability_q95"):  # to the bit
         assert new[col] == row[col] == board.loc[sheet, col], col
@@ -224,7 +225,7 @@ def test_score_of_a_sheet_the_runs_grid_does_not_resolve_is_the_mean_field_facto
     run = save_run(res, tmp_path / "run", num_draws=50)
     assert run.info["readout"]["score_abilities"].startswith("exact")
     board, scored = score(load_run(tmp_path / "run"), np.concatenate([full[:1], y[:1]]), num_draws=50)
-    assert "1 of the run's" in scored.extra["abilities"]
+    assert "1 of 2 answer sheet(s) the run's own" in scored.extra["abilities"]
     assert "1 beyond the run's ability grid" in scored.extra["abilities"]
     new = board[board["new"]]
     m, sd = new["ability_mean"].iloc[0], new["ability_sd"].iloc[0]
@@ -292,7 +293,9 @@ def test_score_reads_the_mean_field_factor_where_the_run_kept_no_item_draws(tmp_
     run = save_run(res, tmp_path / "aside", num_draws=50)
     assert "ability_draws.npz" not in run.info["files"]
     assert run.info["readout"]["score_abilities"].startswith("the mean-field factor")
-    _, scored = score(load_run(tmp_path / "aside"), aside[:3], num_draws=50)
+    fresh = aside[:3].copy()
+    fresh[:, 0] = -1  # sheets the run does not have (its own would take its read-outs)
+    _, scored = score(load_run(tmp_path / "aside"), fresh, num_draws=50)
     assert scored.extra["method"] == "grid"
     assert scored.extra["abilities"].startswith("the mean-field factor")
     assert not scored.quantile_functions
@@ -303,5 +306,7 @@ def test_score_reads_the_mean_field_factor_where_the_run_kept_no_item_draws(tmp_
     run = save_run(res, tmp_path / "big", num_draws=50)
     assert "ability_draws.npz" not in run.info["files"]
     assert "were not saved" in run.info["readout"]["score_abilities"]
-    _, scored = score(load_run(tmp_path / "big"), y[:3], num_draws=50)
+    fresh = y[:3].copy()
+    fresh[:, 0] = -1
+    _, scored = score(load_run(tmp_path / "big"), fresh, num_draws=50)
     assert "saved no item draws" in scored.extra["abilities"]
