@@ -113,7 +113,8 @@ def rank_stats(draws: np.ndarray, top_k: int = 3,
     (:func:`identical_subjects`): subjects whose posteriors are the same, drawn
     independently (not sharing draws: twins rank among each other as any two subjects
     do, so P(top-1) sums to one over the board); each one's statistics are read from the
-    ranks of all the group's members (:func:`pooled_statistics`), identical to the bit.
+    ranks of all the group's members together (:func:`_pooled_rank_stats`), identical to
+    the bit.
 
     Without ``groups``, columns that are identical are ties in every draw (best rank):
     ranked once and their statistics repeated, the same numbers, to the bit, as ranking
@@ -125,8 +126,9 @@ def rank_stats(draws: np.ndarray, top_k: int = 3,
         alone = np.ones(draws.shape[1], bool)
         for members in together:
             alone[members] = False
-        stats = {k: np.full(draws.shape[1], np.nan) for k in _rank_columns(ranks[:, :0], top_k)}
-        for k, v in _rank_columns(ranks[:, alone], top_k).items():  # a subject on its own
+        own = _rank_columns(ranks[:, alone], top_k)  # a subject on its own
+        stats = {k: np.full(draws.shape[1], np.nan) for k in own}
+        for k, v in own.items():
             stats[k][alone] = v
         for members in together:  # from all the group's ranks
             for k, v in _pooled_rank_stats(ranks[:, members], top_k).items():
