@@ -310,8 +310,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     if factor["method"] == "gaussian":  # fit_source counts its own compilation
         result = fit_source(spec, source, settings, init=init, frozen=frozen,
                             progress_fn=progress_fn, checkpointer=checkpointer, resume=resume)
-        if y is not None and _one_scalar_ability(spec) and not frozen:
-            result.guide = pool_identical_rows(spec, result.guide, y)  # identical sheets
+        if y is not None and not frozen:  # identical sheets: one posterior, whatever the skills
+            result.guide = pool_identical_rows(spec, result.guide, y)
     result.extra["ability_factor"] = factor
     result.extra.update(
         model=model, model_options=options, subjects=subjects, items=items,
@@ -407,11 +407,6 @@ def _nuts_instead(spec, y, stats: dict, info: dict, settings: FitSettings, subje
                   f"the items standardised where they are mostly their pools' prior), no "
                   f"progress shown while it runs", file=sys.stderr, flush=True)
     return _sample_nuts(spec, y, stats, dict(info), nuts, subjects, items)
-
-
-def _one_scalar_ability(spec) -> bool:
-    subject = spec.by_owner("subject")
-    return len(subject) == 1 and subject[0].shape == ()
 
 
 def _constant_items(y, stats: dict, kind: str, spec, frozen) -> np.ndarray:

@@ -339,13 +339,10 @@ def _vector_leaderboard(run, args) -> int:
     from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
 
     spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
-    # one number a draw (skill, weights): twins drawn apart and pooled; the orders over all
-    # skills: twins' draws shared
-    scalar = spec.mode in ("skill", "weights")
+    # subjects of one posterior (identical sheets) drawn apart, read from their draws pooled
     draws = draw_posterior(run.spec, run.guide, args.draws, rng_key=jax.random.PRNGKey(args.seed),
-                           names=("ability",), share_identical=not scalar)["ability"]
-    groups = identical_subjects(run.guide.loc["ability"], run.guide.log_scale["ability"]) \
-        if scalar else None
+                           names=("ability",))["ability"]
+    groups = identical_subjects(run.guide.loc["ability"], run.guide.log_scale["ability"])
     skills = list(run.spec.skills) or ["ability"]
     board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec,
                                groups=groups)

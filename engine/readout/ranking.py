@@ -10,7 +10,7 @@ from engine.memory import usable_cores
 from engine.rows import identical_rows
 
 __all__ = ["ranks_from_draws", "rank_stats", "pairwise_beats", "tie_groups",
-           "identical_subjects", "pooled_statistics"]
+           "identical_subjects", "pooled_statistics", "pooled_pairs"]
 
 
 def identical_subjects(*columns) -> np.ndarray | None:
@@ -48,6 +48,34 @@ def pooled_statistics(values: np.ndarray, groups: np.ndarray | None,
         pooled = np.asarray(values)[:, members].reshape(-1, 1)
         for k, fn in statistics.items():
             out[k][members] = np.asarray(fn(pooled), np.float64)[0]
+    return out
+
+
+def pooled_pairs(p: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
+    """A pairwise matrix ``p`` ``(S, S)`` (e.g. ``P[s, s'] = Pr(s dominates s')`` counted
+    from draws in which every subject is drawn apart) with the pairs of each two groups of
+    ``groups`` (:func:`identical_subjects`) read as one: every entry for a member of group g
+    against a member of group h is the mean of ``p`` over all such pairs (two distinct
+    members where g is h), the same to the bit for all of them. The diagonal is kept.
+    ``groups`` None: ``p`` itself."""
+    p = np.asarray(p)
+    if groups is None:
+        return p
+    groups = np.asarray(groups).reshape(-1)
+    order = np.argsort(groups, kind="stable")
+    ordered = groups[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    sizes = np.diff(np.r_[starts, groups.size]).astype(np.float64)
+    label = np.cumsum(np.r_[False, ordered[1:] != ordered[:-1]])[np.argsort(order)]
+    inner = p.astype(np.float64)[np.ix_(order, order)]
+    sums = np.add.reduceat(np.add.reduceat(inner, starts, axis=0), starts, axis=1)
+    pairs = np.outer(sizes, sizes)
+    own = np.diag(p).astype(np.float64)[order]  # a subject against itself is no pair
+    sums[np.diag_indices_from(sums)] -= np.add.reduceat(own, starts)
+    pairs[np.diag_indices_from(pairs)] -= sizes
+    means = np.divide(sums, pairs, out=np.zeros_like(sums), where=pairs > 0)
+    out = means[np.ix_(label, label)].astype(p.dtype)
+    np.fill_diagonal(out, np.diag(p))
     return out
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import SettingsError
-from engine.readout.ranking import pooled_statistics, rank_stats, tie_groups
+from engine.readout.ranking import pooled_pairs, pooled_statistics, rank_stats, tie_groups
 
 __all__ = ["non_dominated_sort", "dominance_matrix", "dominance_layers", "RankSpec", "parse_rank",
            "skill_board", "pareto_board", "weighted_board", "lexicographic_board", "dominance_board",
@@ -296,14 +296,22 @@ def weighted_board(draws, subjects, skills, weights, top_k: int = 3,
     return df
 
 
-def pareto_board(draws, subjects, skills) -> pd.DataFrame:
+def _pooled_means(draws: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
+    """Each subject's posterior mean per skill ``(S, D)`` from draws ``(T, S, D)``, a group's
+    (:func:`engine.readout.ranking.identical_subjects`) from all its members' draws."""
+    return np.stack([pooled_statistics(draws[:, :, d], groups, {"m": lambda v: v.mean(axis=0)})["m"]
+                     for d in range(draws.shape[2])], axis=1)
+
+
+def pareto_board(draws, subjects, skills, groups: np.ndarray | None = None) -> pd.DataFrame:
     """Pareto fronts of the posterior means, and per subject the distribution of its front
-    over draws (``front_mean``, ``p_front1``)."""
+    over draws (``front_mean``, ``p_front1``); ``groups`` as in :func:`skill_board`."""
     draws = np.asarray(draws)
-    means = draws.mean(axis=0)
+    means = _pooled_means(draws, groups)
     per_draw = np.stack([non_dominated_sort(d) for d in draws])
-    df = pd.DataFrame({"subject": list(subjects), "front": non_dominated_sort(means),
-                       "front_mean": per_draw.mean(axis=0), "p_front1": (per_draw == 1).mean(axis=0)})
+    fronts = pooled_statistics(per_draw, groups, {"front_mean": lambda v: v.mean(axis=0),
+                                                  "p_front1": lambda v: (v == 1).mean(axis=0)})
+    df = pd.DataFrame({"subject": list(subjects), "front": non_dominated_sort(means), **fronts})
     for d, name in enumerate(skills):
         df[f"{name}_mean"] = means[:, d]
     df = df.sort_values(["front", "front_mean"], kind="stable").reset_index(drop=True)
@@ -311,12 +319,13 @@ def pareto_board(draws, subjects, skills) -> pd.DataFrame:
     return df
 
 
-def lexicographic_board(draws, subjects, skills) -> pd.DataFrame:
-    """Rank by the first skill; where 90% intervals tie, by the second, and so on."""
+def lexicographic_board(draws, subjects, skills, groups: np.ndarray | None = None) -> pd.DataFrame:
+    """Rank by the first skill; where 90% intervals tie, by the second, and so on;
+    ``groups`` as in :func:`skill_board`."""
     draws = np.asarray(draws)
     cols, keys = {"subject": list(subjects)}, []
     for d, name in enumerate(skills):
-        summ = _summary(draws[:, :, d], name)
+        summ = _summary(draws[:, :, d], name, groups)
         cols.update(summ)
         group = tie_groups(summ[f"{name}_mean"], summ[f"{name}_q05"], summ[f"{name}_q95"])
         cols[f"{name}_group"] = group
@@ -328,13 +337,17 @@ def lexicographic_board(draws, subjects, skills) -> pd.DataFrame:
     return df
 
 
-def dominance_board(draws, subjects, skills, threshold: float = 0.9) -> pd.DataFrame:
-    """Layers of posterior probabilistic dominance; one layer is one tie."""
-    p = dominance_matrix(draws)
+def dominance_board(draws, subjects, skills, threshold: float = 0.9,
+                    groups: np.ndarray | None = None) -> pd.DataFrame:
+    """Layers of posterior probabilistic dominance; one layer is one tie. ``groups`` as in
+    :func:`skill_board`: a pair's dominance is read from all pairs of the two groups'
+    members (:func:`engine.readout.ranking.pooled_pairs`)."""
+    draws = np.asarray(draws)
+    p = pooled_pairs(dominance_matrix(draws), groups)
     layer = dominance_layers(p, threshold)
     q = p.copy()
     np.fill_diagonal(q, 0.0)
-    means = np.asarray(draws).mean(axis=0)
+    means = _pooled_means(draws, groups)
     df = pd.DataFrame({"subject": list(subjects), "layer": layer,
                        "dominated_by": (q >= threshold).sum(axis=0), "dominates": (q >= threshold).sum(axis=1),
                        "max_p_dominated": q.max(axis=0), "p_dominates_any": q.max(axis=1)})
@@ -350,12 +363,10 @@ def vector_leaderboard(draws, subjects, skills, spec: RankSpec, top_k: int = 3,
                        groups: np.ndarray | None = None) -> pd.DataFrame:
     """The board ``spec`` declares, from ``(T, S, D)`` joint posterior draws.
 
-    The skill and weights boards rank one number a draw: draw subjects of one posterior
-    (identical answer sheets) apart and give their ``groups``
-    (:func:`engine.readout.ranking.identical_subjects`), so they rank among each other and
-    read alike. The pareto, lexicographic and dominance boards read each draw's order over
-    all skills: give them such subjects' draws shared (``draw_posterior(...,
-    share_identical=True)``), so they read alike there."""
+    Draw subjects of one posterior (identical answer sheets) apart and give their
+    ``groups`` (:func:`engine.readout.ranking.identical_subjects`): every board then reads
+    such subjects from all their draws together, so they read alike, and they rank, take
+    fronts and dominate among each other as any two subjects do."""
     draws = np.asarray(draws)
     if draws.ndim == 2:
         draws = draws[:, :, None]
@@ -367,11 +378,11 @@ def vector_leaderboard(draws, subjects, skills, spec: RankSpec, top_k: int = 3,
     elif spec.mode == "weights":
         df = weighted_board(draws, subjects, skills, spec.weights, top_k, groups)
     elif spec.mode == "pareto":
-        df = pareto_board(draws, subjects, skills)
+        df = pareto_board(draws, subjects, skills, groups)
     elif spec.mode == "lexicographic":
-        df = lexicographic_board(draws, subjects, skills)
+        df = lexicographic_board(draws, subjects, skills, groups)
     else:
-        df = dominance_board(draws, subjects, skills, spec.threshold)
+        df = dominance_board(draws, subjects, skills, spec.threshold, groups)
     df.attrs["rank"] = spec.mode
     return df
 

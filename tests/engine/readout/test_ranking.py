@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import rankdata
 
-from engine.readout.ranking import (identical_subjects, pairwise_beats, pooled_statistics,
+from engine.readout.ranking import (identical_subjects, pairwise_beats, pooled_pairs, pooled_statistics,
                                     rank_stats, ranks_from_draws, tie_groups)
 
 
@@ -217,6 +217,33 @@ def test_pooled_statistics_read_each_group_as_one_column(T, S, G, seed):
             assert np.unique(got["mean"][members]).size == 1
     assert identical_subjects(np.arange(S)) is None
     assert pooled_statistics(values, None, fns)["mean"].tolist() == values.mean(axis=0).tolist()
+
+
+@given(S=st.integers(1, 12), G=st.integers(1, 12), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=60, deadline=None)
+def test_pooled_pairs_read_each_two_groups_as_one_pair(S, G, seed):
+    """Each entry is the mean over all pairs of the two groups' members (two distinct
+    members within one group), the same for every member; the diagonal is kept, and pairs
+    of two subjects alone keep their value to the bit."""
+    rng = np.random.default_rng(seed)
+    p = rng.random((S, S)).astype(np.float32)
+    groups = rng.integers(0, G, S)
+    got = pooled_pairs(p, groups)
+    assert got.dtype == p.dtype and got.shape == p.shape
+    for s in range(S):
+        assert got[s, s] == p[s, s]
+        a = np.flatnonzero(groups == groups[s])
+        for t in range(S):
+            if t == s:
+                continue
+            b = np.flatnonzero(groups == groups[t])
+            cells = [p[i, j] for i in a for j in b if i != j]
+            if len(a) == len(b) == 1:
+                assert got[s, t] == p[s, t]
+            else:
+                assert got[s, t] == pytest.approx(np.mean(np.float64(cells)), rel=1e-6)
+                assert {got[i, j] for i in a for j in b if i != j} == {got[s, t]}
+    assert pooled_pairs(p, None) is p
 
 
 @given(T=st.integers(1, 30), S=st.integers(2, 10), G=st.integers(1, 5), top_k=st.integers(1, 4),

@@ -130,6 +130,40 @@ def test_dominance_board_ties(draws):
         d, subjects, skills, RankSpec("dominance", threshold=0.95)))
 
 
+def test_multi_skill_boards_read_twins_from_independent_draws():
+    """Four subjects of one posterior (two independent standard normal skills), drawn apart,
+    and two far below: of n points drawn independently with independent continuous
+    coordinates, H_n (the harmonic number) are undominated on average, so each twin is on
+    the Pareto front with probability H_4 / 4 = 25/48, and one twin dominates another with
+    probability 1/4. Every board reads the twins alike. With their draws shared the twins
+    would tie: always on the front, never dominating each other."""
+    rng = np.random.default_rng(5)
+    T = 20000
+    draws = rng.normal(size=(T, 6, 2))
+    draws[:, 4:] -= 20.0
+    groups = np.array([0, 0, 0, 0, 1, 2])
+    subjects = list("abcdef")
+    skills = ["x", "y"]
+    pareto = vector_leaderboard(draws, subjects, skills, parse_rank("pareto"), groups=groups)
+    pareto = pareto.set_index("subject")
+    twins = pareto.loc[list("abcd")]
+    assert twins["p_front1"].to_numpy() == pytest.approx(25 / 48, abs=0.01)
+    assert (twins.drop(columns="rank").nunique() == 1).all()
+    assert pareto.loc["e", "p_front1"] < 0.01
+    dom = vector_leaderboard(draws, subjects, skills, parse_rank("dominance", threshold=0.9),
+                             groups=groups).set_index("subject")
+    assert dom.loc[list("abcd"), "max_p_dominated"].to_numpy() == pytest.approx(0.25, abs=0.01)
+    assert (dom.loc[list("abcd")].drop(columns="rank").nunique() == 1).all()
+    assert dom.loc["e", "max_p_dominated"] == 1.0  # the twins dominate the two far below
+    lex = vector_leaderboard(draws, subjects, skills, parse_rank("lexicographic"),
+                             groups=groups).set_index("subject")
+    assert (lex.loc[list("abcd")].drop(columns="rank").nunique() == 1).all()
+    assert lex.loc["a", "x_mean"] == pytest.approx(draws[:, :4, 0].mean(), abs=1e-6)
+    shared = draws[:, [0, 0, 0, 0, 4, 5]]
+    tied = vector_leaderboard(shared, subjects, skills, parse_rank("pareto")).set_index("subject")
+    assert (tied.loc[list("abcd"), "p_front1"] == 1.0).all()
+
+
 def test_parse_rank_errors():
     with pytest.raises(SettingsError, match="unknown ranking 'best'"):
         parse_rank("best")
@@ -150,6 +184,7 @@ def test_cli_fit_dims_q_matrix_and_vector_leaderboards(tmp_path, capsys):
     q[:30, 0], q[30:, 1] = 1, 1
     p = expit(np.sum(q * th[:, None, :], axis=-1) - rng.normal(size=60))
     y = (rng.random(p.shape) < p).astype(int)
+    y[6:9] = y[5]  # four identical answer sheets
     items = [f"i{j}" for j in range(60)]
     pd.DataFrame(y, columns=items, index=[f"s{i}" for i in range(40)]).rename_axis("subject").reset_index() \
         .to_csv(tmp_path / "wide.csv", index=False)
@@ -161,6 +196,8 @@ def test_cli_fit_dims_q_matrix_and_vector_leaderboards(tmp_path, capsys):
                  "--q-matrix", str(tmp_path / "q.csv"), "--quiet", "--max-passes", "60", "--draws", "200"]) == 0
     subjects = pd.read_parquet(tmp_path / "run" / "subjects.parquet")
     assert {"ability_syntax_mean", "ability_semantics_q95"} <= set(subjects.columns)
+    twins = subjects.set_index("subject").loc[["s5", "s6", "s7", "s8"]]
+    assert (twins.nunique() == 1).all()  # one posterior for identical sheets, every skill
     capsys.readouterr()
     for rank in ("pareto", "dominance", "lexicographic", "weights=0.7,0.3", "skill=semantics"):
         assert main(["leaderboard", str(tmp_path / "run"), "--rank", rank, "--draws", "200"]) == 0
@@ -168,6 +205,11 @@ def test_cli_fit_dims_q_matrix_and_vector_leaderboards(tmp_path, capsys):
         assert "leaderboard" in out and "s0" in out
         if rank.startswith("weights"):
             assert "weights syntax=0.7, semantics=0.3" in out
+        lines = out.splitlines()
+        head = lines[1].split()
+        rows = pd.DataFrame([line.split() for line in lines[2:42]], columns=head).set_index("subject")
+        twins = rows.loc[["s5", "s6", "s7", "s8"]].drop(columns="rank")
+        assert (twins.nunique() == 1).all(), (rank, twins)  # identical sheets read alike
     assert main(["leaderboard", str(tmp_path / "run"), "--rank", "weights=1"]) == 2
     assert "need 2 non-negative weights" in capsys.readouterr().err
     assert main(["fit", str(tmp_path / "store"), "--out", str(tmp_path / "run2"), "--model", "mirt-noncomp",
