@@ -196,20 +196,29 @@ def agreement(mine, exact, block: str) -> dict:
     exact mean| / exact sd`` (median, max, share within 0.25, mean signed), the sd ratio
     mine / exact (min, median, max, share in [0.8, 1.25]) and the 90% intervals' ends' largest
     distance in exact sds (steadier than the sd where a block's posterior is long-tailed: the
-    4PL's discriminations at 2,000 x 12)."""
+    4PL's discriminations at 2,000 x 12); where both tables carry the sds' Monte Carlo
+    standard errors (``_mcse_sd``: sampled values), how many of them the sds are apart
+    (largest; share within two)."""
     nm, ns = (np.asarray(exact[f"{block}_{c}"], float) for c in ("mean", "sd"))
     fm, fs = (np.asarray(mine[f"{block}_{c}"], float) for c in ("mean", "sd"))
     z, ratio = np.abs(fm - nm) / ns, fs / ns
     ends = np.maximum(*(np.abs(np.asarray(mine[f"{block}_{q}"], float)
                                - np.asarray(exact[f"{block}_{q}"], float)) / ns
                         for q in ("q05", "q95")))
-    return {"z_median": float(np.median(z)), "z_max": float(np.max(z)),
-            "interval_ends_z_max": float(np.max(ends)),
-            "share_z_within_0.25": float(np.mean(z <= 0.25)),
-            "sd_ratio_min": float(np.min(ratio)), "sd_ratio_median": float(np.median(ratio)),
-            "sd_ratio_max": float(np.max(ratio)),
-            "share_sd_ratio_in_0.8_1.25": float(np.mean((ratio >= 0.8) & (ratio <= 1.25))),
-            "mean_signed_z": float(np.mean((fm - nm) / ns))}
+    out = {"z_median": float(np.median(z)), "z_max": float(np.max(z)),
+           "interval_ends_z_max": float(np.max(ends)),
+           "share_z_within_0.25": float(np.mean(z <= 0.25)),
+           "sd_ratio_min": float(np.min(ratio)), "sd_ratio_median": float(np.median(ratio)),
+           "sd_ratio_max": float(np.max(ratio)),
+           "share_sd_ratio_in_0.8_1.25": float(np.mean((ratio >= 0.8) & (ratio <= 1.25))),
+           "mean_signed_z": float(np.mean((fm - nm) / ns))}
+    if f"{block}_mcse_sd" in mine and f"{block}_mcse_sd" in exact:
+        # both sds' Monte Carlo errors (sampled values): how far apart the sds are in them
+        err = np.hypot(*(np.asarray(t[f"{block}_mcse_sd"], float) for t in (mine, exact)))
+        apart = np.abs(fs - ns) / err
+        out |= {"sd_apart_in_mcse_max": float(np.nanmax(apart)),
+                "share_sd_within_2_mcse": float(np.mean(apart <= 2.0))}
+    return out
 
 
 def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None, extend: int = 0) -> dict:
@@ -250,8 +259,9 @@ def nuts_coverage(model: str, sim: dict, prior: str | None, fit=None, extend: in
                 if owner == "item":  # each item's values, to read a disagreement item by item
                     out["agreement"][block]["per_item"] = {
                         f"{who}_{c}": np.asarray(table[f"{block}_{c}"], float).tolist()
-                        for c in ("mean", "sd", "q05", "q95")
-                        for who, table in (("fit", mine), ("nuts", exact))}
+                        for c in ("mean", "sd", "q05", "q95", "mcse_sd")
+                        for who, table in (("fit", mine), ("nuts", exact))
+                        if f"{block}_{c}" in table}
     return out
 
 

@@ -25,7 +25,7 @@ from cluster.columns import StoreColumns, trial_responses
 from engine.api import fit
 from engine.infer.settings import FitSettings
 from engine.readout.posterior import draw_posterior
-from engine.readout.ranking import ranks_from_draws
+from engine.readout.ranking import identical_subjects, pooled_statistics, ranks_from_draws
 
 __all__ = ["run_bootstrap", "bootstrap_intervals", "BootstrapOutput"]
 
@@ -64,19 +64,21 @@ def bootstrap_intervals(replicates: pd.DataFrame, variational: pd.DataFrame,
 
 
 def _variational(full, level: float, seed: int) -> pd.DataFrame:
-    # twins' draws shared: their read-outs alike, tied at their best rank as the
-    # replicates' point estimates tie (trials.py)
+    # every subject drawn apart; subjects of one posterior (identical sheets) read from
+    # their draws and ranks pooled, alike to the bit
     draws = draw_posterior(full.spec, full.guide, 2000, rng_key=jax.random.PRNGKey(seed),
-                           names=("ability",), share_identical=True)["ability"]
+                           names=("ability",))["ability"]
+    groups = identical_subjects(full.guide.loc["ability"], full.guide.log_scale["ability"])
     a = (1.0 - level) / 2.0
-    ranks = ranks_from_draws(draws)
-    return pd.DataFrame({
-        "subject": full.extra["subjects"],
-        "ability_mean": draws.mean(axis=0),
-        "ability_lo": np.quantile(draws, a, axis=0), "ability_hi": np.quantile(draws, 1 - a, axis=0),
-        "rank_mean": ranks.mean(axis=0),
-        "rank_lo": np.quantile(ranks, a, axis=0), "rank_hi": np.quantile(ranks, 1 - a, axis=0),
-    })
+
+    def summary(values, name):
+        return pooled_statistics(values, groups, {
+            f"{name}_mean": lambda v: v.mean(axis=0),
+            f"{name}_lo": lambda v: np.quantile(v, a, axis=0),
+            f"{name}_hi": lambda v: np.quantile(v, 1 - a, axis=0)})
+
+    return pd.DataFrame({"subject": full.extra["subjects"], **summary(draws, "ability"),
+                         **summary(ranks_from_draws(draws), "rank")})
 
 
 def run_bootstrap(data, out: str | Path, settings: BootstrapSettings = BootstrapSettings(),

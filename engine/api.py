@@ -310,8 +310,9 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     if factor["method"] == "gaussian":  # fit_source counts its own compilation
         result = fit_source(spec, source, settings, init=init, frozen=frozen,
                             progress_fn=progress_fn, checkpointer=checkpointer, resume=resume)
-        if y is not None and not frozen:  # identical sheets: one posterior, whatever the skills
-            result.guide = pool_identical_rows(spec, result.guide, y)
+        if y is not None:  # identical sheets: one posterior, whatever the skills (the subject
+            # blocks not held fixed: `score` freezes the items and reads new sheets alike)
+            result.guide = pool_identical_rows(spec, result.guide, y, frozen=frozen)
     result.extra["ability_factor"] = factor
     result.extra.update(
         model=model, model_options=options, subjects=subjects, items=items,

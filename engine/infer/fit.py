@@ -56,8 +56,9 @@ class FitResult:
     # its unconstrained value, (2, *full_shape), NaN where not drawn; the read-outs'
     # intervals then come from these instead of the Gaussian's
     intervals: dict = field(default_factory=dict)
-    # and their constrained values' posterior means and sds, split R-hats and effective
-    # draws, (4, *full_shape), NaN where not sampled; the read-outs' means and sds then
+    # and their constrained values' posterior means and sds, split R-hats, effective
+    # draws and the sds' Monte Carlo standard errors, (5, *full_shape), NaN where not
+    # sampled; the read-outs' means and sds then
     # come from these, with the diagnostics beside them
     moments: dict = field(default_factory=dict)
     # A quadrature fit's scalar abilities: each subject's exact posterior quantiles at the

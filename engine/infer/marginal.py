@@ -286,9 +286,11 @@ def distinct_rows(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.asarray(y)[first], inverse, counts
 
 
-def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray) -> GuideState:
+def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray,
+                        frozen=frozenset()) -> GuideState:
     """The guide with every subject block's factor shared by subjects with identical rows of
-    ``y``: the mean location and the root-mean-square scale of the group.
+    ``y``: the mean location and the root-mean-square scale of the group. Blocks named in
+    ``frozen`` (held at given values) are left as they are.
 
     The exact posterior of two identical answer sheets is the same; a stochastic fit gives
     them factors that differ by Monte Carlo noise, which their average reduces. Subjects
@@ -301,6 +303,8 @@ def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray) -> Gu
         return guide
     loc, log_scale = dict(guide.loc), dict(guide.log_scale)
     for p in spec.by_owner("subject"):
+        if p.name in frozen:
+            continue
         m = np.asarray(loc[p.name], np.float64)
         v = np.exp(2.0 * np.asarray(log_scale[p.name], np.float64))
         flat = (-1,) + m.shape[1:]
@@ -2563,7 +2567,8 @@ def _fit_marginal(spec: ModelSpec, y: np.ndarray, settings: MarginalSettings,
     moments, moments_record = _importance(spec, x, g, proposal, quad, yy, mask, counts_f,
                                           settings, aside_grid, start)
     # where sampled: the sampler's moments, the items' 5% and 95% quantiles (2, n, k), and
-    # their constrained values' means and sds, split R-hats and effective draws (4, n, k)
+    # their constrained values' means and sds, split R-hats, effective draws and the sds'
+    # Monte Carlo standard errors (5, n, k)
     sampled = quantiles = constrained = None
     ability_draws = None  # the item draws the abilities' moments came from (their quantiles)
     aside_moments = None  # the set-aside items' where importance sampling integrated them

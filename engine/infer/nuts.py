@@ -970,32 +970,35 @@ def shrinkage_restart(spec: ModelSpec, shape: tuple, settings: NutsSettings, dra
 def pool_identical_rows(spec: ModelSpec, y: np.ndarray, draws: NutsDraws) -> tuple[NutsDraws, int]:
     """Give subjects with identical response rows (missing cells included) the same draws.
 
-    Their abilities are exchangeable in the posterior, so each has the group's marginal;
-    draw ``t`` of the group is member ``t mod m``'s draw ``t`` (jointly drawn with every
-    other parameter at ``t``), so every member gets the same ability, interval and tie
-    group, from all members' draws. (The pooled columns tie in every draw, so they do not
-    rank: :func:`nuts_fit_result` keeps the draws as sampled for the rank statistics.) Only
-    for models whose subjects have one scalar block; returns ``(draws, rows whose draws
-    were replaced)``.
+    Their factors are exchangeable in the posterior, so each has the group's marginal;
+    draw ``t`` of the group is member ``t mod m``'s draw ``t`` of every subject block
+    (jointly drawn with every other parameter at ``t``), so every member gets the same
+    abilities (every skill), intervals and tie group, from all members' draws. (The pooled
+    columns tie in every draw, so they do not rank: :func:`nuts_fit_result` keeps the
+    draws as sampled for the rank statistics.) Returns ``(draws, rows whose draws were
+    replaced)``.
     """
     subject = spec.by_owner("subject")
-    if len(subject) != 1 or subject[0].shape != ():
+    if not subject:
         return draws, 0
     rows = np.where(np.asarray(y) >= 0, np.asarray(y, np.float64), -1.0)  # NaN -> -1
     _, group, counts = np.unique(rows, axis=0, return_inverse=True, return_counts=True)
     group = group.reshape(-1)
     if counts.max() == 1:
         return draws, 0
-    name = subject[0].name
-    v = np.asarray(draws.position[name])  # (chains, samples, subjects)
-    t = np.arange(v.shape[0] * v.shape[1]).reshape(v.shape[:2])
-    out, pooled = v.copy(), 0
+    position = dict(draws.position)
+    values = {p.name: np.asarray(position[p.name]) for p in subject}  # (chains, samples, S, ...)
+    first = next(iter(values.values()))
+    t = np.arange(first.shape[0] * first.shape[1]).reshape(first.shape[:2])
+    out, pooled = {k: v.copy() for k, v in values.items()}, 0
     for g in np.flatnonzero(counts > 1):
         members = np.flatnonzero(group == g)
-        pick = members[t % members.size]  # (chains, samples)
-        out[:, :, members] = np.take_along_axis(v, pick[..., None], axis=2)
+        pick = members[t % members.size]  # (chains, samples): one member's joint draw
+        for k, v in values.items():
+            index = pick.reshape(pick.shape + (1,) * (v.ndim - 2))
+            out[k][:, :, members] = np.take_along_axis(v, index, axis=2)
         pooled += members.size
-    return draws._replace(position={**draws.position, name: out}), pooled
+    return draws._replace(position={**position, **out}), pooled
 
 
 def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
@@ -1042,8 +1045,8 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     draws, pooled = pool_identical_rows(spec, y, draws)
     rank_draws = None
     if pooled:  # the rank read-outs need each twin's own draws (independent abilities)
-        name = spec.by_owner("subject")[0].name
-        rank_draws = np.asarray(as_drawn[name], np.float32).reshape((-1, y.shape[0]))
+        if spec.param("ability").shape == ():
+            rank_draws = np.asarray(as_drawn["ability"], np.float32).reshape((-1, y.shape[0]))
         constrained = constrain_draws(spec, draws.position)
         idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
     diag["pooled_rows"] = pooled

@@ -13,7 +13,6 @@ from engine.infer.guide import GuideState
 from engine.exported import QUICK_COMPILE
 from engine.host import to_device
 from engine.models.spec import TRANSFORMS, ModelSpec
-from engine.rows import identical_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,8 +25,7 @@ Z90 = 1.6448536269514722  # standard normal 95th percentile: a central 90% inter
 
 
 def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key,
-                   names: tuple[str, ...] | None = None,
-                   share_identical: bool = False) -> dict[str, np.ndarray]:
+                   names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """Joint draws of constrained parameters, ``(num_draws, *block_shape)`` per name.
 
     ``rng_key`` is a JAX PRNG key, or a Python int seed standing for
@@ -35,48 +33,31 @@ def draw_posterior(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_ke
     program, which saves a fresh process two small programs).
 
     Every subject is drawn independently (the joint posterior of the factors), twins
-    included: :func:`engine.readout.ranking.rank_stats` pools the statistics of subjects
-    whose factors are identical. ``share_identical``: subjects whose factors are identical
-    (location and scale, to the bit: e.g. the same answer sheet) share their draws instead,
-    so they tie in every draw (the multidimensional boards, which read each draw's
-    dominance order); without such duplicates the draws are the same either way.
+    included: the read-outs pool the statistics of subjects whose factors are identical
+    (:func:`engine.readout.ranking.rank_stats`, ``pooled_statistics``, ``pooled_pairs``).
     """
     names = names or spec.names
     seeded = isinstance(rng_key, (int, np.integer))
     key = np.int64(rng_key) if seeded else rng_key
-    params, locs, log_scales, inverses, shapes = [], [], [], [], []
-    for name in names:
-        p = spec.param(name)
-        first, inverse = (_identical_owners(guide, name) if share_identical and p.owner == "subject"
-                          else (None, None))
-        loc = np.asarray(guide.loc[name])
-        width = loc.shape[:1] if first is None else (first.size,)
-        params.append(p)
-        locs.append(to_device(loc))
-        log_scales.append(to_device(guide.log_scale[name]))
-        inverses.append(None if inverse is None else to_device(inverse))
-        shapes.append((num_draws,) + width)
+    params = tuple(spec.param(name) for name in names)
+    locs = tuple(to_device(np.asarray(guide.loc[name])) for name in names)
+    log_scales = tuple(to_device(guide.log_scale[name]) for name in names)
+    shapes = tuple((num_draws,) + np.shape(guide.loc[name])[:1] for name in names)
     values = sum(int(np.prod(sh)) * int(np.prod(np.shape(lc)[1:])) for sh, lc in zip(shapes, locs))
     draw = _blocks_draws_quick if values <= _QUICK_DRAWS else _blocks_draws
-    out = draw(tuple(params), key, seeded, tuple(locs), tuple(log_scales), tuple(inverses),
-               tuple(shapes))
+    out = draw(params, key, seeded, locs, log_scales, shapes)
     return {name: np.asarray(v) for name, v in zip(names, out)}
 
 
-def _draw_blocks(params, key, seeded, locs, log_scales, inverses, shapes):
+def _draw_blocks(params, key, seeded, locs, log_scales, shapes):
     """Every block's constrained draws in one compiled program (one a process, not one a
     block: the 2PL's seven blocks at LSAT7's shape, a warm first call 0.51 -> 0.29 s, the
     same draws to the bit): block ``i``'s noise from the ``i``-th of ``len(params)`` keys
-    split from ``key`` (a seed where ``seeded``); ``shapes[i]`` is ``(draws, owners or
-    distinct factors)``; ``inverses[i]`` maps each owner to its distinct factor (None:
-    every owner its own)."""
+    split from ``key`` (a seed where ``seeded``); ``shapes[i]`` is ``(draws, owners)``."""
     keys = jax.random.split(jax.random.PRNGKey(key) if seeded else key, len(params))
     out = []
-    for i, (param, loc, log_scale, inverse, shape) in enumerate(
-            zip(params, locs, log_scales, inverses, shapes)):
+    for i, (param, loc, log_scale, shape) in enumerate(zip(params, locs, log_scales, shapes)):
         eps = jax.random.normal(keys[i], shape + loc.shape[1:], jnp.float32)
-        if inverse is not None:  # one draw per distinct factor, shared by its owners
-            eps = eps[:, inverse]
         out.append(param.constrain(loc + jnp.exp(log_scale) * eps))
     return tuple(out)
 
@@ -89,20 +70,6 @@ _blocks_draws = jax.jit(_draw_blocks, static_argnames=_STATIC)
 _QUICK_DRAWS = 1 << 18
 _blocks_draws_quick = jax.jit(_draw_blocks, static_argnames=_STATIC,
                               compiler_options=QUICK_COMPILE)
-
-
-def _identical_owners(guide: GuideState, name: str):
-    """``(first, inverse)`` of the distinct (location, scale) rows of a block, or
-    ``(None, None)`` when every owner's factor is distinct."""
-    loc = np.asarray(guide.loc[name])
-    if loc.ndim == 0 or loc.shape[0] < 2:
-        return None, None
-    both = np.concatenate([loc.reshape(loc.shape[0], -1),
-                           np.asarray(guide.log_scale[name]).reshape(loc.shape[0], -1)], axis=1)
-    first, inverse, _ = identical_rows(both)
-    if first.size == loc.shape[0]:
-        return None, None
-    return first, inverse
 
 
 def within_owner_scales(spec: ModelSpec, guide: GuideState, owner: str,
@@ -229,9 +196,9 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
     columns and a sampler's (:func:`draw_summary_columns`, the draws' mean and sd) are the
     same quantities. Quantiles map the Gaussian's exactly through the monotone transform.
     With ``moments`` (``FitResult.moments``: sampled constrained means and sds, split
-    R-hats and effective draws, ``(4, ...)``) a block's mean and sd are those, where
-    finite, and ``{name}_rhat`` and ``{name}_ess`` give the diagnostics (NaN where the
-    block was not sampled). With ``cross``
+    R-hats, effective draws and the sds' Monte Carlo standard errors, ``(5, ...)``) a
+    block's mean and sd are those, where finite, and ``{name}_rhat``, ``{name}_ess`` and
+    ``{name}_mcse_sd`` give the diagnostics (NaN where the block was not sampled). With ``cross``
     (``FitResult.cross``) blocks coupled within an owner get their marginal sds
     (:func:`within_owner_scales`) and keep the guide's in ``{name}_sd_meanfield``. With
     ``intervals`` (``FitResult.intervals``: sampled 5% and 95% quantiles of the
@@ -267,6 +234,8 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
             cols[f"{name}_q95"] = np.asarray(pick(keep * high))
             if drawn is not None:
                 cols[f"{name}_rhat"], cols[f"{name}_ess"] = (np.asarray(pick(a)) for a in drawn[2:4])
+                if len(drawn) > 4:  # the sd's Monte Carlo error (moments of older fits: none)
+                    cols[f"{name}_mcse_sd"] = np.asarray(pick(keep * drawn[4]))
             if p.name in marginal:
                 cols[f"{name}_sd_meanfield"] = np.asarray(pick(keep * meanfield_sd[0]))
     return cols
@@ -282,10 +251,11 @@ def summarize_draws(spec: ModelSpec, draws: dict, owner: str) -> pd.DataFrame:
 def draw_summary_columns(spec: ModelSpec, draws: dict, owner: str) -> dict[str, np.ndarray]:
     """:func:`summary_columns`'s table from a sampler's constrained draws ``(chains, draws,
     *full_shape)`` per block (NUTS): posterior mean, sd and 5% / 95% quantiles of the draws,
-    and each value's split R-hat and effective draws (``_rhat``, ``_ess``: ArviZ's
-    ``rhat(method="split")`` and ``ess(method="mean")``).
+    and each value's split R-hat, effective draws and its sd's Monte Carlo standard error
+    (``_rhat``, ``_ess``, ``_mcse_sd``: ArviZ's ``rhat(method="split")``,
+    ``ess(method="mean")`` and ``mcse(method="sd")``).
     """
-    from engine.infer.sampler import effective_draws, split_rhat
+    from engine.infer.sampler import effective_draws, sd_standard_error, split_rhat
 
     cols = {}
     guide = GuideState({k: np.asarray(v)[0, 0] for k, v in draws.items()}, {})
@@ -297,7 +267,8 @@ def draw_summary_columns(spec: ModelSpec, draws: dict, owner: str) -> dict[str, 
         d = chained.reshape((-1,) + chained.shape[2:]) * masks.get(p.name, 1.0)
         q05, q95 = np.quantile(d, [0.05, 0.95], axis=0)
         stats = {"mean": d.mean(axis=0), "sd": d.std(axis=0, ddof=1), "q05": q05, "q95": q95,
-                 "rhat": split_rhat(chained), "ess": effective_draws(chained)}
+                 "rhat": split_rhat(chained), "ess": effective_draws(chained),
+                 "mcse_sd": sd_standard_error(chained * masks.get(p.name, 1.0))}
         labels = [""] if p.shape == () else [
             f"_{s}" for s in (spec.skills if len(spec.skills) == p.shape[0] else range(p.shape[0]))]
         for k, label in enumerate(labels):

@@ -62,6 +62,9 @@ def pooled_pairs(p: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
     if groups is None:
         return p
     groups = np.asarray(groups).reshape(-1)
+    if p.shape != (groups.size, groups.size):
+        raise ValueError(f"pooled_pairs: a ({groups.size}, {groups.size}) matrix for "
+                         f"{groups.size} groups' labels, got {p.shape}")
     order = np.argsort(groups, kind="stable")
     ordered = groups[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])

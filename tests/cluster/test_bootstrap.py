@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from cluster.bootstrap import bootstrap_intervals, run_bootstrap
 from cluster.settings import BootstrapSettings, RunnerSettings
@@ -34,6 +35,24 @@ def test_bootstrap_intervals_beside_variational(tmp_path):
     # replicate
     info = json.loads((tmp_path / "bootstrap.json").read_text())
     assert info["mc_draws_per_step"] == 16
+
+
+def test_variational_intervals_read_identical_sheets_alike_and_rank_them_apart():
+    """Subjects of one posterior (four identical sheets) drawn apart: their variational
+    ability and rank intervals alike to the bit, pooled from the group's draws, and their
+    mean ranks those of distinct places (the S ranks add to S (S + 1) / 2; shared draws
+    would tie them at their best rank)."""
+    from cluster.bootstrap import _variational
+    from engine.api import fit
+    from engine.infer.settings import FitSettings
+
+    y = simulate_2pl(30, 25, seed=0)
+    y[[1, 2, 3]] = y[0]
+    var = _variational(fit(y, "2pl", FitSettings(seed=0)), 0.9, 0)
+    twins = var.iloc[:4].drop(columns="subject")
+    assert (twins.nunique() == 1).all()
+    assert var["rank_mean"].sum() == pytest.approx(30 * 31 / 2, rel=1e-9)
+    assert twins["rank_lo"].iloc[0] < twins["rank_hi"].iloc[0]
 
 
 def test_overlap_of_identical_and_disjoint_intervals():

@@ -125,3 +125,23 @@ def test_digests_of_missing_and_signed_zero_floats_are_canonical():
     coded = np.array([[0.25, -1.0, 0.0]], np.float64)
     for other in (odd, coded):
         np.testing.assert_array_equal(sheet_digests(row, "unit"), sheet_digests(other, "unit"))
+
+
+def test_identical_new_sheets_read_alike_when_the_items_are_held(tmp_path):
+    """``score`` by a fit with the items held (a model with several subject blocks: the
+    beta model's per-subject zero and one inflation) reads two identical new sheets alike,
+    their subject blocks pooled as a fit's are, and draws them apart on the board."""
+    rng = np.random.default_rng(2)
+    y = rng.beta(2, 2, size=(40, 12)).astype(np.float32)
+    y[rng.random(y.shape) < 0.12] = 0.0
+    y[rng.random(y.shape) < 0.1] = np.nan
+    res = fit(y, "beta", FitSettings(seed=0), model_options={"inflation_owner": "subject"})
+    assert len(res.spec.by_owner("subject")) > 1
+    run = save_run(res, tmp_path / "run", num_draws=300)
+    new = np.where(np.isnan(y[:2]), np.nan, 0.5).astype(np.float32)
+    new[1] = new[0]
+    board, scored = score(run, new, method="fit")
+    assert not scored.extra.get("run_twins")
+    rows = board.iloc[[40, 41]].drop(columns="subject")
+    assert (rows.nunique(dropna=False) == 1).all()
+    assert board["p_top1"].sum() == pytest.approx(1.0, abs=1e-6)

@@ -202,6 +202,9 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path, capsys):
         "ability"].values, rtol=1e-5)
     np.testing.assert_allclose(subjects["ability_ess"], az.ess(idata, method="mean")[
         "ability"].values, rtol=1e-4)
+    from engine.infer.nuts import mcse_sd
+    np.testing.assert_allclose(subjects["ability_mcse_sd"], mcse_sd(az, idata.posterior)[
+        "ability"].values, rtol=1e-4)
     items = pd.read_parquet(out / "items.parquet")
     np.testing.assert_allclose(items["difficulty_rhat"], az.rhat(idata, method="split")[
         "difficulty"].values, rtol=1e-5)
@@ -735,14 +738,18 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
     import pandas as pd
 
     rng = np.random.default_rng(11)
-    options = {"dims": 2} if model == "mirt-comp" else None
+    # beta with per-subject zero and one inflation: several subject blocks
+    options = {"mirt-comp": {"dims": 2}, "beta": {"inflation_owner": "subject"}}.get(model)
     kind = get_model(model, **(options or {})).kind
     shape = (24, 6)
     y = (rng.random(shape) < 0.6).astype(np.int8) if kind == "binary" else \
         rng.uniform(0.05, 0.95, shape).astype(np.float32) * (3.0 if kind == "nonnegative" else 1.0)
     y[0, 1] = -1 if kind == "binary" else np.nan
+    y[[4, 5]] = y[3]  # three identical sheets: one posterior, every subject block pooled
     res = fit_nuts(y, model, FAST.replace(num_chains=2, num_warmup=100, num_samples=150),
                    model_options=options)
+    _, counts = np.unique(np.nan_to_num(y, nan=-1.0), axis=0, return_counts=True)
+    assert res.extra["diagnostics"]["pooled_rows"] == counts[counts > 1].sum() >= 3
     assert set(res.draws) == {p.name for p in res.spec.params}
     for name, draws in res.draws.items():
         assert draws.shape[:2] == (2, 150) and np.isfinite(draws).all(), name
@@ -754,6 +761,10 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
     assert info["method"] == "nuts" and info["num_chains"] == 2 and info["num_samples"] == 150
     subjects = pd.read_parquet(tmp_path / "run" / "subjects.parquet")
     items = pd.read_parquet(tmp_path / "run" / "items.parquet")
+    twins = subjects.iloc[3:6].drop(columns="subject")
+    assert (twins.nunique(dropna=False) == 1).all()  # every skill and block, rank statistics
+    if "p_top1" in subjects:
+        assert subjects["p_top1"].sum() == pytest.approx(1.0, abs=1e-6)
     skills = [f"_{k}" for k in res.spec.skills] if model == "mirt-comp" else [""]
     for d, skill in enumerate(skills):  # each skill's abilities, and an item block's values
         want = ability.mean(axis=(0, 1))

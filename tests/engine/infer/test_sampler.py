@@ -69,6 +69,30 @@ def test_rhat_and_effective_draws_match_arviz():
     assert split_rhat(apart).min() > 1.05 > split_rhat(_ar1(rng, 4, 1000, 0.5)).max()
 
 
+def test_sd_standard_error_matches_arviz_and_normal_theory():
+    """The sd's Monte Carlo error against ArviZ's definition (``mcse(method="sd")``, through
+    the xarray route NUTS's diagnostics take) and, for independent normal draws, against
+    ``sd / sqrt(2 N)``; a long tail (one chain's far excursion) shows in it."""
+    az = pytest.importorskip("arviz")
+    import xarray as xr
+
+    from engine.infer.nuts import mcse_sd
+    from engine.infer.sampler import sd_standard_error
+
+    rng = np.random.default_rng(3)
+    x = _ar1(rng, 4, 2000, 0.6)
+    x[..., 2] = np.exp(x[..., 2])  # a skewed value
+    ours = sd_standard_error(x)
+    ref = mcse_sd(az, xr.Dataset({"v": (("chain", "draw", "value"), x)}))["v"].values
+    np.testing.assert_allclose(ours, ref, rtol=1e-6)
+    iid = rng.normal(size=(4, 5000, 200)) * 2.0
+    assert np.median(sd_standard_error(iid)) == pytest.approx(2.0 / np.sqrt(2 * 20000), rel=0.05)
+    tail = rng.normal(size=(4, 2000, 1))
+    tail[0, 1000:1050] += 25.0  # fifty far draws in one chain
+    assert sd_standard_error(tail)[0] > 10 * sd_standard_error(rng.normal(size=(4, 2000, 1)))[0]
+    assert sd_standard_error(np.ones((2, 100, 3))).tolist() == [0.0, 0.0, 0.0]
+
+
 def test_sampled_items_match_a_scipy_integrated_posterior():
     """Where importance sampling is off, the sampler's item means and sds match the scipy
     grid's within Monte Carlo error, where the mode and its curvature do not."""
@@ -135,6 +159,9 @@ def test_sampled_items_and_abilities_agree_with_importance_sampling():
     ref_table = summary_columns(spec, ref, "item", ref_cross)
     table = summary_columns(spec, got, "item", cross, moments={"discrimination": drawn[:, :, 1]})
     np.testing.assert_array_equal(table["discrimination_rhat"], drawn[2, :, 1].astype(np.float32))
+    np.testing.assert_array_equal(table["discrimination_mcse_sd"], drawn[4, :, 1].astype(np.float32))
+    assert (table["discrimination_mcse_sd"] > 0).all() and (
+        table["discrimination_mcse_sd"] < 0.2 * table["discrimination_sd"]).all()
     assert table["discrimination_rhat"].max() <= sampler["rhat_max"] + 1e-4
     assert table["discrimination_ess"].min() >= sampler["ess_min"] - 0.1
     np.testing.assert_array_equal(table["discrimination_mean"], drawn[0, :, 1].astype(np.float32))

@@ -244,6 +244,8 @@ def test_pooled_pairs_read_each_two_groups_as_one_pair(S, G, seed):
                 assert got[s, t] == pytest.approx(np.mean(np.float64(cells)), rel=1e-6)
                 assert {got[i, j] for i in a for j in b if i != j} == {got[s, t]}
     assert pooled_pairs(p, None) is p
+    with pytest.raises(ValueError, match="pooled_pairs"):
+        pooled_pairs(np.zeros((S + 1, S + 1)), groups)
 
 
 @given(T=st.integers(1, 30), S=st.integers(2, 10), G=st.integers(1, 5), top_k=st.integers(1, 4),
