@@ -289,22 +289,21 @@ def distinct_rows(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def pool_identical_rows(spec: ModelSpec, guide: GuideState, y: np.ndarray,
                         frozen=frozenset()) -> GuideState:
     """The guide with every subject block's factor shared by subjects with identical rows of
-    ``y``: the mean location and the root-mean-square scale of the group. Blocks named in
-    ``frozen`` (held at given values) are left as they are.
+    ``y``: the mean location and the root-mean-square scale of the group. Where a subject
+    block is held at given values (``frozen``), twins' posteriors may differ: the guide is
+    returned as it is.
 
     The exact posterior of two identical answer sheets is the same; a stochastic fit gives
     them factors that differ by Monte Carlo noise, which their average reduces. Subjects
     with a row of their own keep their factor to the bit.
     """
-    if all_distinct(y):  # the usual case of a long test, found without sorting the rows
-        return guide
+    if all_distinct(y) or any(p.name in frozen for p in spec.by_owner("subject")):
+        return guide  # (all distinct: the usual case of a long test, found without sorting)
     _, inverse, counts = distinct_rows(y)
     if counts.max(initial=1) == 1:
         return guide
     loc, log_scale = dict(guide.loc), dict(guide.log_scale)
     for p in spec.by_owner("subject"):
-        if p.name in frozen:
-            continue
         m = np.asarray(loc[p.name], np.float64)
         v = np.exp(2.0 * np.asarray(log_scale[p.name], np.float64))
         flat = (-1,) + m.shape[1:]

@@ -145,3 +145,22 @@ def test_identical_new_sheets_read_alike_when_the_items_are_held(tmp_path):
     rows = board.iloc[[40, 41]].drop(columns="subject")
     assert (rows.nunique(dropna=False) == 1).all()
     assert board["p_top1"].sum() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_twins_are_not_pooled_where_a_subject_block_is_held():
+    """A subject block held at given values may differ between twins, so their posteriors
+    may too: no subject block is pooled then; held item blocks pool the subject blocks."""
+    from engine.infer.guide import GuideState
+    from engine.infer.marginal import pool_identical_rows
+    from engine.models import get_model
+
+    spec = get_model("beta", inflation_owner="subject")
+    names = [p.name for p in spec.by_owner("subject")]
+    y = np.full((3, 4), 0.5, np.float32)
+    guide = GuideState({n: np.array([0.1, 0.2, 0.3], np.float32) for n in names},
+                       {n: np.array([-1.0, -1.1, -1.2], np.float32) for n in names})
+    held = pool_identical_rows(spec, guide, y, frozen=frozenset({names[0]}))
+    assert held is guide
+    items_held = pool_identical_rows(spec, guide, y, frozen=frozenset({"difficulty"}))
+    for n in names:
+        assert np.unique(items_held.loc[n]).size == 1 and np.unique(items_held.log_scale[n]).size == 1

@@ -91,6 +91,14 @@ def test_sd_standard_error_matches_arviz_and_normal_theory():
     tail[0, 1000:1050] += 25.0  # fifty far draws in one chain
     assert sd_standard_error(tail)[0] > 10 * sd_standard_error(rng.normal(size=(4, 2000, 1)))[0]
     assert sd_standard_error(np.ones((2, 100, 3))).tolist() == [0.0, 0.0, 0.0]
+    x[0, 3, 1] = np.nan  # a NaN draw: no error, as in ArviZ
+    got = sd_standard_error(x)
+    assert np.isnan(got[1]) and got[0] == ours[0]
+    # many values, taken in chunks: each value's error as on its own
+    many = _ar1(rng, 4, 1000, 0.6).repeat(400, axis=2)[..., :1100] + rng.normal(size=1100) * 1e-3
+    chunked = sd_standard_error(many.reshape(4, 1000, 110, 10)).reshape(-1)  # 1,048 a chunk
+    np.testing.assert_allclose(chunked[[0, 300, 1099]], [sd_standard_error(many[:, :, [v]])[0]
+                                                          for v in (0, 300, 1099)], rtol=1e-9)
 
 
 def test_sampled_items_match_a_scipy_integrated_posterior():
