@@ -24,6 +24,7 @@ from engine.exported import Unkeyable, fingerprint, load_or_export, register_str
 from engine.infer.elbo import log_prior, make_log_likelihood
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState, init_guide
+from engine.infer.sampler import sd_standard_error
 from engine.memory import size_text, usable_cores
 from engine.models.spec import ModelSpec
 from engine.versions import installed
@@ -865,24 +866,12 @@ def _arviz():
     return arviz
 
 
-def mcse_sd(az, posterior):
-    """The Monte Carlo standard error of each entry's posterior sd, as ArviZ 0.23's
-    ``mcse(method="sd")`` defines it (delta method on the squared deviations, their mean's
-    ESS), computed on whole arrays: ArviZ's own per-entry loop calls ``float`` on a
-    one-element array, which numpy 2.5 refuses (TypeError)."""
-    dims = ("chain", "draw")
-    squared = (posterior - posterior.mean(dim=dims)) ** 2
-    ess = az.ess(squared, method="mean")
-    evar = squared.mean(dim=dims)
-    varvar = ((squared ** 2).mean(dim=dims) - evar ** 2) / ess
-    return np.sqrt(varvar / evar / 4)
-
-
 def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
                 draws: NutsDraws) -> dict:
     """R-hat (rank-normalised split), bulk and tail ESS per block (max / min over its
     entries), the largest Monte Carlo error of a posterior sd relative to that sd
-    (``mcse_sd_rel_max``: ArviZ's ``mcse(method="sd")``, by :func:`mcse_sd`), divergences, and ``converged``:
+    (``mcse_sd_rel_max``: ArviZ's ``mcse(method="sd")``, by
+    :func:`~engine.infer.sampler.sd_standard_error`), divergences, and ``converged``:
     every R-hat finite and at most ``max_rhat``.
 
     The sd's error is reported because R-hat and ESS do not show it: on LSAT7 a heavy-tailed
@@ -894,7 +883,6 @@ def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
         rhat = az.rhat(idata)
         bulk = az.ess(idata, method="bulk")
         tail = az.ess(idata, method="tail")
-        mcse = mcse_sd(az, idata.posterior)
     sds = idata.posterior.std(dim=("chain", "draw"))
     blocks, worst = {}, 1.0
     for p in spec.params:
@@ -902,8 +890,8 @@ def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
         eb = np.asarray(bulk[p.name].values, np.float64)
         et = np.asarray(tail[p.name].values, np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.asarray(mcse[p.name].values, np.float64) / np.asarray(sds[p.name].values,
-                                                                               np.float64)
+            rel = sd_standard_error(np.asarray(idata.posterior[p.name].values)) / np.asarray(
+                sds[p.name].values, np.float64)
         blocks[p.name] = {"rhat_max": float(np.max(r)) if np.isfinite(r).all() else float("nan"),
                           "ess_bulk_min": float(np.nanmin(eb)) if np.isfinite(eb).any() else 0.0,
                           "ess_tail_min": float(np.nanmin(et)) if np.isfinite(et).any() else 0.0,

@@ -25,13 +25,18 @@ def identical_subjects(*columns) -> np.ndarray | None:
     return None if first.size == S else inverse
 
 
-def _group_members(groups: np.ndarray) -> list[np.ndarray]:
-    """The members of each group of ``groups`` ``(S,)`` that has more than one."""
-    groups = np.asarray(groups).reshape(-1)
+def _group_runs(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(order, starts, sizes)`` of the labels ``groups`` ``(S,)``: the subjects sorted by
+    label (stable), and where each label's run starts in that order and how long it is."""
     order = np.argsort(groups, kind="stable")
     ordered = groups[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    sizes = np.diff(np.r_[starts, groups.size])
+    return order, starts, np.diff(np.r_[starts, groups.size])
+
+
+def _group_members(groups: np.ndarray) -> list[np.ndarray]:
+    """The members of each group of ``groups`` ``(S,)`` that has more than one."""
+    order, starts, sizes = _group_runs(np.asarray(groups).reshape(-1))
     return [order[a:a + n] for a, n in zip(starts, sizes) if n > 1]
 
 
@@ -65,11 +70,9 @@ def pooled_pairs(p: np.ndarray, groups: np.ndarray | None) -> np.ndarray:
     if p.shape != (groups.size, groups.size):
         raise ValueError(f"pooled_pairs: a ({groups.size}, {groups.size}) matrix for "
                          f"{groups.size} groups' labels, got {p.shape}")
-    order = np.argsort(groups, kind="stable")
-    ordered = groups[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    sizes = np.diff(np.r_[starts, groups.size]).astype(np.float64)
-    label = np.cumsum(np.r_[False, ordered[1:] != ordered[:-1]])[np.argsort(order)]
+    order, starts, sizes = _group_runs(groups)
+    sizes = sizes.astype(np.float64)
+    label = (np.searchsorted(starts, np.arange(groups.size), side="right") - 1)[np.argsort(order)]
     inner = p.astype(np.float64)[np.ix_(order, order)]
     sums = np.add.reduceat(np.add.reduceat(inner, starts, axis=0), starts, axis=1)
     pairs = np.outer(sizes, sizes)

@@ -202,7 +202,7 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path, capsys):
         "ability"].values, rtol=1e-5)
     np.testing.assert_allclose(subjects["ability_ess"], az.ess(idata, method="mean")[
         "ability"].values, rtol=1e-4)
-    from engine.infer.nuts import mcse_sd
+    from tests.engine.infer._arviz_reference import mcse_sd
     np.testing.assert_allclose(subjects["ability_mcse_sd"], mcse_sd(az, idata.posterior)[
         "ability"].values, rtol=1e-4)
     items = pd.read_parquet(out / "items.parquet")
@@ -558,27 +558,6 @@ def test_anchored_coordinates_are_exact_and_take_up_the_declared_symmetries():
         model = nuts._centre(spec, nuts.sampler_coordinates(spec, *data.shape, settings),
                              start)[0]
         assert float(jnp.ptp(model["ability"][0])) == 0.0  # no jitter: all at one value
-
-
-def test_mcse_of_the_sd_is_arviz_own():
-    """``mcse_sd`` (whole arrays; ArviZ 0.23's per-entry loop fails under numpy 2.5, seen on
-    the H200 image) equals ``az.mcse(method="sd")`` where that still runs."""
-    from engine.infer.nuts import _arviz, mcse_sd
-
-    az = _arviz()
-    rng = np.random.default_rng(0)
-    walk = rng.standard_normal((4, 400, 6)).cumsum(axis=1) * 0.05 + rng.standard_normal((4, 400, 6))
-    idata = az.from_dict(posterior={"block": walk, "scalar": walk[..., 0] * 2.0})
-    ours = mcse_sd(az, idata.posterior)
-    try:
-        ref = az.mcse(idata, method="sd")
-    except TypeError:  # numpy >= 2.5: ArviZ's own path is broken, ours must still run
-        ref = None
-    for name in ("block", "scalar"):
-        value = np.asarray(ours[name].values)
-        assert np.isfinite(value).all() and (value > 0).all()
-        if ref is not None:
-            np.testing.assert_allclose(value, np.asarray(ref[name].values), rtol=1e-12)
 
 
 def test_nuts_samples_constant_items_with_their_data_under_pooled_priors_only():
