@@ -333,15 +333,23 @@ def cmd_leaderboard(args) -> int:
 
 def _vector_leaderboard(run, args) -> int:
     import jax
+    import numpy as np
 
     from engine.readout.posterior import draw_posterior
     from engine.readout.ranking import identical_subjects
     from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
 
     spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
-    # subjects of one posterior (identical sheets) drawn apart, read from their draws pooled
-    draws = draw_posterior(run.spec, run.guide, args.draws, rng_key=jax.random.PRNGKey(args.seed),
-                           names=("ability",))["ability"]
+    # subjects of one posterior (identical sheets) drawn apart, read from their draws pooled;
+    # a sampler's run reads its own draws (as drawn: twins apart), not their Gaussian
+    sampled = run.sampler_draws("ability")
+    if sampled is not None:  # at most --draws of them, evenly spaced over every chain
+        draws = sampled.reshape((-1,) + sampled.shape[2:])
+        draws = draws[np.unique(np.linspace(0, len(draws) - 1, min(args.draws, len(draws))
+                                            ).round().astype(np.int64))]
+    else:
+        draws = draw_posterior(run.spec, run.guide, args.draws,
+                               rng_key=jax.random.PRNGKey(args.seed), names=("ability",))["ability"]
     groups = identical_subjects(run.guide.loc["ability"], run.guide.log_scale["ability"])
     skills = list(run.spec.skills) or ["ability"]
     board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec,

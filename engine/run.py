@@ -94,6 +94,14 @@ class Run:
             return None
         return runfiles.read_npz(self.path, self.info, "ability_draws.npz")
 
+    def sampler_draws(self, name: str) -> np.ndarray | None:
+        """Block ``name``'s draws as a sampler drew them (``draws.nc``, NUTS), ``(chains,
+        draws, *shape)``, checked against fit.json's checksum; None where the run has none.
+        Subjects with identical sheets are drawn apart here (the tables read them pooled)."""
+        if "draws.nc" not in self.info.get("files", {}):
+            return None
+        return runfiles.read_netcdf_posterior(self.path, self.info, "draws.nc", name)
+
 
 def _versions() -> dict:
     """The versions the run was made with (installed metadata: no package imported for it)."""

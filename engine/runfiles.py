@@ -230,6 +230,26 @@ def read_table(run_dir: str | Path, info: dict, name: str, *,
         raise _undecodable(run_dir / name, run_dir, err) from None
 
 
+def read_netcdf_posterior(run_dir: str | Path, info: dict, name: str,
+                          variable: str) -> np.ndarray:
+    """``variable`` of the ``posterior`` group of a verified ArviZ NetCDF run file
+    (``draws.nc``, read from its checked bytes by h5netcdf), ``(chains, draws, ...)``."""
+    import xarray as xr
+
+    run_dir = Path(run_dir)
+    data = verified_bytes(run_dir, info, name)
+    try:
+        with xr.open_dataset(io.BytesIO(data), group="posterior", engine="h5netcdf") as ds:
+            if variable not in ds:
+                raise RunDamagedError(f"run file {run_dir / name} has no posterior draws of "
+                                      f"{variable!r}; {_fix(run_dir)}")
+            return np.asarray(ds[variable].values)
+    except RunDamagedError:
+        raise
+    except Exception as err:  # h5py and xarray raise several types
+        raise _undecodable(run_dir / name, run_dir, err) from None
+
+
 def read_npz(run_dir: str | Path, info: dict, name: str) -> dict[str, np.ndarray]:
     """The arrays of a verified ``.npz`` run file, loaded whole (no pickles)."""
     run_dir = Path(run_dir)

@@ -962,9 +962,9 @@ def pool_identical_rows(spec: ModelSpec, y: np.ndarray, draws: NutsDraws) -> tup
     draw ``t`` of the group is member ``t mod m``'s draw ``t`` of every subject block
     (jointly drawn with every other parameter at ``t``), so every member gets the same
     abilities (every skill), intervals and tie group, from all members' draws. (The pooled
-    columns tie in every draw, so they do not rank: :func:`nuts_fit_result` keeps the
-    draws as sampled for the rank statistics.) Returns ``(draws, rows whose draws were
-    replaced)``.
+    columns tie in every draw, so they do not rank and are no joint posterior:
+    :func:`nuts_fit_result` keeps the draws as sampled for the rank statistics and for
+    ``draws.nc``.) Returns ``(draws, rows whose draws were replaced)``.
     """
     subject = spec.by_owner("subject")
     if not subject:
@@ -1032,11 +1032,11 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
     as_drawn = constrained
     draws, pooled = pool_identical_rows(spec, y, draws)
     rank_draws = None
-    if pooled:  # the rank read-outs need each twin's own draws (independent abilities)
+    if pooled:  # the rank read-outs need each twin's own draws (independent abilities);
+        # draws.nc (idata) keeps the draws as sampled, the tables read the pooled ones
         if spec.param("ability").shape == ():
             rank_draws = np.asarray(as_drawn["ability"], np.float32).reshape((-1, y.shape[0]))
         constrained = constrain_draws(spec, draws.position)
-        idata = to_inference_data(spec, constrained, draws, subjects=subjects, items=items)
     diag["pooled_rows"] = pooled
     flat = {k: np.asarray(v, np.float64).reshape((-1,) + v.shape[2:])
             for k, v in draws.position.items()}

@@ -195,16 +195,27 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path, capsys):
     ability = idata.posterior["ability"]
     assert ability.dims == ("chain", "draw", "subject") and ability.shape == (2, 300, 40)
     assert list(idata.posterior["subject"].values[:2]) == ["s0", "s1"]
-    np.testing.assert_allclose(ability.mean(("chain", "draw")).values,
-                               subjects["ability_mean"], rtol=1e-4, atol=1e-5)
+    # draws.nc holds the draws as sampled; the table reads identical sheets pooled, so a
+    # subject whose sheet nobody else gave reads its own draws exactly, as az.summary would
+    _, row_group, row_count = np.unique(y, axis=0, return_inverse=True, return_counts=True)
+    row_group = row_group.reshape(-1)
+    alone = row_count[row_group] == 1
+    assert 0 < alone.sum() < 40  # both kinds of subject
+    np.testing.assert_allclose(ability.mean(("chain", "draw")).values[alone],
+                               subjects["ability_mean"][alone], rtol=1e-4, atol=1e-5)
+    for g in np.flatnonzero(row_count > 1):  # twins: one value, near their draws' average
+        members = np.flatnonzero(row_group == g)
+        assert subjects["ability_mean"][members].nunique() == 1
+        assert subjects["ability_mean"][members[0]] == pytest.approx(
+            float(ability.values[:, :, members].mean()), abs=0.1)
     # each value's diagnostics beside its summary, as az.summary gives them
-    np.testing.assert_allclose(subjects["ability_rhat"], az.rhat(idata, method="split")[
-        "ability"].values, rtol=1e-5)
-    np.testing.assert_allclose(subjects["ability_ess"], az.ess(idata, method="mean")[
-        "ability"].values, rtol=1e-4)
+    np.testing.assert_allclose(subjects["ability_rhat"][alone], az.rhat(idata, method="split")[
+        "ability"].values[alone], rtol=1e-5)
+    np.testing.assert_allclose(subjects["ability_ess"][alone], az.ess(idata, method="mean")[
+        "ability"].values[alone], rtol=1e-4)
     from tests.engine.infer._arviz_reference import mcse_sd
-    np.testing.assert_allclose(subjects["ability_mcse_sd"], mcse_sd(az, idata.posterior)[
-        "ability"].values, rtol=1e-4)
+    np.testing.assert_allclose(subjects["ability_mcse_sd"][alone], mcse_sd(az, idata.posterior)[
+        "ability"].values[alone], rtol=1e-4)
     items = pd.read_parquet(out / "items.parquet")
     np.testing.assert_allclose(items["difficulty_rhat"], az.rhat(idata, method="split")[
         "difficulty"].values, rtol=1e-5)
@@ -710,7 +721,7 @@ def test_unconverged_run_of_items_near_their_prior_restarts_standardised(tmp_pat
 
 
 @pytest.mark.parametrize("model", ["beta", "gamma", "mirt-comp"])
-def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_path):
+def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_path, capsys):
     """NUTS on a model of each kind the binary tests leave out (proportions, non-negative
     scores, two-skill abilities): finite draws of every block, the run directory written, and
     the summaries the draws' own means. The binary ones are sampled in the tests above."""
@@ -757,3 +768,45 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
         import arviz as az
     posterior = az.from_netcdf(tmp_path / "run" / "draws.nc").posterior
     assert posterior["ability"].shape[:3] == (2, 150, shape[0])
+    # draws.nc holds the draws as sampled: the twins drawn apart (a joint posterior in which
+    # they may rank either way), their pooled summaries the tables' (means of all of them)
+    drawn = np.asarray(posterior["ability"].values)
+    assert not np.array_equal(drawn[:, :, 3], drawn[:, :, 4])
+    pooled = np.asarray(ability)
+    assert np.array_equal(pooled[:, :, 3], pooled[:, :, 4])
+    _, row_group, row_count = np.unique(np.nan_to_num(y, nan=-1.0), axis=0, return_inverse=True,
+                                        return_counts=True)
+    alone = np.flatnonzero(row_count[row_group.reshape(-1)] == 1)  # sheets nobody else gave
+    assert alone.size > 0
+    np.testing.assert_array_equal(drawn[:, :, alone], pooled[:, :, alone])
+    from engine.run import load_run
+
+    run = load_run(tmp_path / "run")
+    np.testing.assert_array_equal(run.sampler_draws("ability"), drawn)
+    if model == "mirt-comp":  # the multi-skill boards read those draws, not their Gaussian
+        from engine.readout.ranking import identical_subjects
+        from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
+
+        flat = drawn.reshape((-1,) + drawn.shape[2:])
+        board = vector_leaderboard(flat, run.subjects["subject"].tolist(), list(res.spec.skills),
+                                   parse_rank("pareto"), groups=identical_subjects(
+                                       run.guide.loc["ability"], run.guide.log_scale["ability"]))
+        assert main(["leaderboard", str(tmp_path / "run"), "--rank", "pareto"]) == 0
+        assert format_vector_board(board, 3) in capsys.readouterr().out
+        # --draws: at most that many, evenly spaced over both chains (draws 0, 99, ..., 299)
+        every = vector_leaderboard(flat[np.linspace(0, 299, 4).round().astype(int)],
+                                   run.subjects["subject"].tolist(), list(res.spec.skills),
+                                   parse_rank("pareto"), groups=identical_subjects(
+                                       run.guide.loc["ability"], run.guide.log_scale["ability"]))
+        assert main(["leaderboard", str(tmp_path / "run"), "--rank", "pareto", "--draws", "4"]) == 0
+        assert format_vector_board(every, 3) in capsys.readouterr().out
+        names = run.subjects["subject"].iloc[[3, 4, 5]].tolist()
+        twins = board.set_index("subject").loc[names].drop(columns="rank")  # the row's place
+        assert (twins.nunique(dropna=False) == 1).all(), twins  # read from all three's draws
+        assert 0 < twins["p_front1"].iloc[0] < 1  # drawn apart: not always on the front together
+        nc = tmp_path / "run" / "draws.nc"  # a damaged draws file is refused, never read
+        data = bytearray(nc.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        nc.write_bytes(bytes(data))
+        assert main(["leaderboard", str(tmp_path / "run"), "--rank", "pareto"]) != 0
+        assert f"run file {nc} is damaged" in capsys.readouterr().err
