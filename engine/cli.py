@@ -354,7 +354,9 @@ def _vector_leaderboard(run, args) -> int:
     skills = list(run.spec.skills) or ["ability"]
     board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec,
                                groups=groups)
-    print(format_vector_board(board, args.top_k))
+    from engine.readout.leaderboard import fit_notes  # what the scalar board says, too
+
+    print("\n".join([format_vector_board(board, args.top_k), *fit_notes(run.info)]))
     return 0
 
 
