@@ -331,8 +331,10 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
     are sampled with their data under pooled priors, set aside as :func:`fit` sets them
     aside otherwise (:func:`nuts_responses`); ``settings``
     is an :class:`engine.infer.nuts.NutsSettings`. The result carries the constrained draws
-    (``FitResult.draws``), the ArviZ InferenceData and the R-hat / ESS diagnostics, and
-    :func:`engine.run.save_run` writes it like a variational fit.
+    (``FitResult.draws``: subjects with identical sheets pooled, as the tables read them),
+    the ArviZ InferenceData of the draws as sampled (``extra["idata"]``: those subjects drawn
+    apart, as the R-hat / ESS diagnostics read them), and :func:`engine.run.save_run`
+    writes it like a variational fit.
 
     Raises
     ------

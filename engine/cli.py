@@ -729,7 +729,8 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
                         "the quadrature fit's importance and sampler draws, the rank draws; "
                         "refit with another to see their Monte Carlo error")
     p.add_argument("--devices", type=_POSITIVE, default=None, help="local devices to use (default all)")
-    p.add_argument("--draws", type=_POSITIVE, default=1000, help="joint posterior draws for ranks")
+    p.add_argument("--draws", type=_POSITIVE, default=1000,
+                   help="joint posterior draws for ranks (a NUTS run: at most this many of its own)")
     p.add_argument("--mc-draws", type=_NONNEGATIVE, default=0, metavar="K",
                    help="Monte Carlo draws of the posterior averaged per step (default 0: "
                         "automatic, up to 16 below a million observed cells)")

@@ -96,11 +96,17 @@ class Run:
 
     def sampler_draws(self, name: str) -> np.ndarray | None:
         """Block ``name``'s draws as a sampler drew them (``draws.nc``, NUTS), ``(chains,
-        draws, *shape)``, checked against fit.json's checksum; None where the run has none.
-        Subjects with identical sheets are drawn apart here (the tables read them pooled)."""
-        if "draws.nc" not in self.info.get("files", {}):
+        draws, subjects or items, ...)``, checked against fit.json's checksum; subjects with
+        identical sheets are drawn apart (the tables read them pooled). None where the run
+        has none, or where its draws.nc holds them pooled (NUTS runs written before
+        fit.json's ``readout.draws_nc`` said "as sampled": twins tie in every draw there)."""
+        if (self.info.get("readout") or {}).get("draws_nc") != "as sampled":
             return None
-        return runfiles.read_netcdf_posterior(self.path, self.info, "draws.nc", name)
+        owner = self.spec.param(name).owner
+        size = {"subject": self.info["data"]["num_subjects"],
+                "item": self.info["data"]["num_items"]}.get(owner)
+        return runfiles.read_netcdf_posterior(self.path, self.info, "draws.nc", name,
+                                              (owner if size is not None else None, size))
 
 
 def _versions() -> dict:
@@ -241,6 +247,10 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
                         "rank_draws": _rank_draws(res, ability.name, draws is not None),
+                        # draws.nc: the draws as sampled (before 2026-12-06 it held them
+                        # pooled, identical sheets tied in every draw: read no board from it)
+                        **({"draws_nc": "as sampled"} if res.extra.get("idata") is not None
+                           else {}),
                         "score_abilities": score_abilities,
                         "ability_intervals": "posterior draws (NUTS)" if res.draws else
                         res.extra.get("quadrature", {}).get("item_moments", {}).get(

@@ -230,21 +230,31 @@ def read_table(run_dir: str | Path, info: dict, name: str, *,
         raise _undecodable(run_dir / name, run_dir, err) from None
 
 
-def read_netcdf_posterior(run_dir: str | Path, info: dict, name: str,
-                          variable: str) -> np.ndarray:
+def read_netcdf_posterior(run_dir: str | Path, info: dict, name: str, variable: str,
+                          owner: tuple[str, int | None]) -> np.ndarray:
     """``variable`` of the ``posterior`` group of a verified ArviZ NetCDF run file
-    (``draws.nc``, read from its checked bytes by h5netcdf), ``(chains, draws, ...)``."""
+    (``draws.nc``, read from its checked bytes by h5netcdf), ``(chains, draws, owner, ...)``
+    in that order whatever order the file stores; ``owner`` is ``(dimension, its size)``
+    (dimension None: a global block; size None: not checked). A file without that variable,
+    dimension or size is refused."""
     import xarray as xr
 
     run_dir = Path(run_dir)
     data = verified_bytes(run_dir, info, name)
+    dim, size = owner
+    leading = ["chain", "draw"] + ([dim] if dim is not None else [])
     try:
         with xr.open_dataset(io.BytesIO(data), group="posterior", engine="h5netcdf") as ds:
-            if variable not in ds:
-                raise RunDamagedError(f"run file {run_dir / name} has no posterior draws of "
-                                      f"{variable!r}; {_fix(run_dir)}")
-            return np.asarray(ds[variable].values)
-    except RunDamagedError:
+            values = ds.get(variable)
+            if values is None or not set(leading) <= set(values.dims) or (
+                    size is not None and values.sizes[dim] != size):
+                found = "none" if values is None else dict(values.sizes)
+                raise RunDamagedError(
+                    f"run file {run_dir / name} does not hold the draws of {variable!r} by "
+                    f"chain, draw and {dim}" + (f" ({size})" if size is not None else "")
+                    + f" (found {found}); {_fix(run_dir)}")
+            return np.asarray(values.transpose(*leading, ...).values)
+    except (RunDamagedError, MemoryError):
         raise
     except Exception as err:  # h5py and xarray raise several types
         raise _undecodable(run_dir / name, run_dir, err) from None

@@ -782,7 +782,20 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
     from engine.run import load_run
 
     run = load_run(tmp_path / "run")
+    assert run.info["readout"]["draws_nc"] == "as sampled"
     np.testing.assert_array_equal(run.sampler_draws("ability"), drawn)
+    item_block = next(p.name for p in res.spec.by_owner("item"))
+    np.testing.assert_array_equal(run.sampler_draws(item_block), posterior[item_block].values)
+    from engine import runfiles
+    from engine.errors import RunDamagedError
+
+    with pytest.raises(RunDamagedError, match="by chain, draw and subject \\(25\\)"):
+        runfiles.read_netcdf_posterior(run.path, run.info, "draws.nc", "ability", ("subject", 25))
+    with pytest.raises(RunDamagedError, match="does not hold the draws of 'nothing'"):
+        runfiles.read_netcdf_posterior(run.path, run.info, "draws.nc", "nothing", ("subject", 24))
+    older = load_run(tmp_path / "run")  # a run written before draws.nc held the draws as
+    del older.info["readout"]["draws_nc"]  # sampled: its twins tie there, so none is read
+    assert older.sampler_draws("ability") is None
     if model == "mirt-comp":  # the multi-skill boards read those draws, not their Gaussian
         from engine.readout.ranking import identical_subjects
         from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
@@ -796,7 +809,7 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
         assert format_vector_board(board, 3) in printed
         # the fit's notes, as under the scalar board (this short run's R-hat is over 1.01)
         assert info["converged"] is False and "note: the fit did not converge" in printed
-        # --draws: at most that many, evenly spaced over both chains (draws 0, 99, ..., 299)
+        # --draws: at most that many, evenly spaced over both chains (draws 0, 100, 199, 299)
         every = vector_leaderboard(flat[np.linspace(0, 299, 4).round().astype(int)],
                                    run.subjects["subject"].tolist(), list(res.spec.skills),
                                    parse_rank("pareto"), groups=identical_subjects(
