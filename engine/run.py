@@ -52,6 +52,7 @@ class Run:
         # quantiles at Phi(z) (J, S))}, read by the rank statistics of a scored leaderboard
         self.quantile_functions = quantile_functions or {}
         self._tables = {"subjects": subjects, "items": items}
+        self._sampled: dict[str, np.ndarray] = {}  # sampler_draws, read
 
     def _table(self, name: str) -> pd.DataFrame:
         table = self._tables[name]
@@ -102,11 +103,14 @@ class Run:
         fit.json's ``readout.draws_nc`` said "as sampled": twins tie in every draw there)."""
         if (self.info.get("readout") or {}).get("draws_nc") != "as sampled":
             return None
+        if name in self._sampled:  # read once a command (leaderboard --by group: per skill)
+            return self._sampled[name]
         owner = self.spec.param(name).owner
         size = {"subject": self.info["data"]["num_subjects"],
                 "item": self.info["data"]["num_items"]}.get(owner)
-        return runfiles.read_netcdf_posterior(self.path, self.info, "draws.nc", name,
-                                              (owner if size is not None else None, size))
+        self._sampled[name] = runfiles.read_netcdf_posterior(
+            self.path, self.info, "draws.nc", name, (owner if size is not None else None, size))
+        return self._sampled[name]
 
 
 def _versions() -> dict:
