@@ -729,8 +729,7 @@ def _fit_options(p: argparse.ArgumentParser, model_default: str = "2pl") -> None
                         "the quadrature fit's importance and sampler draws, the rank draws; "
                         "refit with another to see their Monte Carlo error")
     p.add_argument("--devices", type=_POSITIVE, default=None, help="local devices to use (default all)")
-    p.add_argument("--draws", type=_POSITIVE, default=1000,
-                   help="joint posterior draws for ranks (a NUTS run: at most this many of its own)")
+    p.add_argument("--draws", type=_POSITIVE, default=1000, help="joint posterior draws for ranks")
     p.add_argument("--mc-draws", type=_NONNEGATIVE, default=0, metavar="K",
                    help="Monte Carlo draws of the posterior averaged per step (default 0: "
                         "automatic, up to 16 below a million observed cells)")
@@ -911,7 +910,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "fit --q-matrix-from group")
     p.add_argument("--threshold", type=_PROBABILITY, default=0.9,
                    help="posterior mass for --rank dominance to count (ties below it)")
-    p.add_argument("--draws", type=_POSITIVE, default=1000, help="joint posterior draws")
+    p.add_argument("--draws", type=_POSITIVE, default=1000,
+                   help="joint posterior draws (a NUTS run: at most this many of its own)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_leaderboard)
 

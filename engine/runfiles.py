@@ -251,7 +251,8 @@ def read_netcdf_posterior(run_dir: str | Path, info: dict, name: str, variable: 
                 found = "none" if values is None else dict(values.sizes)
                 raise RunDamagedError(
                     f"run file {run_dir / name} does not hold the draws of {variable!r} by "
-                    f"chain, draw and {dim}" + (f" ({size})" if size is not None else "")
+                    + ", ".join(leading[:-1]) + f" and {leading[-1]}"
+                    + (f" ({size})" if size is not None else "")
                     + f" (found {found}); {_fix(run_dir)}")
             return np.asarray(values.transpose(*leading, ...).values)
     except (RunDamagedError, MemoryError):
