@@ -169,8 +169,10 @@ def _rank_draws_and_groups(res: FitResult, num_draws: int, seed: int):
     factors = [a for p in subject for a in (res.guide.loc[p.name], res.guide.log_scale[p.name])]
     if res.draws and ability.shape == () and res.spec.score is None:  # NUTS
         pooled = np.asarray(res.draws["ability"]).reshape((-1, res.num_subjects))
-        joint = res.extra.get("rank_draws")  # twins' own draws, where they were pooled
-        return (pooled if joint is None else np.asarray(joint)), identical_subjects(pooled.T)
+        idata = res.extra.get("idata")  # the draws as sampled: twins drawn apart
+        joint = pooled if idata is None else np.asarray(
+            idata.posterior["ability"].values).reshape((-1, res.num_subjects))
+        return joint, identical_subjects(pooled.T)
     if res.spec.score is not None:  # ability alone does not order subjects: rank by score
         return (score_draws(res.spec, res.guide, num_draws, rng_key=seed),
                 identical_subjects(*factors))

@@ -963,8 +963,8 @@ def pool_identical_rows(spec: ModelSpec, y: np.ndarray, draws: NutsDraws) -> tup
     (jointly drawn with every other parameter at ``t``), so every member gets the same
     abilities (every skill), intervals and tie group, from all members' draws. (The pooled
     columns tie in every draw, so they do not rank and are no joint posterior:
-    :func:`nuts_fit_result` keeps the draws as sampled for the rank statistics and for
-    ``draws.nc``.) Returns ``(draws, rows whose draws were replaced)``.
+    :func:`nuts_fit_result` keeps the draws as sampled in its InferenceData, ``draws.nc``,
+    which the rank statistics read.) Returns ``(draws, rows whose draws were replaced)``.
     """
     subject = spec.by_owner("subject")
     if not subject:
@@ -1029,13 +1029,9 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
         timings["wall_s"] += t["wall_s"]
         timings["compile_s"] += t["compile_s"]
         constrained, idata, diag = read(draws, settings)
-    as_drawn = constrained
     draws, pooled = pool_identical_rows(spec, y, draws)
-    rank_draws = None
-    if pooled:  # the rank read-outs need each twin's own draws (independent abilities);
-        # draws.nc (idata) keeps the draws as sampled, the tables read the pooled ones
-        if spec.param("ability").shape == ():
-            rank_draws = np.asarray(as_drawn["ability"], np.float32).reshape((-1, y.shape[0]))
+    if pooled:  # the tables read the pooled draws; idata (draws.nc) keeps them as sampled,
+        # each twin's own, for the rank read-outs (independent abilities) and the boards
         constrained = constrain_draws(spec, draws.position)
     diag["pooled_rows"] = pooled
     flat = {k: np.asarray(v, np.float64).reshape((-1,) + v.shape[2:])
@@ -1056,5 +1052,5 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
                      converged=diag["converged"], wall_time_s=timings["wall_s"],
                      compile_time_s=timings["compile_s"], num_subjects=y.shape[0],
                      num_items=y.shape[1], num_observed=observed, num_devices=1,
-                     extra={"idata": idata, "diagnostics": diag, "rank_draws": rank_draws},
+                     extra={"idata": idata, "diagnostics": diag},
                      draws=constrained)

@@ -364,7 +364,7 @@ def test_identical_sheets_get_identical_read_outs(tmp_path):
     assert p[0, 1] == p[1, 0] == 0.5
     assert table["p_top1"].sum() == pytest.approx(1.0)
     assert table["rank_mean"].sum() == pytest.approx(14 * 15 / 2)
-    joint = res.extra["rank_draws"]
+    joint = res.extra["idata"].posterior["ability"].values.reshape(-1, 14)  # as sampled
     assert joint.shape == (600, 14) and not np.array_equal(joint[:, 0], joint[:, 1])
 
 
