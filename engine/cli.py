@@ -307,7 +307,12 @@ def _print_board(board, info) -> None:
 def cmd_leaderboard(args) -> int:
     from engine.readout.leaderboard import leaderboard
 
-    if getattr(args, "by", None) is None and args.rank is None:
+    # --draws or --seed: the board's draws read again (a scalar board's rank statistics
+    # are otherwise the fit's, as subjects.parquet holds them)
+    redraw = args.draws is not None or args.seed is not None
+    args.draws = 1000 if args.draws is None else args.draws
+    args.seed = 0 if args.seed is None else args.seed
+    if getattr(args, "by", None) is None and args.rank is None and not redraw:
         scalar = _scalar_subjects(args.run)  # the everyday board: no JAX to import
         if scalar is not None:
             _print_board(leaderboard(scalar[0], args.top_k), scalar[1])
@@ -326,31 +331,23 @@ def cmd_leaderboard(args) -> int:
             _vector_leaderboard(run, args)
         return 0
     if args.rank is None and not vector:
-        _print_board(leaderboard(run.subjects, args.top_k), run.info)
+        table = run.subjects_redrawn(args.draws, args.seed) if redraw else run.subjects
+        _print_board(leaderboard(table, args.top_k), run.info)
         return 0
     return _vector_leaderboard(run, args)
 
 
 def _vector_leaderboard(run, args) -> int:
-    import jax
-    import numpy as np
-
-    from engine.readout.posterior import draw_posterior
-    from engine.readout.ranking import identical_subjects
     from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
+    from engine.run import ranking_draws
 
     spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
-    # subjects of one posterior (identical sheets) drawn apart, read from their draws pooled;
-    # a sampler's run reads its own draws (as drawn: twins apart), not their Gaussian
-    sampled = run.sampler_draws("ability")
-    if sampled is not None:  # at most --draws of them, evenly spaced over every chain
-        draws = sampled.reshape((-1,) + sampled.shape[2:])
-        draws = draws[np.unique(np.linspace(0, len(draws) - 1, min(args.draws, len(draws))
-                                            ).round().astype(np.int64))]
-    else:
-        draws = draw_posterior(run.spec, run.guide, args.draws,
-                               rng_key=jax.random.PRNGKey(args.seed), names=("ability",))["ability"]
-    groups = identical_subjects(run.guide.loc["ability"], run.guide.log_scale["ability"])
+    # the abilities as the run's own board reads them: a sampler's run its own draws (twins
+    # drawn apart), a quadrature fit each subject's exact posterior, else the Gaussian;
+    # subjects of one posterior (identical sheets) read from their draws pooled
+    draws, groups = ranking_draws(run.spec, run.guide, run.quantile_functions, args.draws,
+                                  args.seed, sampled=run.sampler_draws("ability"),
+                                  by_score=False)
     skills = list(run.spec.skills) or ["ability"]
     board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec,
                                groups=groups)
@@ -910,9 +907,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "fit --q-matrix-from group")
     p.add_argument("--threshold", type=_PROBABILITY, default=0.9,
                    help="posterior mass for --rank dominance to count (ties below it)")
-    p.add_argument("--draws", type=_POSITIVE, default=1000,
-                   help="joint posterior draws (a NUTS run: at most this many of its own)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draws", type=_POSITIVE, default=None,
+                   help="joint posterior draws the rank statistics are read from (default "
+                        "1000; a NUTS run: at most this many of its own); on a one-ability "
+                        "board, given with or without --seed, they are drawn again instead "
+                        "of read from the fit's table")
+    p.add_argument("--seed", type=int, default=None, help="the draws' seed (default 0)")
     p.set_defaults(func=cmd_leaderboard)
 
     p = sub.add_parser("demo", help="ingest + fit + leaderboard on bundled data")

@@ -27,7 +27,8 @@ from engine.readout.ranking import identical_subjects, pairwise_beats, rank_stat
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS", "store_candidates"]
+__all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS", "store_candidates",
+           "ranking_draws"]
 
 PAIRWISE_MAX_SUBJECTS = 2000
 # the item draws a quadrature fit averaged its abilities over, saved (ability_draws.npz) up to
@@ -95,6 +96,20 @@ class Run:
             return None
         return runfiles.read_npz(self.path, self.info, "ability_draws.npz")
 
+    def subjects_redrawn(self, num_draws: int, seed: int) -> pd.DataFrame:
+        """The subjects table with the columns read from joint draws (rank statistics, and
+        the expected score's summaries) read again from ``num_draws`` draws with ``seed``,
+        as the fit read them (:func:`ranking_draws`; fit's ``--draws`` and ``--seed`` at
+        fit.json's ``readout`` values give its own table); a sampler's run reads at most
+        ``num_draws`` of its own draws. Every other column is the table's."""
+        draws, groups = ranking_draws(self.spec, self.guide, self.quantile_functions, num_draws,
+                                      seed, sampled=self.sampler_draws("ability"))
+        top_k = int((self.info.get("readout") or {}).get("top_k", 3))
+        table = self.subjects.copy()
+        for k, v in _drawn_columns(self.spec, draws, top_k, groups).items():
+            table[k] = v
+        return table
+
     def sampler_draws(self, name: str) -> np.ndarray | None:
         """Block ``name``'s draws as a sampler drew them (``draws.nc``, NUTS), ``(chains,
         draws, subjects or items, ...)``, checked against fit.json's checksum; subjects with
@@ -153,11 +168,18 @@ def _subject_table(res: FitResult, draws: np.ndarray | None, top_k: int,
     cols = {"subject": np.asarray(ex["subjects"])} | result_columns(res, "subject")
     cols["accuracy"] = np.asarray(ex["stats"]["subject_mean"])
     cols["n_responses"] = np.asarray(ex["stats"]["subject_n"])
-    if draws is not None and res.spec.score is not None:  # draws of the expected score
-        cols |= {k: np.asarray(v) for k, v in score_summary(draws, groups).items()}
     if draws is not None:
-        cols |= {k: np.asarray(v) for k, v in rank_stats(draws, top_k, groups).items()}
+        cols |= _drawn_columns(res.spec, draws, top_k, groups)
     return cols
+
+
+def _drawn_columns(spec: ModelSpec, draws: np.ndarray, top_k: int,
+                   groups: np.ndarray | None) -> dict[str, np.ndarray]:
+    """The subjects table's columns read from joint draws (:func:`ranking_draws`): the
+    rank statistics, and the expected score's summaries where the model has one."""
+    cols = {k: np.asarray(v) for k, v in score_summary(draws, groups).items()
+            } if spec.score is not None else {}
+    return cols | {k: np.asarray(v) for k, v in rank_stats(draws, top_k, groups).items()}
 
 
 def _rank_draws_and_groups(res: FitResult, num_draws: int, seed: int):
@@ -165,27 +187,44 @@ def _rank_draws_and_groups(res: FitResult, num_draws: int, seed: int):
     the groups of subjects whose posteriors are the same (:func:`identical_subjects`; None:
     none), or ``(None, None)``. Twins are drawn independently, their statistics pooled."""
     ability = res.spec.param("ability")
-    subject = res.spec.by_owner("subject")
-    factors = [a for p in subject for a in (res.guide.loc[p.name], res.guide.log_scale[p.name])]
     if res.draws and ability.shape == () and res.spec.score is None:  # NUTS
         pooled = np.asarray(res.draws["ability"]).reshape((-1, res.num_subjects))
         idata = res.extra.get("idata")  # the draws as sampled: twins drawn apart
         joint = pooled if idata is None else np.asarray(
             idata.posterior["ability"].values).reshape((-1, res.num_subjects))
         return joint, identical_subjects(pooled.T)
-    if res.spec.score is not None:  # ability alone does not order subjects: rank by score
-        return (score_draws(res.spec, res.guide, num_draws, rng_key=seed),
-                identical_subjects(*factors))
-    if ability.name in res.quantile_functions:  # each subject's exact posterior
-        z, values = res.quantile_functions[ability.name]
-        return (quantile_draws(res.guide.loc[ability.name],
-                               np.exp(res.guide.log_scale[ability.name]), num_draws, seed, z,
-                               values),
-                identical_subjects(*factors))
-    if ability.shape == ():
-        return (draw_posterior(res.spec, res.guide, num_draws, rng_key=seed,
-                               names=("ability",))["ability"], identical_subjects(*factors))
-    return None, None
+    if res.spec.score is None and ability.shape != ():
+        return None, None
+    return ranking_draws(res.spec, res.guide, res.quantile_functions, num_draws, seed)
+
+
+def ranking_draws(spec: ModelSpec, guide: GuideState, quantile_functions: dict,
+                  num_draws: int, seed: int, *, sampled: np.ndarray | None = None,
+                  by_score: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """Joint draws ``(T, S[, D])`` from which a board ranks the subjects, as a fit's
+    rank statistics are read, and the groups of subjects whose posteriors are the same
+    (:func:`identical_subjects`): a sampler's own draws (``sampled``, ``(chains, draws, S,
+    ...)``: at most ``num_draws`` of them, evenly spaced over the chains); else, where the
+    model has an expected score and ``by_score``, draws of it; else each subject's exact
+    posterior where the fit kept its quantile function; else the posterior factors'
+    Gaussian. Twins are drawn independently."""
+    ability = spec.param("ability")
+    factors = [a for p in spec.by_owner("subject")
+               for a in (guide.loc[p.name], guide.log_scale[p.name])]
+    groups = identical_subjects(*factors)
+    if by_score and spec.score is not None:  # ability alone does not order subjects
+        return score_draws(spec, guide, num_draws, rng_key=seed), groups
+    if sampled is not None:
+        flat = sampled.reshape((-1,) + sampled.shape[2:])
+        keep = np.unique(np.linspace(0, len(flat) - 1, min(num_draws, len(flat))
+                                     ).round().astype(np.int64))
+        return flat[keep], groups
+    if ability.name in quantile_functions:  # each subject's exact posterior
+        z, values = quantile_functions[ability.name]
+        return (quantile_draws(guide.loc[ability.name], np.exp(guide.log_scale[ability.name]),
+                               num_draws, seed, z, values), groups)
+    return draw_posterior(spec, guide, num_draws, rng_key=seed,
+                          names=("ability",))["ability"], groups
 
 
 def _item_table(res: FitResult) -> dict[str, np.ndarray]:

@@ -137,7 +137,8 @@ def format_leaderboard(board: pd.DataFrame) -> str:
     p_top1 = cols.get("p_top1", nan)
     for i, name in enumerate(names):
         interval = f"[{cols[f'{key}_q05'][i]:+.2f}, {cols[f'{key}_q95'][i]:+.2f}]"
-        ranks = (f"{int(cols['rank_q05'][i])}-{int(cols['rank_q95'][i])}" if "rank_q05" in cols
+        # to the nearest rank: a group's pooled quantiles may fall between two
+        ranks = (f"{cols['rank_q05'][i]:.0f}-{cols['rank_q95'][i]:.0f}" if "rank_q05" in cols
                  else "-")
         line = (f"{int(cols['rank'][i]):>4} {int(cols['tie_group'][i]):>3}  "
                 f"{name[:name_w]:<{name_w}} {cols[f'{key}_mean'][i]:>+8.3f} {interval:>17} "
