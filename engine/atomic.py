@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["atomic_write", "private_dir", "exclusive_lock", "remove_leftovers", "LEFTOVER_KINDS"]
+__all__ = ["atomic_write", "private_dir", "exclusive_lock", "remove_leftovers", "LEFTOVER_KINDS",
+           "plain_mode"]
 
 # What writers of ``--out NAME`` leave beside it while they work, as ``.NAME.<kind>-<random>``:
 # tmp (the new run or store being written), old (the previous one, renamed aside during the
@@ -33,11 +34,34 @@ def atomic_write(path: str | Path, write_fn: Callable[[Path], object]) -> Path:
     tmp = Path(name)
     try:
         write_fn(tmp)
+        plain_mode(tmp)  # mkstemp made it 0600: readable as any file the user writes
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process's umask, read where Linux shows it (``/proc/self/status``) without
+    setting it; elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def plain_mode(path: str | Path) -> None:
+    """Give ``path`` the permissions ``open`` or ``mkdir`` would have given it: 0o666 for a
+    file, 0o777 for a directory, less the umask. ``tempfile``'s names are private (0600 and
+    0700), and a run, report or table renamed from one into place kept that: a run
+    directory no one else could open under umask 022."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~_umask())
 
 
 def private_dir(path: str | Path, *, inside: str | Path, what: str) -> Path:

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from engine import runfiles
+from engine.atomic import plain_mode
 from engine.errors import RunExistsError
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
@@ -249,6 +250,7 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
+        plain_mode(tmp)  # mkdtemp makes 0700
         subjects, items = _subject_table(res, draws, top_k, groups), _item_table(res)
         runfiles.write_table(subjects, tmp / "subjects.parquet")
         runfiles.write_table(items, tmp / "items.parquet")

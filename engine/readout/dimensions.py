@@ -51,14 +51,13 @@ The whole reading; the two ``seeds`` loops are the parts to spread over Ray task
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
+from engine.atomic import atomic_write
 from engine.errors import DataFormatError, ModelError, SettingsError
 from engine.readout.column_shuffle import Levels, argsort_permute, arrange_levels, count_levels
 
@@ -671,15 +670,4 @@ def scree_plot(table: pd.DataFrame, path, *, n_factors: int | None = None,
     ax.set_title("How many skills? Scree against parallel analysis")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=directory)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=110)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))

@@ -130,3 +130,36 @@ def test_overwrite_removes_only_run_directories_never_through_symlinks(tmp_path,
     assert main(fit + [str(tmp_path / "run")]) == 0
     assert main(fit + [str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "fit.json").is_file()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_outputs_take_the_umask_as_any_file_would(tmp_path, umask):
+    """Runs, reports and tables are renamed into place from private temporary names (0700
+    and 0600); they end with the modes ``open`` and ``mkdir`` give under the user's umask,
+    so a report is readable by whoever may read the folder (umask 022) and stays private
+    under 077."""
+    import os
+    import stat
+
+    rng = np.random.default_rng(0)
+    y = (rng.random((40, 6)) < 0.6).astype(int)
+    wide = pd.DataFrame(y, columns=[f"q{j}" for j in range(6)])
+    wide.insert(0, "subject", [f"s{i}" for i in range(40)])
+    wide.to_csv(tmp_path / "wide.csv", index=False)
+    wide.iloc[:3].assign(subject=["n0", "n1", "n2"]).to_csv(tmp_path / "new.csv", index=False)
+    old = os.umask(umask)
+    try:
+        assert main(["ingest", str(tmp_path / "wide.csv"), "--out", str(tmp_path / "st")]) == 0
+        assert main(["fit", str(tmp_path / "st"), "--out", str(tmp_path / "run"), "--quiet"]) == 0
+        assert main(["score", str(tmp_path / "run"), str(tmp_path / "new.csv"), "--out",
+                     str(tmp_path / "scored.csv")]) == 0
+        assert main(["report", str(tmp_path / "run"), "--out",
+                     str(tmp_path / "rep" / "report.html")]) == 0
+    finally:
+        os.umask(old)
+    made = [tmp_path / "run", tmp_path / "scored.csv", *(tmp_path / "run").iterdir(),
+            *(tmp_path / "rep").iterdir()]
+    assert any(p.suffix == ".png" for p in made) and (tmp_path / "rep" / "report.html") in made
+    for path in made:
+        want = (0o777 if path.is_dir() else 0o666) & ~umask
+        assert stat.S_IMODE(path.stat().st_mode) == want, (path, oct(path.stat().st_mode))
