@@ -195,9 +195,43 @@ def _id_index(path: Path, header: list[str], id_column: str | None) -> int:
     return names.index(id_column.strip())
 
 
+def _pandas_index(path: Path) -> tuple[str | None, list[str] | None]:
+    """What a Parquet file written by pandas with its index (``DataFrame.to_parquet``'s
+    default) says of it: ``(column, None)`` where the index is stored as a column (pyarrow
+    puts it last: ``model``, or ``__index_level_0__`` unnamed), ``(None, ids)`` where a
+    named integer range index is kept only in the file's metadata (``set_index("id")`` of
+    consecutive numbers), ``(None, None)`` otherwise (no pandas metadata, or the default
+    unnamed range index: rows without ids)."""
+    try:
+        meta = pq.read_schema(path).pandas_metadata or {}
+    except (OSError, pa.ArrowException, ValueError):
+        return None, None
+    index = meta.get("index_columns") or []
+    if len(index) > 1:
+        raise DataFormatError(f"{path}: its pandas index has {len(index)} levels; write it "
+                              "with one id column (df.reset_index()) and pass --id-column")
+    if len(index) == 1 and isinstance(index[0], str):
+        return index[0], None
+    if len(index) == 1 and isinstance(index[0], dict) and index[0].get("kind") == "range" \
+            and index[0].get("name") is not None:
+        try:
+            return None, [str(i) for i in range(int(index[0]["start"]), int(index[0]["stop"]),
+                                                int(index[0]["step"]))]
+        except (KeyError, TypeError, ValueError):
+            return None, None
+    return None, None
+
+
 def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None) -> Parsed:
     parquet = container_of(path) == "parquet"
     header = [str(h) for h in read_header(path)] if parquet else None
+    index_ids = None
+    if parquet and id_column is None:  # pandas' index holds the subject ids
+        index_column, index_ids = _pandas_index(path)
+        if index_column is not None and index_column in header:
+            id_column = index_column
+        elif index_ids is not None:
+            id_column = NO_ID_COLUMN
     if parquet:
         idc = _id_index(path, header, id_column)
         header, raw, values, where = _wide_parquet(path, budget, idc)
@@ -233,6 +267,8 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
         values = np.column_stack([first, values])
         subjects = [str(r) for r in range(len(raw))]  # renumbered in merge_tables
         names = header
+        if index_ids is not None and len(index_ids) == len(raw):  # a named pandas range index
+            subjects, has_ids = index_ids, True
     if not names:
         raise DataFormatError(f"{path}: no item columns; expected one column per item")
     position = [k for k in range(len(header)) if not (has_ids and k == idc)]
@@ -282,18 +318,22 @@ def merge_tables(parts: list[Parsed]) -> Parsed:
             items.setdefault(name, (p, c))
     s_index, i_index = {s: k for k, s in enumerate(subjects)}, {i: k for k, i in enumerate(items)}
     matrix = np.full((len(subjects), len(items)), np.nan, np.float64)
-    for part in parts:
+    source = np.full(matrix.shape, -1, np.int16 if len(parts) < 2 ** 15 else np.int32)
+    for p, part in enumerate(parts):
         rows = np.array([s_index[s] for s in part.subjects])[:, None]
         cols = np.array([i_index[i] for i in part.items])[None, :]
         block, new = matrix[rows, cols], part.responses
         clash = ~np.isnan(block) & ~np.isnan(new) & (block != new)
         if clash.any():
             r, c = np.argwhere(clash)[0]
+            first = parts[source[rows[r, 0], cols[0, c]]]  # the file that gave the other value
             raise DataFormatError(
                 f'{part.where_subject(r)}, column "{part.items[c]}": got {fmt_value(new[r, c])} for '
-                f"subject {part.subjects[r]!r}, but an earlier input file has {fmt_value(block[r, c])}; "
-                f"keep one response per (subject, item)")
+                f"subject {part.subjects[r]!r}, but an earlier input file has "
+                f"{fmt_value(block[r, c])} ({first.where_subject(first.subjects.index(part.subjects[r]))}"
+                f'); keep one response per (subject, item)')
         matrix[rows, cols] = np.where(np.isnan(new), block, new)
+        source[rows, cols] = np.where(np.isnan(new), source[rows, cols], p)
     s_at, i_at = list(subjects.values()), list(items.values())
     return Parsed(matrix, list(subjects), list(items),
                    lambda s: parts[s_at[s][0]].where_subject(s_at[s][1]),

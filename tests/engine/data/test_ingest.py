@@ -216,10 +216,35 @@ def test_unnamed_index_column_and_bad_encoding(tmp_path):
         ingest(bad, tmp_path / "bad.zarr")
 
 
+def test_parquet_with_its_pandas_index_reads_the_index_as_subject_ids(tmp_path):
+    """``DataFrame.to_parquet`` keeps the index: as a last column (named, or
+    ``__index_level_0__``), or only in the file's metadata (a named range of integers).
+    It holds the subject ids, as the first column of a CSV written with its index does."""
+    frame = pd.DataFrame({"q1": [1, 0, 1], "q2": [0, 1, 1]}, index=["m1", "m2", "m3"])
+    for k, name in enumerate(["model", None]):
+        frame.rename_axis(name).to_parquet(tmp_path / f"w{k}.parquet")
+        store = ingest(tmp_path / f"w{k}.parquet", tmp_path / f"w{k}.zarr")
+        assert list(store.subjects) == ["m1", "m2", "m3"] and list(store.items) == ["q1", "q2"]
+        np.testing.assert_array_equal(store.load(), frame.to_numpy())
+    numbered = frame.set_axis(pd.RangeIndex(5, 8, name="subject_id"))
+    numbered.to_parquet(tmp_path / "r.parquet")
+    assert pq.read_schema(tmp_path / "r.parquet").names == ["q1", "q2"]  # ids in metadata only
+    assert list(ingest(tmp_path / "r.parquet", tmp_path / "r.zarr").subjects) == ["5", "6", "7"]
+    frame.reset_index(drop=True).to_parquet(tmp_path / "plain.parquet")  # no ids: as before
+    with pytest.raises(DataFormatError, match=r'column 1 "q1": cannot tell subject ids'):
+        ingest(tmp_path / "plain.parquet", tmp_path / "plain.zarr")
+    frame.set_index([frame.index, pd.Index([1, 2, 3], name="run")]).to_parquet(
+        tmp_path / "multi.parquet")
+    with pytest.raises(DataFormatError, match=r"multi\.parquet: its pandas index has 2 levels"):
+        ingest(tmp_path / "multi.parquet", tmp_path / "multi.zarr")
+    assert not (tmp_path / "plain.zarr").exists() and not (tmp_path / "multi.zarr").exists()
+
+
 def test_wide_conflict_across_files(tmp_path):
     a = _write(tmp_path / "a.csv", "model,q1\ngpt,1\n")
     b = _write(tmp_path / "b.csv", "model,q1\ngpt,0\n")
-    with pytest.raises(DataFormatError, match=r"b\.csv line 2, column \"q1\": got 0 .*earlier"):
+    with pytest.raises(DataFormatError, match=r"b\.csv line 2, column \"q1\": got 0 .*earlier "
+                       r"input file has 1 \(.*a\.csv line 2\)"):
         ingest([a, b], tmp_path / "out.zarr")
 
 
