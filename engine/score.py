@@ -407,6 +407,15 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
         y, ids = responses, np.asarray([f"new{i}" for i in range(responses.shape[0])], dtype=object)
     else:
         y, ids = read_new_responses(run, responses)
+    on_board = set(run.subjects["subject"].astype(str))
+    taken = [s for s in ids if str(s) in on_board]
+    if taken:  # two rows of one name on the combined board, told apart only by `new`
+        where = "the array's rows" if isinstance(responses, np.ndarray) else str(responses)
+        raise DataFormatError(
+            f"{where}: subject id(s) {taken[:5]}{' ...' if len(taken) > 5 else ''} "
+            f"({len(taken)} of {len(ids)}) already on run {run.path}'s leaderboard; give the "
+            f"new subjects ids of their own (e.g. 'NAME-v2'), or refit with them to replace "
+            f"the run's")
     res = score_responses(run, y, settings=settings, method=method)
     table = pd.DataFrame(result_columns(res, "subject"))  # exact intervals where computed
     twins = res.extra.get("run_twins")

@@ -41,3 +41,17 @@ def test_out_of_kind_file(binary_run, tmp_path):
     src.write_text("model,i0,i1,i2\nnew-a,1,0,1\nnew-b,1,1,0\n")
     board, _ = score(binary_run, src)
     assert list(board[board["new"]]["subject"]) == ["new-a", "new-b"]
+
+
+def test_new_subjects_named_as_the_runs_are_refused(binary_run, tmp_path):
+    """A new subject under an id the run's board already has would be a second row of that
+    name on the combined board: refused, naming the ids, before anything is scored."""
+    src = tmp_path / "again.csv"
+    src.write_text("model,i0,i1,i2\nnew-a,1,0,1\ns3,0,0,1\ns7,1,1,1\n")
+    with pytest.raises(DataFormatError, match=r"again\.csv: subject id\(s\) \['s3', 's7'\] "
+                                              r"\(2 of 3\) already on run .*'s leaderboard"):
+        score(binary_run, src)
+    store = write_store(np.ones((2, 6), np.int8), ["s0", "fresh"], [f"i{j}" for j in range(6)],
+                        tmp_path / "own.zarr")  # a store of the run's own subjects, likewise
+    with pytest.raises(DataFormatError, match=r"\['s0'\] \(1 of 2\)"):
+        score(binary_run, store.path)
