@@ -255,6 +255,7 @@ def read_q_matrix(path, items: Sequence[str] | None = None) -> tuple[np.ndarray,
     """
     import pandas as pd
 
+    from engine.data.formats.validate import cell_text
     from engine.errors import DataFormatError
 
     df = pd.read_csv(path)
@@ -266,8 +267,8 @@ def read_q_matrix(path, items: Sequence[str] | None = None) -> tuple[np.ndarray,
     bad = values.isna() | ~values.isin([0, 1])
     if bad.to_numpy().any():
         r, c = np.argwhere(bad.to_numpy())[0]
-        raise DataFormatError(f"{path} row {r + 2}, column {body.columns[c]!r}: got {body.iat[r, c]!r}; "
-                              "expected 0 or 1")
+        raise DataFormatError(f"{path} line {r + 2}, column {body.columns[c]!r}: got "
+                              f"{cell_text(body.iat[r, c])}; expected 0 or 1")
     if ids.duplicated().any():
         raise DataFormatError(f"{path}: item {ids[ids.duplicated()].iloc[0]!r} appears twice")
     q = values.to_numpy(np.float32)

@@ -27,6 +27,7 @@ import pandas as pd
 from jax.scipy.special import gammaln
 from scipy.optimize import minimize
 
+from engine.data.formats.validate import cell_text, where_row
 from engine.errors import DataFormatError
 from engine.host import to_device
 
@@ -60,11 +61,14 @@ def load_confidences(path: str | Path, subjects, items) -> np.ndarray:
     bad_rows = [(r, s) for r, s in enumerate(ids) if s not in s_index]
     if bad_rows:
         r, s = bad_rows[0]
-        raise DataFormatError(f"{path} row {r + 2}, column {df.columns[0]!r}: subject {s!r} is not in "
-                              f"the run ({len(bad_rows)} unknown); use the run's subject ids")
+        raise DataFormatError(f"{where_row(path, r)}, column {df.columns[0]!r}: subject {s!r} is "
+                              f"not in the run ({len(bad_rows)} unknown); use the run's subject ids")
     if len(set(ids)) != len(ids):
-        dup = pd.Series(ids)[pd.Series(ids).duplicated()].iloc[0]
-        raise DataFormatError(f"{path}: subject {dup!r} appears twice; give one row per subject")
+        second = int(np.flatnonzero(pd.Series(ids).duplicated().to_numpy())[0])
+        first = int(np.flatnonzero(ids == ids[second])[0])
+        raise DataFormatError(f"{where_row(path, second)}: subject {ids[second]!r} appears twice "
+                              f"(first at {where_row(path, first).removeprefix(f'{path} ')}); "
+                              "give one row per subject")
     cols = [str(c) for c in df.columns[1:]]
     unknown = [c for c in cols if c not in i_index]
     if unknown:
@@ -75,8 +79,8 @@ def load_confidences(path: str | Path, subjects, items) -> np.ndarray:
     bad = (np.isnan(values) & pd.notna(raw)) | (values < 0) | (values > 1)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise DataFormatError(f"{path} row {r + 2}, column {cols[c]!r}: got {raw[r, c]!r}; expected a "
-                              f"confidence in [0, 1] or empty")
+        raise DataFormatError(f"{where_row(path, r)}, column {cols[c]!r}: got "
+                              f"{cell_text(raw[r, c])}; expected a confidence in [0, 1] or empty")
     out = np.full((len(s_index), len(i_index)), np.nan)
     out[np.ix_([s_index[s] for s in ids], [i_index[c] for c in cols])] = values
     return out

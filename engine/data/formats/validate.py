@@ -27,7 +27,7 @@ from engine.errors import DataFormatError
 from engine.memory import size_text
 
 __all__ = ["BadCell", "CELL_BYTES", "ID_BYTES", "LONG_COLS", "as_stored", "bad_value",
-           "cannot_read", "check_id_column_type", "check_id_text", "check_support",
+           "cannot_read", "cell_text", "check_id_column_type", "check_id_text", "check_support",
            "check_unique", "container_of", "csv_rows", "default_budget", "delimiter_of",
            "expand_inputs", "fmt_value", "header_width", "long_column", "no_response_error",
            "open_text", "over_budget", "parse_cell", "parse_cells", "read_header", "size_text",
@@ -265,6 +265,18 @@ def fmt_value(x: float) -> str:
     """A response as its shortest exact decimal: 1, 0.99999999, -1e-50."""
     text = repr(float(x))
     return text[:-2] if text.endswith(".0") else text
+
+
+def cell_text(value: object) -> str:
+    """A table cell as an error message shows it: text quoted, a number as written (a NumPy
+    scalar's repr, ``np.float64(1.5)``, is not what the file holds)."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        return fmt_value(value)
+    return repr(value)
 
 
 def bad_value(where: str, value: object) -> DataFormatError:

@@ -167,7 +167,7 @@ def test_read_q_matrix(tmp_path):
     with pytest.raises(DataFormatError, match="no row for item 'd'"):
         read_q_matrix(f, items=["a", "d"])
     f.write_text("item,syntax,semantics\na,1,0\nb,yes,1\n")
-    with pytest.raises(DataFormatError, match=r"q.csv row 3, column 'syntax': got 'yes'"):
+    with pytest.raises(DataFormatError, match=r"q.csv line 3, column 'syntax': got 'yes'"):
         read_q_matrix(f)
 
 

@@ -80,6 +80,15 @@ def test_calibration_command_and_bad_confidence_file(simulated, capsys):
     df.to_csv(tmp / "bad.csv", index=False)
     assert main(["calibration", str(run.path), str(tmp / "bad.csv")]) == 2
     err = capsys.readouterr().err
-    assert "bad.csv row 6" in err and repr(str(df.columns[7])) in err and "[0, 1]" in err
+    assert "bad.csv line 6" in err and repr(str(df.columns[7])) in err and "[0, 1]" in err
+    assert "got 1.7;" in err  # the value as written, not NumPy's repr of it
+    df.to_parquet(tmp / "bad.parquet", index=False)  # Parquet: the row index, as ingest says
+    with pytest.raises(DataFormatError, match=r"bad\.parquet row index 4, column .*: got 1\.7;"):
+        load_confidences(tmp / "bad.parquet", run.subjects["subject"], run.items["item"])
+    df.iloc[4, 7] = 0.5
+    pd.concat([df, df.iloc[[2]]]).to_csv(tmp / "twice.csv", index=False)
+    with pytest.raises(DataFormatError, match=rf"twice\.csv line {len(df) + 2}: subject "
+                                              rf"'{df.iloc[2, 0]}' appears twice \(first at line 4\)"):
+        load_confidences(tmp / "twice.csv", run.subjects["subject"], run.items["item"])
     with pytest.raises(DataFormatError, match="not items of the run"):
         load_confidences(tmp / "c.csv", run.subjects["subject"], run.items["item"])

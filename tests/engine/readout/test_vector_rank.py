@@ -217,7 +217,7 @@ def test_cli_fit_dims_q_matrix_and_vector_leaderboards(tmp_path, capsys):
     (tmp_path / "bad.csv").write_text("item,a\ni0,2\n")
     assert main(["fit", str(tmp_path / "store"), "--out", str(tmp_path / "run3"), "--model", "mirt-comp",
                  "--q-matrix", str(tmp_path / "bad.csv"), "--quiet"]) == 2
-    assert "bad.csv row 2, column 'a'" in capsys.readouterr().err
+    assert "bad.csv line 2, column 'a': got 2; expected 0 or 1" in capsys.readouterr().err
 
 
 def test_skill_board_of_a_run_with_twins_ranks_them_apart(tmp_path, capsys):
