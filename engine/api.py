@@ -145,6 +145,21 @@ _UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every",
                     "min_passes")
 
 
+def _models_reading(kind: str) -> str:
+    """The registered models that read ``kind`` responses, for an error message."""
+    from engine.models.registry import MODELS
+
+    names = []
+    for name in MODELS:
+        try:
+            reads = READS.get(get_model(name).kind, ())
+        except ModelError:  # a model that needs options (skills) to be built
+            continue
+        if kind in reads:
+            names.append(name)
+    return ", ".join(names) or "none registered"
+
+
 def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | None = None,
                   shape: tuple[int, int] | None = None):
     """Build ``model`` for the data ``y``: check its response kind, let it adapt to the data.
@@ -166,7 +181,9 @@ def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | N
     kind = kind or detect_kind(y)
     if kind not in READS.get(spec.kind, (spec.kind,)):
         raise ModelError(f"model {model!r} reads {spec.kind} responses but the data is {kind}; "
-                         f"choose a model for {kind} responses")
+                         f"choose a model for {kind} responses ({_models_reading(kind)})"
+                         + ("; if the data should be 0/1, `irt-engine ingest --kind binary` "
+                            "names the first cell that is not" if spec.kind == "binary" else ""))
     if spec.adapt is not None and y is not None:
         updates = spec.adapt(y)
         if updates:
