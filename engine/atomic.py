@@ -30,11 +30,14 @@ def atomic_write(path: str | Path, write_fn: Callable[[Path], object]) -> Path:
     """
     path = Path(path)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:  # mkstemp made it 0600: the mode open() would give, through the descriptor
+        os.fchmod(fd, 0o666 & ~_umask())
+    except OSError:  # a file system without modes: as it comes
+        pass
     os.close(fd)
     tmp = Path(name)
     try:
         write_fn(tmp)
-        plain_mode(tmp)  # mkstemp made it 0600: readable as any file the user writes
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -56,12 +59,22 @@ def _umask() -> int:
     return mask
 
 
-def plain_mode(path: str | Path) -> None:
-    """Give ``path`` the permissions ``open`` or ``mkdir`` would have given it: 0o666 for a
-    file, 0o777 for a directory, less the umask. ``tempfile``'s names are private (0600 and
-    0700), and a run, report or table renamed from one into place kept that: a run
-    directory no one else could open under umask 022."""
-    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~_umask())
+def plain_mode(directory: str | Path) -> None:
+    """Give a directory this process just made with ``tempfile.mkdtemp`` (0700) the
+    permissions ``mkdir`` would have given it: 0o777 less the umask. A run renamed from
+    one into place kept 0700: no one else could open it under umask 022. (Files:
+    :func:`atomic_write` sets theirs through the descriptor.) A file system without modes
+    leaves it as it is; a symlink is never followed."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fchmod(fd, 0o777 & ~_umask())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def private_dir(path: str | Path, *, inside: str | Path, what: str) -> Path:

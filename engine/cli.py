@@ -310,8 +310,6 @@ def cmd_leaderboard(args) -> int:
     # --draws or --seed: the board's draws read again (a scalar board's rank statistics
     # are otherwise the fit's, as subjects.parquet holds them)
     redraw = args.draws is not None or args.seed is not None
-    args.draws = 1000 if args.draws is None else args.draws
-    args.seed = 0 if args.seed is None else args.seed
     if getattr(args, "by", None) is None and args.rank is None and not redraw:
         scalar = _scalar_subjects(args.run)  # the everyday board: no JAX to import
         if scalar is not None:
@@ -345,9 +343,10 @@ def _vector_leaderboard(run, args) -> int:
     # the abilities as the run's own board reads them: a sampler's run its own draws (twins
     # drawn apart), a quadrature fit each subject's exact posterior, else the Gaussian;
     # subjects of one posterior (identical sheets) read from their draws pooled
-    draws, groups = ranking_draws(run.spec, run.guide, run.quantile_functions, args.draws,
-                                  args.seed, sampled=run.sampler_draws("ability"),
-                                  by_score=False)
+    draws, groups = ranking_draws(run.spec, run.guide, run.quantile_functions,
+                                  1000 if args.draws is None else args.draws,
+                                  0 if args.seed is None else args.seed,
+                                  sampled=run.sampler_draws("ability"), by_score=False)
     skills = list(run.spec.skills) or ["ability"]
     board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec,
                                groups=groups)
@@ -908,11 +907,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=_PROBABILITY, default=0.9,
                    help="posterior mass for --rank dominance to count (ties below it)")
     p.add_argument("--draws", type=_POSITIVE, default=None,
-                   help="joint posterior draws the rank statistics are read from (default "
-                        "1000; a NUTS run: at most this many of its own); on a one-ability "
-                        "board, given with or without --seed, they are drawn again instead "
-                        "of read from the fit's table")
-    p.add_argument("--seed", type=int, default=None, help="the draws' seed (default 0)")
+                   help="joint posterior draws the rank statistics are read from (a NUTS "
+                        "run: at most this many of its own); on a one-ability board, given "
+                        "with or without --seed, they are drawn again instead of read from "
+                        "the fit's table (default: the fit's; multi-skill boards 1000)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the draws' seed (default: the fit's; multi-skill boards 0)")
     p.set_defaults(func=cmd_leaderboard)
 
     p = sub.add_parser("demo", help="ingest + fit + leaderboard on bundled data")

@@ -97,15 +97,23 @@ class Run:
             return None
         return runfiles.read_npz(self.path, self.info, "ability_draws.npz")
 
-    def subjects_redrawn(self, num_draws: int, seed: int) -> pd.DataFrame:
+    def subjects_redrawn(self, num_draws: int | None = None,
+                         seed: int | None = None) -> pd.DataFrame:
         """The subjects table with the columns read from joint draws (rank statistics, and
         the expected score's summaries) read again from ``num_draws`` draws with ``seed``,
-        as the fit read them (:func:`ranking_draws`; fit's ``--draws`` and ``--seed`` at
-        fit.json's ``readout`` values give its own table); a sampler's run reads at most
-        ``num_draws`` of its own draws. Every other column is the table's."""
+        as the fit read them (:func:`ranking_draws`). None: the fit's (fit.json's
+        ``readout``; a sampler's run: all its draws), which give the run's own table. A
+        sampler's run reads at most ``num_draws`` of its own draws, and no seed. Every
+        other column is the table's."""
+        readout = self.info.get("readout") or {}
+        sampled = self.sampler_draws("ability")
+        if num_draws is None:
+            num_draws = int(readout.get("num_draws", 1000)) if sampled is None else int(
+                np.prod(sampled.shape[:2]))
+        seed = int(readout.get("seed", 0)) if seed is None else seed
         draws, groups = ranking_draws(self.spec, self.guide, self.quantile_functions, num_draws,
-                                      seed, sampled=self.sampler_draws("ability"))
-        top_k = int((self.info.get("readout") or {}).get("top_k", 3))
+                                      seed, sampled=sampled)
+        top_k = int(readout.get("top_k", 3))
         table = self.subjects.copy()
         for k, v in _drawn_columns(self.spec, draws, top_k, groups).items():
             table[k] = v

@@ -403,16 +403,19 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
         raise SettingsError(f"run {run.path} has vector abilities (model {run.info['model']!r}); "
                             f"score places scalar abilities on a leaderboard: score a scalar-ability "
                             f"run, or refit with the new subjects")
-    if isinstance(responses, np.ndarray):
-        y, ids = responses, np.asarray([f"new{i}" for i in range(responses.shape[0])], dtype=object)
+    on_board = set(run.subjects["subject"].astype(str))
+    if isinstance(responses, np.ndarray):  # named new0, new1, ... (new_0, ... where the run
+        prefix = "new"  # has such names)
+        while any(f"{prefix}{i}" in on_board for i in range(responses.shape[0])):
+            prefix += "_"
+        y, ids = responses, np.asarray([f"{prefix}{i}" for i in range(responses.shape[0])],
+                                       dtype=object)
     else:
         y, ids = read_new_responses(run, responses)
-    on_board = set(run.subjects["subject"].astype(str))
     taken = [s for s in ids if str(s) in on_board]
     if taken:  # two rows of one name on the combined board, told apart only by `new`
-        where = "the array's rows" if isinstance(responses, np.ndarray) else str(responses)
         raise DataFormatError(
-            f"{where}: subject id(s) {taken[:5]}{' ...' if len(taken) > 5 else ''} "
+            f"{responses}: subject id(s) {taken[:5]}{' ...' if len(taken) > 5 else ''} "
             f"({len(taken)} of {len(ids)}) already on run {run.path}'s leaderboard; give the "
             f"new subjects ids of their own (e.g. 'NAME-v2'), or refit with them to replace "
             f"the run's")

@@ -131,8 +131,10 @@ def _id_list(raw: list, what: str, where: Callable[[int], str]) -> list[str]:
     return out
 
 
-def _wide_parquet(path: Path, budget: int, idc: int) -> tuple[list[str], list, np.ndarray,
-                                                              Callable]:
+def _wide_parquet(path: Path, budget: int, idc: int, drop: Sequence[str] = ()
+                  ) -> tuple[list[str], list, np.ndarray, Callable]:
+    """``(header, ids, values, where)`` of a wide Parquet table whose column ``idc`` holds
+    the ids, without the columns ``drop`` (a pandas index the ids are not read from)."""
     try:
         meta = pq.read_metadata(path)
     except (OSError, pa.ArrowException) as err:
@@ -142,6 +144,8 @@ def _wide_parquet(path: Path, budget: int, idc: int) -> tuple[list[str], list, n
         raise over_budget(path, f"a wide table of {meta.num_rows:,} rows x {meta.num_columns:,} "
                            f"columns (its Parquet footer)", need, budget)
     table = _read_table(path, None, [])
+    if drop:
+        table = table.drop(list(drop))
     header, where = [str(n) for n in table.column_names], (lambda r: where_row(path, r))
     values = np.empty((table.num_rows, len(header) - 1), np.float64, order="F")
     for j in range(len(header)):
@@ -195,46 +199,73 @@ def _id_index(path: Path, header: list[str], id_column: str | None) -> int:
     return names.index(id_column.strip())
 
 
-def _pandas_index(path: Path) -> tuple[str | None, list[str] | None]:
+def _pandas_index(path: Path) -> tuple[list[str], list[str] | None]:
     """What a Parquet file written by pandas with its index (``DataFrame.to_parquet``'s
-    default) says of it: ``(column, None)`` where the index is stored as a column (pyarrow
-    puts it last: ``model``, or ``__index_level_0__`` unnamed), ``(None, ids)`` where a
+    default) says of it: ``(columns, None)`` where the index is stored as columns (pyarrow
+    puts them last: ``model``, or ``__index_level_0__`` unnamed), ``([], ids)`` where a
     named integer range index is kept only in the file's metadata (``set_index("id")`` of
-    consecutive numbers), ``(None, None)`` otherwise (no pandas metadata, or the default
+    consecutive numbers), ``([], None)`` otherwise (no pandas metadata, or the default
     unnamed range index: rows without ids)."""
     try:
         meta = pq.read_schema(path).pandas_metadata or {}
     except (OSError, pa.ArrowException, ValueError):
-        return None, None
+        return [], None
     index = meta.get("index_columns") or []
-    if len(index) > 1:
-        raise DataFormatError(f"{path}: its pandas index has {len(index)} levels; write it "
-                              "with one id column (df.reset_index()) and pass --id-column")
-    if len(index) == 1 and isinstance(index[0], str):
-        return index[0], None
+    columns = [c for c in index if isinstance(c, str)]
+    if columns:
+        return columns, None
     if len(index) == 1 and isinstance(index[0], dict) and index[0].get("kind") == "range" \
             and index[0].get("name") is not None:
         try:
-            return None, [str(i) for i in range(int(index[0]["start"]), int(index[0]["stop"]),
-                                                int(index[0]["step"]))]
+            return [], [str(i) for i in range(int(index[0]["start"]), int(index[0]["stop"]),
+                                              int(index[0]["step"]))]
         except (KeyError, TypeError, ValueError):
-            return None, None
-    return None, None
+            return [], None
+    return [], None
+
+
+def _first_column_ids(path: Path, header: list[str]) -> bool:
+    """Whether a wide Parquet table's first column holds the subject ids by the rule for any
+    wide table: an id name, or every cell text (read alone)."""
+    if header[0].strip().lower() in ID_NAMES | {""}:
+        return True
+    return _all_text(_read_table(path, [header[0]], []).column(0).to_pylist())
+
+
+def _index_reading(path: Path, header: list[str]) -> tuple[str | None, list[str],
+                                                           list[str] | None]:
+    """How a wide Parquet table written by pandas reads its index, where ``--id-column``
+    is not given: ``(id column, columns to drop, ids)``. The first column holds the ids
+    where it would without the index (an id name, or all text), and stored index columns
+    are then dropped (``__index_level_0__`` of a filtered frame is no item); otherwise the
+    index is the ids: its column, or a named range kept in the metadata whose length is
+    the table's."""
+    columns, ids = _pandas_index(path)
+    columns = [c for c in columns if c in header and c != header[0]]
+    if (not columns and ids is None) or _first_column_ids(path, header):
+        return None, columns, None
+    if len(columns) > 1:
+        raise DataFormatError(f"{path}: its pandas index has {len(columns)} levels "
+                              f"({', '.join(columns)}); write one id column "
+                              "(df.reset_index()) and pass --id-column")
+    if columns:
+        return columns[0], [], None
+    try:
+        rows = pq.read_metadata(path).num_rows
+    except (OSError, pa.ArrowException) as err:
+        raise cannot_read(path, err) from None
+    return (NO_ID_COLUMN, [], ids) if len(ids) == rows else (None, [], None)
 
 
 def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None) -> Parsed:
     parquet = container_of(path) == "parquet"
     header = [str(h) for h in read_header(path)] if parquet else None
-    index_ids = None
-    if parquet and id_column is None:  # pandas' index holds the subject ids
-        index_column, index_ids = _pandas_index(path)
-        if index_column is not None and index_column in header:
-            id_column = index_column
-        elif index_ids is not None:
-            id_column = NO_ID_COLUMN
+    drop, index_ids = [], None
+    if parquet and id_column is None and header:  # pandas' index: the ids, or dropped
+        id_column, drop, index_ids = _index_reading(path, header)
     if parquet:
-        idc = _id_index(path, header, id_column)
-        header, raw, values, where = _wide_parquet(path, budget, idc)
+        idc = _id_index(path, [h for h in header if h not in drop], id_column)
+        header, raw, values, where = _wide_parquet(path, budget, idc, drop)
     else:
         with_header = read_header(path)
         idc = _id_index(path, with_header, id_column)
@@ -267,8 +298,8 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
         values = np.column_stack([first, values])
         subjects = [str(r) for r in range(len(raw))]  # renumbered in merge_tables
         names = header
-        if index_ids is not None and len(index_ids) == len(raw):  # a named pandas range index
-            subjects, has_ids = index_ids, True
+        if index_ids is not None:  # a named pandas range index (of the table's length)
+            subjects = index_ids
     if not names:
         raise DataFormatError(f"{path}: no item columns; expected one column per item")
     position = [k for k in range(len(header)) if not (has_ids and k == idc)]
@@ -283,7 +314,7 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
     n = len(names)
     matrix = check_support(values, kind, lambda k: f'{where(k // n)}, column "{names[k % n]}"')
     return Parsed(matrix, subjects, names, where, lambda c: f'{path} column "{names[c]}"',
-                   row_ids=not has_ids)
+                   row_ids=not has_ids and index_ids is None)
 
 
 def _all_text(cells: list) -> bool:

@@ -238,6 +238,27 @@ def test_parquet_with_its_pandas_index_reads_the_index_as_subject_ids(tmp_path):
     with pytest.raises(DataFormatError, match=r"multi\.parquet: its pandas index has 2 levels"):
         ingest(tmp_path / "multi.parquet", tmp_path / "multi.zarr")
     assert not (tmp_path / "plain.zarr").exists() and not (tmp_path / "multi.zarr").exists()
+    # a range index over columns whose names need checking: every column stays an item
+    frame.set_axis(pd.RangeIndex(0, 3, name="id")).rename(columns={"q2": "größe"}).to_parquet(
+        tmp_path / "named.parquet")
+    store = ingest(tmp_path / "named.parquet", tmp_path / "named.zarr")
+    assert list(store.subjects) == ["0", "1", "2"] and list(store.items) == ["q1", "größe"]
+
+
+@pytest.mark.parametrize("ids", [["a", "b", "c", "d"], ["101", "102", "103", "104"]])
+def test_parquet_id_column_beside_a_pandas_index_keeps_its_ids(tmp_path, ids):
+    """A frame with its own id column whose index pandas also stored (a filtered frame's
+    ``__index_level_0__``, or a named index): the id column holds the ids, as it would
+    without the index, and the index is no item."""
+    frame = pd.DataFrame({"subject": ids, "q1": [1, 0, 1, 1], "q2": [0, 1, 1, 0]})
+    for k, kept in enumerate([frame[frame["q1"] >= 0].iloc[[0, 2, 1, 3]],
+                              frame.rename_axis("row"), frame.set_axis(
+                                  pd.RangeIndex(10, 14, name="row"))]):
+        kept.to_parquet(tmp_path / f"f{k}.parquet")
+        store = ingest(tmp_path / f"f{k}.parquet", tmp_path / f"f{k}.zarr")
+        assert list(store.subjects) == kept["subject"].tolist(), k
+        assert list(store.items) == ["q1", "q2"], k
+        np.testing.assert_array_equal(store.load(), kept[["q1", "q2"]].to_numpy())
 
 
 def test_wide_conflict_across_files(tmp_path):

@@ -16,7 +16,7 @@ from engine.infer.nuts import NutsDraws, NutsSettings, diagnostics, nuts_fit_res
 from engine.models.priors import normal
 from engine.models.registry import MODELS, get_model
 from engine.models.spec import ModelSpec, ParamSpec
-from engine.run import save_run
+from engine.run import load_run, save_run
 
 FAST = NutsSettings(num_chains=4, num_warmup=200, num_samples=500, seed=0)
 
@@ -188,6 +188,11 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path, capsys):
     assert np.corrcoef(subjects["ability_mean"], theta)[0, 1] > 0.6
     pairwise = np.load(out / "pairwise.npz")["p_beats"]
     assert pairwise.shape == (40, 40)
+    # leaderboard --seed / --draws: the fit's board again from all 600 draws (as the fit read
+    # them; a default of 1,000 would have thinned a longer run), or from 200 of them
+    again = load_run(out)
+    pd.testing.assert_frame_equal(again.subjects_redrawn(), again.subjects)
+    assert not np.allclose(again.subjects_redrawn(200)["rank_mean"], subjects["rank_mean"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import arviz as az
@@ -779,7 +784,6 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
     alone = np.flatnonzero(row_count[row_group.reshape(-1)] == 1)  # sheets nobody else gave
     assert alone.size > 0
     np.testing.assert_array_equal(drawn[:, :, alone], pooled[:, :, alone])
-    from engine.run import load_run
 
     run = load_run(tmp_path / "run")
     assert run.info["readout"]["draws_nc"] == "as sampled"
