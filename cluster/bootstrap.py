@@ -63,7 +63,19 @@ def bootstrap_intervals(replicates: pd.DataFrame, variational: pd.DataFrame,
     return out
 
 
-def _variational(full, level: float, seed: int) -> pd.DataFrame:
+def _subject_ids(data, full) -> np.ndarray:
+    """The subjects' ids in the data's order: a store's own (an in-memory fit of its matrix
+    numbers them 0, 1, ...), else the fit's."""
+    from engine.data.store import Store, open_store
+
+    if isinstance(data, (str, Path)):
+        data = open_store(data)
+    if isinstance(data, Store):
+        return np.asarray([str(s) for s in data.subjects.tolist()], dtype=object)
+    return np.asarray(full.extra["subjects"])
+
+
+def _variational(full, level: float, seed: int, subjects: np.ndarray) -> pd.DataFrame:
     # every subject drawn apart; subjects of one posterior (identical sheets) read from
     # their draws and ranks pooled, alike to the bit
     draws = draw_posterior(full.spec, full.guide, 2000, rng_key=jax.random.PRNGKey(seed),
@@ -77,7 +89,7 @@ def _variational(full, level: float, seed: int) -> pd.DataFrame:
             f"{name}_lo": lambda v: np.quantile(v, a, axis=0),
             f"{name}_hi": lambda v: np.quantile(v, 1 - a, axis=0)})
 
-    return pd.DataFrame({"subject": full.extra["subjects"], **summary(draws, "ability"),
+    return pd.DataFrame({"subject": subjects, **summary(draws, "ability"),
                          **summary(ranks_from_draws(draws), "rank")})
 
 
@@ -109,7 +121,8 @@ def run_bootstrap(data, out: str | Path, settings: BootstrapSettings = Bootstrap
                   for r in range(settings.replicates)]
         rows = run_trials(bootstrap_batch, ctx, trials, out / "bootstrap.parquet", runner,
                           desc="bootstrap", on_batch=on_batch)
-    intervals = bootstrap_intervals(rows, _variational(full, settings.level, settings.seed),
+    intervals = bootstrap_intervals(rows, _variational(full, settings.level, settings.seed,
+                                                       _subject_ids(data, full)),
                                     settings.level)
     write_parquet_atomic(intervals, out / "intervals.parquet")
     write_json_atomic(out / "bootstrap.json", {

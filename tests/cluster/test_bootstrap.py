@@ -48,7 +48,8 @@ def test_variational_intervals_read_identical_sheets_alike_and_rank_them_apart()
 
     y = simulate_2pl(30, 25, seed=0)
     y[[1, 2, 3]] = y[0]
-    var = _variational(fit(y, "2pl", FitSettings(seed=0)), 0.9, 0)
+    full = fit(y, "2pl", FitSettings(seed=0))
+    var = _variational(full, 0.9, 0, full.extra["subjects"])
     twins = var.iloc[:4].drop(columns="subject")
     assert (twins.nunique() == 1).all()
     assert var["rank_mean"].sum() == pytest.approx(30 * 31 / 2, rel=1e-9)
@@ -91,3 +92,20 @@ def test_replicates_set_constant_items_aside_as_the_full_fit_does(tmp_path):
     # pulled every replicate's abilities down by 1.6-2.6
     shift, spread = boot - full.means()["ability"], np.std(full.means()["ability"])
     assert np.abs(shift).max() < 0.75 * spread and abs(shift.mean()) < 0.2 * spread
+
+
+def test_intervals_name_a_stores_subjects_by_their_ids(tmp_path):
+    """A store held in memory is fitted as its matrix (subjects numbered 0, 1, ...), so
+    intervals.parquet named them by position: "0", "1", ... where the store says "m0",
+    "m1", ..., and, on a store whose ids skip a number, every later row one subject off."""
+    from engine.data import write_store
+
+    y = simulate_2pl(20, 60, seed=4)
+    ids = [f"m{i}" for i in range(20)]
+    store = write_store(y.astype(np.int8), ids, [f"q{j}" for j in range(60)], tmp_path / "s.zarr")
+    run_bootstrap(str(store.path), tmp_path / "boot", BootstrapSettings(replicates=3, passes=5),
+                  RunnerSettings(backend="inprocess", batch_size=3, progress=False))
+    iv = pd.read_parquet(tmp_path / "boot" / "intervals.parquet")
+    assert iv["subject"].tolist() == ids
+    reps = pd.read_parquet(tmp_path / "boot" / "bootstrap.parquet")  # rows by position
+    assert sorted(set(reps["subject"])) == list(range(20))
