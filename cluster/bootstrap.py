@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from cluster.io import write_json_atomic, write_parquet_atomic
-from cluster.resume import check_or_record, trial_record
+from cluster.resume import check_model_fits, check_or_record, trial_record
 from cluster.runner import run_trials, session_for
 from cluster.settings import BootstrapSettings, RunnerSettings
 from cluster.trials import FitContext, TrialSpec, bootstrap_batch, trial_fit_settings, trial_seed
@@ -105,6 +105,7 @@ def run_bootstrap(data, out: str | Path, settings: BootstrapSettings = Bootstrap
     in_memory = not isinstance(y, StoreColumns)
     record = trial_record("bootstrap", settings, fit_settings, y if in_memory else None,
                           **({} if in_memory else {"responses": info["checksum"]}))
+    check_model_fits(settings.model, settings.prior, y, info.get("kind"))
     check_or_record(out, record, ("bootstrap.parquet",), write=False)
     with session_for(runner):  # Ray's processes start before JAX's threads
         check_or_record(out, record, ("bootstrap.parquet",))

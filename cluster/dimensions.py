@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from cluster.io import write_json_atomic, write_parquet_atomic
-from cluster.resume import check_or_record, trial_record
+from cluster.resume import check_model_fits, check_or_record, trial_record
 from cluster.runner import run_trials, session_for
 from cluster.settings import DimensionsSettings, RunnerSettings
 from cluster.trials import ShuffleContext, TrialSpec, shuffle_batch, trial_seed
@@ -95,6 +95,7 @@ def run_dimensions(data, out: str | Path, settings: DimensionsSettings = Dimensi
     data = check_dimensions_memory(data, fit_settings.memory_budget)
     y, _, _, info = load_responses(data)
     record = trial_record("dimensions", settings, None, y)
+    check_model_fits(settings.model, settings.prior, y, info.get("kind"))
     check_or_record(out, record, ("shuffles.parquet",), write=False)
     with session_for(runner):  # Ray's processes start before JAX's threads
         check_or_record(out, record, ("shuffles.parquet",))

@@ -17,7 +17,7 @@ import numpy as np
 from cluster.io import write_json_atomic
 from engine.errors import SettingsError
 
-__all__ = ["RECORD", "responses_checksum", "check_or_record", "differences", "trial_record"]
+__all__ = ["RECORD", "responses_checksum", "check_model_fits", "check_or_record", "differences", "trial_record"]
 
 RECORD = "trials.json"
 
@@ -66,6 +66,22 @@ def differences(old: dict, new: dict) -> list[str]:
 def _normalise(record: dict) -> dict:
     """The record as it reads back from JSON (tuples become lists, numpy scalars numbers)."""
     return json.loads(json.dumps(record, default=str))
+
+
+def check_model_fits(model: str, prior: str | None, y, kind: str | None = None) -> None:
+    """Build ``model`` (with ``prior``) for the data before anything is written under
+    ``--out``: a model that cannot fit it (another response kind, responses all on a
+    boundary it does not model, a multi-skill model without its skills) fails here, and a
+    corrected rerun into the same ``--out`` is not refused as other settings. ``y``: the
+    matrix in memory, or anything with a ``shape`` (a store read per trial; ``kind`` given)."""
+    import numpy as np
+
+    from engine.api import resolve_model
+    from engine.models.registry import resolve_prior
+
+    held = isinstance(y, np.ndarray)
+    resolve_model(model, {"prior": resolve_prior(model, prior)}, y if held else None, kind,
+                  None if held else tuple(y.shape))
 
 
 def check_or_record(out: Path, record: dict, results: tuple[str, ...], *,

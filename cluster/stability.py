@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from cluster.io import write_json_atomic, write_parquet_atomic, write_plot_atomic
-from cluster.resume import check_or_record, trial_record
+from cluster.resume import check_model_fits, check_or_record, trial_record
 from cluster.runner import run_trials, session_for
 from cluster.settings import RunnerSettings, StabilitySettings
 from cluster.trials import (FitContext, StabilityContext, TrialSpec, ability_of, stability_batch,
@@ -124,6 +124,7 @@ def run_stability(data, out: str | Path, settings: StabilitySettings = Stability
     record = trial_record("stability", settings, fit_settings, y if in_memory else None,
                           sizes=settings.resolved_sizes(y.shape[1]),
                           **({} if in_memory else {"responses": info["checksum"]}))
+    check_model_fits(settings.model, settings.prior, y, info.get("kind"))
     check_or_record(out, record, ("stability.parquet",), write=False)
     with session_for(runner):  # Ray's processes start before JAX's threads
         check_or_record(out, record, ("stability.parquet",))

@@ -116,3 +116,25 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path):
         sizes=(10,), trials_per_size=4, passes=6), INPROCESS.replace(batch_size=1))
     pd.testing.assert_frame_equal(pd.read_parquet(out / "stability.parquet"), ref.trials)
     pd.testing.assert_frame_equal(pd.read_parquet(out / "summary.parquet"), ref.summary)
+
+
+def test_a_model_that_cannot_fit_the_data_leaves_out_unwritten(tmp_path):
+    """The model is built for the data before anything is written: a failed start leaves no
+    ``trials.json`` behind to refuse the corrected rerun as other settings."""
+    from cluster.dimensions import run_dimensions
+    from cluster.settings import DimensionsSettings
+    from engine.errors import IRTError
+
+    y = simulate_2pl(30, 20, seed=2)
+    runs = [(run_stability, StabilitySettings(sizes=(10,), trials_per_size=2, passes=6,
+                                              bootstrap=50, model="beta")),
+            (run_bootstrap, BootstrapSettings(replicates=2, passes=3, model="beta")),
+            (run_dimensions, DimensionsSettings(shuffles=2, model="mirt-comp"))]
+    for run, settings in runs:
+        out = tmp_path / run.__name__
+        with pytest.raises(IRTError, match=r"all 600 observed responses are exactly 0 or 1|"
+                                            r"mirt-comp needs dims"):
+            run(y, out, settings, INPROCESS)
+        assert not out.exists(), run.__name__
+    run_stability(y, tmp_path / "run_stability", SMALL, INPROCESS)  # the corrected rerun
+    assert (tmp_path / "run_stability" / "stability.parquet").exists()
