@@ -59,7 +59,7 @@ class AdaptiveTrialSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "strategies", tuple(self.strategies))
-        object.__setattr__(self, "checkpoints", tuple(sorted(int(c) for c in self.checkpoints)))
+        object.__setattr__(self, "checkpoints", tuple(sorted({int(c) for c in self.checkpoints})))
         bad = [s for s in self.strategies if s not in STRATEGIES]
         if bad or not self.strategies:
             raise SettingsError(f"strategies {list(self.strategies)}: use some of {', '.join(STRATEGIES)}")
@@ -169,11 +169,13 @@ def adaptive_trial(spec: AdaptiveTrialSpec | dict, data: TrialData | None = None
     if spec.pool_size:
         data = _restrict(data, np.sort(rng.choice(N, size=min(spec.pool_size, N), replace=False)))
     truth = data.full_ability[heldout]
+    # no more items than the bank (or pool) holds: a checkpoint past it is the whole bank
+    checkpoints = tuple(sorted({min(c, data.responses.shape[1]) for c in spec.checkpoints}))
     rows = []
     for strategy in spec.strategies:
         sub_rng = np.random.default_rng([spec.seed, STRATEGIES.index(strategy)])
-        est = np.array([_replay(data, s, strategy, spec.checkpoints, sub_rng) for s in heldout])
-        for c, n in enumerate(spec.checkpoints):
+        est = np.array([_replay(data, s, strategy, checkpoints, sub_rng) for s in heldout])
+        for c, n in enumerate(checkpoints):
             tau = kendalltau(est[:, c], truth).statistic
             rows.append({"seed": spec.seed, "strategy": strategy, "num_items": n,
                          "kendall_tau": float(tau) if np.isfinite(tau) else 0.0,

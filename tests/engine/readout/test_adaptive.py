@@ -45,6 +45,20 @@ def test_fisher_selection_ranks_better_than_random_with_few_items(trial_run):
     assert (summary["tau_q05"] <= summary["tau_mean"]).all() and (summary["tau_mean"] <= summary["tau_q95"]).all()
 
 
+def test_checkpoints_past_the_bank_read_the_whole_bank_once(trial_run):
+    """A pool of 30 items with checkpoints (5, 5, 50, 100): rows at 5 and 30 items only
+    (50 and 100 items administered from 30 would be mislabelled; a repeated checkpoint
+    was counted twice)."""
+    run, data = trial_run
+    spec = AdaptiveTrialSpec(run=str(run.path), strategies=("fisher", "random"),
+                             checkpoints=(5, 5, 50, 100), seed=1, pool_size=30)
+    assert spec.checkpoints == (5, 50, 100)
+    rows = adaptive_trial(spec, data)
+    assert sorted({r["num_items"] for r in rows}) == [5, 30] and len(rows) == 2 * 2
+    summary = simulate_adaptive(spec, 2, data)
+    assert (summary["num_trials"] == 2).all() and set(summary["num_items"]) == {5, 30}
+
+
 @pytest.mark.parametrize("bad, match", [({"strategies": ("best",)}, "strategies"),
                                         ({"checkpoints": (0, 5)}, "checkpoints"),
                                         ({"holdout_fraction": 1.0}, "holdout_fraction"),
