@@ -278,14 +278,17 @@ def report_plots(run, y: np.ndarray | None = None, *, items: list[str] | None = 
         chosen = spread_items(run.items["difficulty_mean"].to_numpy(), _informative(run, flags), num_curves)
     pngs["item_curves"] = _icc_plot(run, chosen)
     pngs["items_scatter"] = _scatter(run, flags)
-    for name, directory, fn in (("stability", stability, _stability_plot), ("scree", dimensions, _scree_plot)):
+    for name, option, directory, fn in (("stability", "stability", stability, _stability_plot),
+                                        ("scree", "dimensions", dimensions, _scree_plot)):
         if directory is None:
             notes[name] = "not requested"
             continue
         directory = Path(directory)
         png, note = fn(directory) if directory.is_dir() else (None, f"{directory} does not exist")
-        if png is not None:
-            pngs[name] = png
+        if png is None:  # asked for and not there: an error, as --compare's, not a page note
+            raise SettingsError(f"--{option} {directory}: {note}; pass the --out of "
+                                f"irt-engine {option}")
+        pngs[name] = png
         notes[name] = note
     return pngs, notes, flags
 

@@ -132,11 +132,11 @@ def test_large_leaderboard_heat_map_shows_the_top_with_a_note(tmp_path):
     assert "review score &gt; " + f"{FLAG_THRESHOLD:.2f}" in page
 
 
-def test_report_without_cluster_outputs_or_store(run_dir, tmp_path):
+def test_report_without_cluster_outputs_or_store(run_dir, tmp_path, capsys):
     run, _ = run_dir
-    written = write_report(run, tmp_path / "r.html", None, stability=tmp_path / "absent", items=["i4", "i0"])
+    written = write_report(run, tmp_path / "r.html", None, items=["i4", "i0"])
     page = written["html"].read_text()
-    assert "absent does not exist" in page and "not requested" in page and "items not reviewed" in page
+    assert "not requested" in page and "items not reviewed" in page
     assert set(written) == {"html", "leaderboard", "p_beats", "item_curves", "items_scatter"}
     assert page.count("leaderboard-row") == len(run.subjects)
     assert main(["report", str(run.path), "--out", str(tmp_path / "r.txt")]) == 2
@@ -144,6 +144,17 @@ def test_report_without_cluster_outputs_or_store(run_dir, tmp_path):
     assert main(["report", str(run.path), "--out", str(tmp_path / "r3.html"), "--compare",
                  str(tmp_path / "nowhere")]) == 2
     assert not (tmp_path / "r2.html").exists() and not (tmp_path / "r3.html").exists()
+    # a stability or dimensions folder asked for and absent, or holding other outputs: an
+    # error naming the option (it was a note on a page written with exit status 0)
+    (tmp_path / "other").mkdir()
+    for option, folder, said in (("--stability", "absent", "absent does not exist"),
+                                 ("--dimensions", "absent", "absent does not exist"),
+                                 ("--stability", "other", "no summary.parquet or stability.parquet"),
+                                 ("--dimensions", "other", "no eigenvalues.parquet")):
+        out = tmp_path / f"r-{option[2:]}-{folder}.html"
+        assert main(["report", str(run.path), "--out", str(out), option,
+                     str(tmp_path / folder)]) == 2
+        assert said in capsys.readouterr().err and not out.exists()
 
 
 def test_report_says_when_the_board_holds_auto_s_mean_field_fallback(run_dir, tmp_path):
