@@ -46,8 +46,9 @@ def plan(settings: StabilitySettings, num_items: int) -> list[TrialSpec]:
 def _bootstrap_diff(diff: np.ndarray, num: int, rng: np.random.Generator) -> tuple[float, float, float]:
     """Percentile interval (5%, 95%) of the mean difference and its two-sided p-value, from
     trials resampled with replacement; the null distribution is the bootstrap centred at zero
-    (seed 002, appendix D.2)."""
-    if diff.size == 0:
+    (seed 002, appendix D.2). Under two trials there is no spread to resample (one trial's
+    bootstrap is that trial every time, and read p = 0): NaN."""
+    if diff.size < 2:
         return np.nan, np.nan, np.nan
     boot = diff[rng.integers(0, diff.size, (num, diff.size))].mean(axis=1)
     observed = diff.mean()

@@ -144,3 +144,22 @@ def test_loopback_only_keeps_127_0_0_1_when_ray_was_imported_first():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["127.0.0.1:6379", "127.0.0.1:6379"]
+
+
+def test_stability_difference_needs_two_trials_for_its_interval_and_p_value():
+    """One trial per size: the bootstrap of the IRT-minus-accuracy difference has nothing to
+    resample (it read p = 0.000, "significant", every time); NaN instead. Two or more trials
+    keep an interval around the mean and a p-value in [0, 1]."""
+    from cluster.stability import summarize_stability
+
+    rows = pd.DataFrame({"size": [5, 5, 5, 5, 10, 10], "trial": [0, 0, 1, 1, 0, 0],
+                         "method": ["irt", "accuracy"] * 3,
+                         "tau_between": [0.30, 0.40, 0.50, 0.45, 0.60, 0.70],
+                         "tau_full": [0.5] * 6, "converged": [True] * 6})
+    summary = summarize_stability(rows, bootstrap=500).set_index(["size", "method"])
+    one = summary.loc[(10, "irt")]
+    assert one["diff_mean"] == pytest.approx(-0.1)
+    assert np.isnan(one["diff_q05"]) and np.isnan(one["diff_q95"]) and np.isnan(one["diff_p_value"])
+    two = summary.loc[(5, "irt")]
+    assert two["diff_q05"] <= two["diff_mean"] <= two["diff_q95"]
+    assert 0.0 <= two["diff_p_value"] <= 1.0
