@@ -604,8 +604,21 @@ def cmd_stability(args) -> int:
     cols = ["size", "method", "trials", "tau_between_mean", "tau_full_mean", "diff_mean",
             "diff_p_value"]
     print(res.summary[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    irt = res.summary[res.summary["method"] == "irt"]
+    _unconverged_note((irt["converged_share"] * irt["trials"]).sum(), irt["trials"].sum(),
+                      "IRT trials", settings.passes)
     print(f"wrote {res.path / 'stability.parquet'}, summary.parquet, stability.png")
     return 0
+
+
+def _unconverged_note(converged: float, total: int, what: str, passes: int) -> None:
+    """A note where refits stopped at ``--passes`` before converging: their abilities lean
+    towards the full fit each starts from."""
+    left = int(round(total - converged))
+    if left:
+        print(f"note: {left} of {int(total)} {what} stopped at --passes {passes} before "
+              f"converging (each starts from the full fit, so an unconverged one leans towards "
+              f"it); raise --passes to let them converge")
 
 
 def cmd_bootstrap(args) -> int:
@@ -616,6 +629,8 @@ def cmd_bootstrap(args) -> int:
                                  passes=args.passes, seed=args.seed)
     res = run_bootstrap(args.store, args.out, settings, _runner(args), _trial_fit_settings(args))
     print(res.intervals.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    per_replicate = res.replicates.groupby("replicate")["converged"].all()
+    _unconverged_note(per_replicate.sum(), len(per_replicate), "replicates", settings.passes)
     print(f"wrote {res.path / 'bootstrap.parquet'}, intervals.parquet")
     return 0
 

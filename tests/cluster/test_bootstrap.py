@@ -109,3 +109,18 @@ def test_intervals_name_a_stores_subjects_by_their_ids(tmp_path):
     assert iv["subject"].tolist() == ids
     reps = pd.read_parquet(tmp_path / "boot" / "bootstrap.parquet")  # rows by position
     assert sorted(set(reps["subject"])) == list(range(20))
+
+
+def test_cli_notes_replicates_stopped_before_converging(tmp_path, capsys):
+    """Replicates cut at --passes before converging lean towards the full fit they start
+    from; the command says how many, and the remedy."""
+    from engine.cli import main
+    from engine.data import write_store
+
+    y = simulate_2pl(20, 30, seed=6)
+    write_store(y.astype(np.int8), [f"s{i}" for i in range(20)], [f"q{j}" for j in range(30)],
+                tmp_path / "s.zarr")
+    assert main(["bootstrap", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "b"),
+                 "--replicates", "2", "--passes", "1", "--backend", "inprocess"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 2 of 2 replicates stopped at --passes 1 before converging" in out
