@@ -124,3 +124,18 @@ def test_cli_notes_replicates_stopped_before_converging(tmp_path, capsys):
                  "--replicates", "2", "--passes", "1", "--backend", "inprocess"]) == 0
     out = capsys.readouterr().out
     assert "note: 2 of 2 replicates stopped at --passes 1 before converging" in out
+
+
+def test_identical_sheets_read_alike_in_the_bootstrap_intervals(tmp_path):
+    """Twins (identical answer sheets) are resampled alike in every replicate; their refits
+    differ by Monte Carlo jitter and their ranks by the order ties fall in, so their
+    bootstrap intervals are read from all their rows together: equal to the bit."""
+    y = simulate_2pl(24, 40, seed=8)
+    y[[3, 9, 15]] = y[0]
+    run_bootstrap(y, tmp_path, BootstrapSettings(replicates=4, passes=6),
+                  RunnerSettings(backend="inprocess", batch_size=4, progress=False))
+    iv = pd.read_parquet(tmp_path / "intervals.parquet")
+    twins = iv.iloc[[0, 3, 9, 15]].drop(columns="subject")
+    assert (twins.nunique() == 1).all(), twins
+    reps = pd.read_parquet(tmp_path / "bootstrap.parquet")  # the rows themselves as refitted
+    assert reps[reps["subject"].isin([0, 3, 9, 15])].groupby("replicate")["rank"].nunique().max() > 1
