@@ -44,8 +44,8 @@ def bootstrap_intervals(replicates: pd.DataFrame, variational: pd.DataFrame,
     ``variational`` has one row per subject (in subject order) with columns ``ability_mean``,
     ``ability_lo``, ``ability_hi``, ``rank_lo``, ``rank_hi``. ``ability_overlap`` is the length of
     the intersection of the two ability intervals over the length of their union (1 = same).
-    ``groups`` (:func:`identical_subjects` of the responses): subjects with identical answer
-    sheets, which every replicate resamples alike, read from all their replicate rows
+    ``groups`` (of the sheets' digests; where the full fit holds the matrix in memory and
+    pools twins): subjects with identical answer sheets, which every replicate resamples alike, read from all their replicate rows
     together, alike to the bit, as the variational columns read them (a replicate's refit
     gives twins Monte Carlo jitter and ties them in some order: on LSAT7 the 308 perfect
     sheets' lower rank ends ran 2-153). (Equal posteriors are not enough: under the 1PL two
@@ -72,6 +72,14 @@ def bootstrap_intervals(replicates: pd.DataFrame, variational: pd.DataFrame,
     out["sd_ratio"] = ((out["boot_ability_hi"] - out["boot_ability_lo"])
                        / (out["ability_hi"] - out["ability_lo"]))
     return out
+
+
+def _sheet_groups(full) -> np.ndarray | None:
+    """Groups of subjects with identical answer sheets, from the full fit's sheet digests
+    (16 bytes a subject); None where it kept none (a store read per trial, whose full fit
+    does not pool twins either) or every sheet is its own."""
+    digests = full.extra.get("sheet_digests")
+    return None if digests is None else identical_subjects(np.asarray(digests))
 
 
 def _subject_ids(data, full) -> np.ndarray:
@@ -135,7 +143,7 @@ def run_bootstrap(data, out: str | Path, settings: BootstrapSettings = Bootstrap
                           desc="bootstrap", on_batch=on_batch)
     intervals = bootstrap_intervals(rows, _variational(full, settings.level, settings.seed,
                                                        _subject_ids(data, full)),
-                                    settings.level, identical_subjects(y) if in_memory else None)
+                                    settings.level, _sheet_groups(full))
     write_parquet_atomic(intervals, out / "intervals.parquet")
     write_json_atomic(out / "bootstrap.json", {
         "settings": settings.to_dict(), "runner": runner.to_dict(), "data": info,

@@ -79,9 +79,10 @@ def check_model_fits(model: str, prior: str | None, y, kind: str | None = None) 
     from engine.api import resolve_model
     from engine.models.registry import resolve_prior
 
-    held = isinstance(y, np.ndarray)
-    resolve_model(model, {"prior": resolve_prior(model, prior)}, y if held else None, kind,
-                  None if held else tuple(y.shape))
+    held = isinstance(y, np.ndarray)  # a matrix held: its kind read from its values, as the
+    # fit of it reads it (a unit store of 0/1 values fits the 2PL)
+    resolve_model(model, {"prior": resolve_prior(model, prior)}, y if held else None,
+                  None if held else kind, None if held else tuple(y.shape))
 
 
 def check_or_record(out: Path, record: dict, results: tuple[str, ...], *,

@@ -389,6 +389,11 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
         raise SettingsError(f"--out {out}: the report is an .html file")
     if compare is not None and not Path(compare).is_dir():
         raise SettingsError(f"--compare {compare}: not a directory; pass the --out of irt-engine compare")
+    for option, folder in (("stability", plot_options.get("stability")),
+                           ("dimensions", plot_options.get("dimensions"))):
+        if folder is not None and not Path(folder).is_dir():  # before any plot is drawn
+            raise SettingsError(f"--{option} {folder}: {folder} does not exist; pass the --out "
+                                f"of irt-engine {option}")
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs, notes, flags = report_plots(run, y, **plot_options)
     board = leaderboard(run.subjects)

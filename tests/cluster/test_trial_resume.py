@@ -138,3 +138,8 @@ def test_a_model_that_cannot_fit_the_data_leaves_out_unwritten(tmp_path):
         assert not out.exists(), run.__name__
     run_stability(y, tmp_path / "run_stability", SMALL, INPROCESS)  # the corrected rerun
     assert (tmp_path / "run_stability" / "stability.parquet").exists()
+    # a matrix held in memory is read by its values, as its fit reads it: 0/1 scores of a
+    # store declared unit fit the 2PL
+    from cluster.resume import check_model_fits
+
+    check_model_fits("2pl", None, y.astype(np.float32), "unit")
