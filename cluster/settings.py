@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from engine.errors import SettingsError
@@ -81,13 +82,32 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(sizes)))
 
 
+@functools.lru_cache(maxsize=1)
+def one_ability_models() -> tuple[str, ...]:
+    """The registered models a trial command fits: those with one scalar ability that build
+    without options (the multi-skill ones need ``--dims``, which these commands lack)."""
+    from engine.errors import ModelError
+    from engine.models.registry import MODELS, get_model
+
+    names = []
+    for name in MODELS:
+        try:
+            if get_model(name).param("ability").shape == ():
+                names.append(name)
+        except ModelError:
+            continue
+    return tuple(names)
+
+
 def _check_model(settings, passes: int) -> None:
     """Check ``settings.model`` and ``passes``; a ``prior`` of None becomes the model's own
     (``engine.models.default_prior``), so the saved settings name the prior fitted."""
     from engine.models.registry import MODELS, resolve_prior
 
-    if settings.model not in MODELS:
-        raise SettingsError(f"--model {settings.model!r}: choose one of {', '.join(MODELS)}")
+    scalar = one_ability_models()
+    if settings.model not in scalar:
+        why = " (trials rank subjects by one ability)" if settings.model in MODELS else ""
+        raise SettingsError(f"--model {settings.model!r}{why}: choose one of {', '.join(scalar)}")
     from engine.models.priors import PRIOR_FAMILIES
 
     prior = resolve_prior(settings.model, settings.prior)

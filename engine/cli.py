@@ -716,7 +716,9 @@ def _trial_model_options(p: argparse.ArgumentParser) -> None:
                    help="memory for the responses, e.g. 512M (default: half the available "
                         "memory); over it, stability and bootstrap trials read the items they "
                         "sample from the store, and dimensions refuses before reading")
-    p.add_argument("--model", default="2pl", help="1pl, 2pl, 3pl, 4pl or feas")
+    p.add_argument("--model", default="2pl",
+                   help="a one-ability model: 1pl, 2pl, 3pl, 4pl or feas (binary), beta, "
+                        "beta-1pl or beta3 (scores in [0, 1]), gamma (errors >= 0)")
     _prior_option(p)
 
 
