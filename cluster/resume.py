@@ -74,8 +74,6 @@ def check_model_fits(model: str, prior: str | None, y, kind: str | None = None) 
     boundary it does not model, a multi-skill model without its skills) fails here, and a
     corrected rerun into the same ``--out`` is not refused as other settings. ``y``: the
     matrix in memory, or anything with a ``shape`` (a store read per trial; ``kind`` given)."""
-    import numpy as np
-
     from engine.api import resolve_model
     from engine.models.registry import resolve_prior
 

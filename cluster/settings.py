@@ -86,17 +86,10 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 def one_ability_models() -> tuple[str, ...]:
     """The registered models a trial command fits: those with one scalar ability that build
     without options (the multi-skill ones need ``--dims``, which these commands lack)."""
-    from engine.errors import ModelError
-    from engine.models.registry import MODELS, get_model
+    from engine.models.registry import models_by_default
 
-    names = []
-    for name in MODELS:
-        try:
-            if get_model(name).param("ability").shape == ():
-                names.append(name)
-        except ModelError:
-            continue
-    return tuple(names)
+    return tuple(name for name, spec in models_by_default().items()
+                 if spec.param("ability").shape == ())
 
 
 def _check_model(settings, passes: int) -> None:

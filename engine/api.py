@@ -147,17 +147,10 @@ _UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every",
 
 def _models_reading(kind: str) -> str:
     """The registered models that read ``kind`` responses, for an error message."""
-    from engine.models.registry import MODELS
+    from engine.models.registry import models_by_default
 
-    names = []
-    for name in MODELS:
-        try:
-            reads = READS.get(get_model(name).kind, ())
-        except ModelError:  # a model that needs options (skills) to be built
-            continue
-        if kind in reads:
-            names.append(name)
-    return ", ".join(names) or "none registered"
+    return ", ".join(name for name, spec in models_by_default().items()
+                     if kind in READS.get(spec.kind, ())) or "none registered"
 
 
 def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | None = None,

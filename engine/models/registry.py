@@ -12,7 +12,7 @@ from engine.models.logistic import logistic_model
 from engine.models.multidim import mirt_model
 from engine.models.spec import ModelSpec
 
-__all__ = ["MODELS", "get_model", "default_prior", "resolve_prior"]
+__all__ = ["MODELS", "get_model", "default_prior", "resolve_prior", "models_by_default"]
 
 # A builder's ``prior`` default is the model's (``default_prior``): population for the
 # binary logistic models. Under it the asymptote models' guessing and feasibility take Beta
@@ -59,3 +59,15 @@ def get_model(name: str, **options) -> ModelSpec:
     except TypeError as err:  # an option the builder does not take
         raise ModelError(f"model {name!r}: {err}; see the builder's documented options") from None
     return MODELS[name](**options)
+
+
+def models_by_default() -> dict[str, ModelSpec]:
+    """Each registered model that builds without options, built (the multi-skill models need
+    their skills and are left out): what error messages list as the models to choose."""
+    out = {}
+    for name in MODELS:
+        try:
+            out[name] = get_model(name)
+        except ModelError:
+            continue
+    return out
