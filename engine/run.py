@@ -212,9 +212,9 @@ def ranking_draws(spec: ModelSpec, guide: GuideState, quantile_functions: dict,
                   by_score: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """Joint draws ``(T, S[, D])`` from which a board ranks the subjects, as a fit's
     rank statistics are read, and the groups of subjects whose posteriors are the same
-    (:func:`identical_subjects`): a sampler's own draws (``sampled``, ``(chains, draws, S,
-    ...)``: at most ``num_draws`` of them, evenly spaced over the chains); else, where the
-    model has an expected score and ``by_score``, draws of it; else each subject's exact
+    (:func:`identical_subjects`): where the model has an expected score and ``by_score``,
+    draws of it; else a sampler's own draws (``sampled``, ``(chains, draws, S, ...)``: at
+    most ``num_draws`` of them, evenly spaced over the chains); else each subject's exact
     posterior where the fit kept its quantile function; else the posterior factors'
     Gaussian. Twins are drawn independently."""
     ability = spec.param("ability")
