@@ -571,6 +571,9 @@ def suggest_n_factors(observed, residual, env_mean, env_q95, *, residual_envelop
         lower = 1 + found
         # Every step found a further skill but the steps ended below the upper bound.
         reading["residual_steps_cut_short"] = found == len(steps) and lower < upper
+        # Every step found a further skill and the steps stopped at the upper bound: the
+        # residual count is capped there, not confirmed by it.
+        reading["capped_at_upper_bound"] = found == len(steps) and lower == upper
         reading["residual_method"] = "sequential residual test, skills added on the logit scale"
         reading["residual_steps"] = [{k: (v if isinstance(v, (bool, int)) else float(v))
                                       for k, v in st._asdict().items()} for st in steps]
@@ -587,20 +590,23 @@ def suggest_n_factors(observed, residual, env_mean, env_q95, *, residual_envelop
     reading["lower_bound"] = lower
     n_factors = upper if lower is None else min(lower, upper)
     reading["n_factors"] = n_factors
-    reading["text"] = _explain(n_factors, pa, lower)
+    reading["text"] = _explain(n_factors, pa, lower, capped=reading.get("capped_at_upper_bound", False))
     if reading.get("residual_steps_cut_short"):
         reading["text"] += (f"; every residual step found a further skill, so {lower} is a "
                             "floor: run more steps (up to the upper bound)")
     return n_factors, reading
 
 
-def _explain(n: int, pa: int, lower: int | None) -> str:
+def _explain(n: int, pa: int, lower: int | None, *, capped: bool = False) -> str:
     if lower is None:
         return (f"parallel analysis finds {pa} factor(s) above the shuffled 95% envelope; with no "
                 f"residual test this is only an upper bound (binary items add difficulty factors)")
     text = (f"after a one-skill fit the residuals support {lower - 1} further skill(s) "
             f"(lower bound {lower}); parallel analysis finds {pa} (upper bound)")
-    if lower == pa:
+    if lower == pa and capped:
+        text += (f"; every residual step found a further skill up to that bound, where the steps "
+                 f"stop: n_factors = {n} is the bound, not a count the residuals ended on")
+    elif lower == pa:
         text += "; the two agree"
     elif lower > pa:
         text += f"; the residual count exceeds parallel analysis, so n_factors is capped at {n}"

@@ -394,6 +394,10 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
         if folder is not None and not Path(folder).is_dir():  # before any plot is drawn
             raise SettingsError(f"--{option} {folder}: {folder} does not exist; pass the --out "
                                 f"of irt-engine {option}")
+    for option, folder in (("compare", compare), ("stability", plot_options.get("stability")),
+                           ("dimensions", plot_options.get("dimensions"))):
+        if folder is not None:
+            _check_same_responses(run, option, Path(folder))
     out.parent.mkdir(parents=True, exist_ok=True)
     pngs, notes, flags = report_plots(run, y, **plot_options)
     board = leaderboard(run.subjects)
@@ -435,6 +439,34 @@ intervals overlap the group leader's.</p>
         written[name] = _atomic_write(out.with_name(f"{out.stem}_{name}.png"), data)
     written["html"] = _atomic_write(out, page.encode("utf-8"))
     return written
+
+
+# Where each analysis folder records the responses it read: (file, keys to the checksum).
+_DATA_RECORDS = {"compare": ("compare.json", ("checksum",)),
+                 "stability": ("stability.json", ("data", "checksum")),
+                 "dimensions": ("summary.json", ("data", "checksum"))}
+
+
+def _check_same_responses(run, option: str, folder: Path) -> None:
+    """Refuse an analysis folder whose record names other responses than the run's store.
+
+    Both sides record the store's checksum (fit.json's ``data``; the folder's record). A
+    side without one (an in-memory array, a folder without its record) is not checked.
+    """
+    name, keys = _DATA_RECORDS[option]
+    try:
+        theirs = json.loads((folder / name).read_text())
+        for key in keys:
+            theirs = theirs.get(key) if isinstance(theirs, dict) else None
+    except (OSError, ValueError):  # missing or unreadable: the plot's own check names it
+        return
+    data = run.info.get("data") or {}
+    ours = data.get("checksum")
+    if isinstance(theirs, str) and isinstance(ours, str) and theirs != ours:
+        raise SettingsError(
+            f"--{option} {folder}: {name} records responses with checksum {theirs[:12]}..., "
+            f"but run {run.path} was fitted to {data.get('store') or 'a store'} (checksum "
+            f"{ours[:12]}...); pass the --out of irt-engine {option} run on the run's store")
 
 
 def _atomic_write(path: Path, data: bytes) -> Path:

@@ -235,6 +235,16 @@ def test_suggest_caps_residual_count_by_parallel_analysis():
     assert n == 2 and len(reading["residual_steps"]) == 2 and not reading["residual_steps_cut_short"]
     n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95, steps=steps[:1])
     assert n == 2 and reading["residual_steps_cut_short"] and "floor" in reading["text"]
+    # Every step up to the bound found a skill: the bound ends the count, not the residuals.
+    all_found = [ResidualStep(1, 9.0, 2.0, 2.4, True), ResidualStep(2, 9.0, 2.0, 2.4, True)]
+    n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95, steps=all_found)
+    assert n == 3 and reading["capped_at_upper_bound"] and not reading["residual_steps_cut_short"]
+    assert "agree" not in reading["text"] and "is the bound" in reading["text"]
+    # A step that found nothing ends the count at the bound: the two agree.
+    ended = [ResidualStep(1, 9.0, 2.0, 2.4, True), ResidualStep(2, 9.0, 2.0, 2.4, True),
+             ResidualStep(3, 2.4, 2.0, 2.4, False)]
+    n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95, steps=ended)
+    assert n == 3 and not reading["capped_at_upper_bound"] and "the two agree" in reading["text"]
 
 
 def test_table_and_scree_plot(tmp_path):

@@ -157,6 +157,28 @@ def test_report_without_cluster_outputs_or_store(run_dir, tmp_path, capsys):
         assert said in capsys.readouterr().err and not out.exists()
 
 
+def test_report_refuses_analysis_folders_of_other_responses(run_dir, tmp_path, capsys):
+    """A stability, dimensions or compare folder whose record names another store's
+    checksum is refused by option; the run's own checksum, or none recorded, is read."""
+    run, _ = run_dir
+    ours = run.info["data"]["checksum"]
+    assert isinstance(ours, str) and len(ours) > 12
+    stab, dims, cmp = cluster_outputs(tmp_path)
+    records = {"--stability": (stab / "stability.json", lambda c: {"data": {"checksum": c}}),
+               "--dimensions": (dims / "summary.json", lambda c: {"n_factors": 1, "data": {"checksum": c}}),
+               "--compare": (cmp / "compare.json", lambda c: {"checksum": c})}
+    for option, (record, content) in records.items():
+        record.write_text(json.dumps(content("f" * 64)))
+        out = tmp_path / f"other-{option[2:]}.html"
+        assert main(["report", str(run.path), "--out", str(out), option, str(record.parent)]) == 2
+        err = capsys.readouterr().err
+        assert f"{option} {record.parent}: {record.name} records responses with checksum ffffffffffff" in err
+        assert ours[:12] in err and f"irt-engine {option[2:]}" in err and not out.exists()
+        record.write_text(json.dumps(content(ours)))
+        assert main(["report", str(run.path), "--out", str(out), option, str(record.parent)]) == 0
+        assert out.exists()
+
+
 def test_report_says_when_the_board_holds_auto_s_mean_field_fallback(run_dir, tmp_path):
     """A run whose quadrature fit did not converge holds the mean-field fit's intervals: the
     page says so under its header, as the leaderboard command does (``fit_notes``)."""
