@@ -22,7 +22,7 @@ from cluster.runner import run_trials, session_for
 from cluster.settings import RunnerSettings
 from cluster.trials import TrialSpec, trial_seed
 from engine.readout.adaptive import (AdaptiveTrialSpec, TrialData, adaptive_trial, load_trial_data,
-                                     summarize_trials)
+                                     num_heldout, summarize_trials)
 
 __all__ = ["run_adaptive", "adaptive_batch", "AdaptiveContext", "AdaptiveOutput", "plot_adaptive"]
 
@@ -85,6 +85,7 @@ def run_adaptive(run, out: str | Path, spec: AdaptiveTrialSpec, num_trials: int,
     out = Path(out)
     t0 = time.perf_counter()
     data = load_trial_data(run, spec.store)
+    num_heldout(spec.holdout_fraction, data.responses.shape[0])  # a share too small: before writing
     # The run and store are recorded by content (paths may be spelt differently on a rerun).
     record = trial_record("adaptive", spec, None, data.responses, num_trials=num_trials,
                           item_bank=_bank_checksum(data))

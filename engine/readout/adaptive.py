@@ -31,8 +31,8 @@ from engine.infer.guide import constrained_means
 from engine.readout.items import STRATEGIES, ItemBank, item_bank, load_run_responses, next_item, \
     strategy_scores
 
-__all__ = ["AdaptiveTrialSpec", "TrialData", "load_trial_data", "adaptive_trial", "simulate_adaptive",
-           "summarize_trials", "TRIAL_GRID"]
+__all__ = ["AdaptiveTrialSpec", "TrialData", "load_trial_data", "adaptive_trial", "num_heldout",
+           "simulate_adaptive", "summarize_trials", "TRIAL_GRID"]
 
 TRIAL_GRID = np.linspace(-6.0, 6.0, 121)
 
@@ -150,6 +150,22 @@ def _replay(data: TrialData, subject: int, strategy: str, checkpoints: tuple[int
     return estimates
 
 
+def num_heldout(fraction: float, num_subjects: int) -> int:
+    """How many of ``num_subjects`` a trial replays: ``fraction`` of them, rounded.
+
+    A held-out ranking needs at least 2 subjects; a share that rounds below that is a
+    settings error naming a share that works (it was silently raised to 2).
+    """
+    num_out = int(round(fraction * num_subjects))
+    if num_subjects < 2:
+        raise SettingsError(f"the run has {num_subjects} subject(s); a held-out ranking needs at least 2")
+    if num_out < 2:
+        raise SettingsError(f"--holdout {fraction:g} holds out {num_out} of the run's {num_subjects} "
+                            f"subjects; a held-out ranking needs at least 2: pass --holdout "
+                            f"{2.0 / num_subjects:.2g} or more")
+    return num_out
+
+
 def adaptive_trial(spec: AdaptiveTrialSpec | dict, data: TrialData | None = None) -> list[dict]:
     """Run one trial; returns one row per (strategy, checkpoint).
 
@@ -162,9 +178,7 @@ def adaptive_trial(spec: AdaptiveTrialSpec | dict, data: TrialData | None = None
     data = data if data is not None else load_trial_data(spec.run, spec.store)
     S, N = data.responses.shape
     rng = np.random.default_rng(spec.seed)
-    num_out = max(2, int(round(spec.holdout_fraction * S)))
-    if num_out > S:
-        raise SettingsError(f"holding out {num_out} subjects needs more than the run's {S}")
+    num_out = num_heldout(spec.holdout_fraction, S)
     heldout = np.sort(rng.permutation(S)[:num_out])
     if spec.pool_size:
         data = _restrict(data, np.sort(rng.choice(N, size=min(spec.pool_size, N), replace=False)))

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from engine.errors import SettingsError
-from engine.readout.adaptive import AdaptiveTrialSpec, adaptive_trial, load_trial_data, simulate_adaptive
+from engine.readout.adaptive import (AdaptiveTrialSpec, adaptive_trial, load_trial_data, num_heldout,
+                                     simulate_adaptive)
 from engine.readout.items import STRATEGIES
 
 from _item_runs import MEAN_FIELD, fit_run, simulate_2pl
@@ -57,6 +58,18 @@ def test_checkpoints_past_the_bank_read_the_whole_bank_once(trial_run):
     assert sorted({r["num_items"] for r in rows}) == [5, 30] and len(rows) == 2 * 2
     summary = simulate_adaptive(spec, 2, data)
     assert (summary["num_trials"] == 2).all() and set(summary["num_items"]) == {5, 30}
+
+
+def test_a_share_holding_out_fewer_than_two_subjects_is_refused(trial_run):
+    """--holdout 0.0001 of a few dozen subjects rounds to none; it was silently raised to 2."""
+    run, data = trial_run
+    S = data.responses.shape[0]
+    assert num_heldout(2.0 / S, S) == 2 and num_heldout(0.5, S) == round(0.5 * S)
+    with pytest.raises(SettingsError, match=rf"--holdout 0.0001 holds out 0 of the run's {S} "
+                                            rf"subjects; .* at least 2: pass --holdout {2.0 / S:.2g} or more"):
+        adaptive_trial(AdaptiveTrialSpec(run=str(run.path), holdout_fraction=0.0001), data)
+    suggested = float(f"{2.0 / S:.2g}")
+    assert num_heldout(suggested, S) >= 2
 
 
 @pytest.mark.parametrize("bad, match", [({"strategies": ("best",)}, "strategies"),
