@@ -5,6 +5,9 @@ Every fit (``engine.fit``, ``irt-engine fit``, trials) calls :func:`use_compilat
 second process fitting a data set of similar shape loads its XLA programs from the cache folder
 instead of compiling them (the fit pads its shapes to buckets: ``engine.infer.fit``).
 ``IRT_ENGINE_COMPILATION_CACHE=0`` turns the cache off; ``JAX_COMPILATION_CACHE_DIR`` moves it.
+The folder is kept under ``IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE`` (default 1G; ``-1``: no
+cap): after a fit that added entries, the least recently used are removed
+(:func:`prune_compilation_cache`).
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from pathlib import Path
 from typing import Iterator
 
 __all__ = ["compilation_cache_dir", "compilation_cache_enabled", "use_compilation_cache",
-           "CompileStats", "count_compiles"]
+           "CompileStats", "count_compiles", "compilation_cache_max_bytes", "prune_compilation_cache"]
 
 _OFF = "IRT_ENGINE_COMPILATION_CACHE"
+_MAX_SIZE = "IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE"
+_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+# the entries a prune may remove (a JAX entry with its ``-atime`` stamp): JAX's, irt-engine's traces
+_ENTRIES = ("*-cache", "traces/*.exported")
 
 
 def compilation_cache_dir() -> str:
@@ -34,6 +41,78 @@ def compilation_cache_enabled() -> bool:
     return os.environ.get(_OFF, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def compilation_cache_max_bytes() -> int | None:
+    """``IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE`` in bytes (``512M``, ``2G``, ``1000000``;
+    default ``1G``); None for ``-1`` (no cap). Anything else is a SettingsError naming it."""
+    text = os.environ.get(_MAX_SIZE, "1G").strip().upper().removesuffix("IB").removesuffix("B")
+    if text == "-1":
+        return None
+    number, unit = (text[:-1], text[-1]) if text[-1:].isalpha() else (text, "")
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        from engine.errors import SettingsError
+
+        raise SettingsError(f"{_MAX_SIZE}={os.environ.get(_MAX_SIZE)!r}: need a size such as "
+                            f"512M or 2G, or -1 for no cap")
+    return int(value)
+
+
+def prune_compilation_cache(max_bytes: int | None = None, *, keep_share: float = 0.8) -> int:
+    """Remove the compilation cache's least recently used entries while the folder holds
+    more than ``max_bytes`` (default :func:`compilation_cache_max_bytes`), down to
+    ``keep_share`` of it; returns the bytes removed.
+
+    Only the cache's own entries are removed (JAX's ``*-cache`` files with their ``-atime``
+    stamps, and ``traces/*.exported``); an entry's last use is the latest of its access
+    time, modification time and JAX's stamp. An entry another process removes or is still
+    writing is skipped: a reader then finds a miss and compiles again.
+    """
+    if not compilation_cache_enabled():
+        return 0
+    cap = compilation_cache_max_bytes() if max_bytes is None else max_bytes
+    folder = Path(compilation_cache_dir())
+    if cap is None or not folder.is_dir():
+        return 0
+    entries, total = [], 0
+    for pattern in _ENTRIES:
+        for path in folder.glob(pattern):
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if not path.is_file() or path.is_symlink():
+                continue
+            used = max(st.st_atime, st.st_mtime)
+            stamp = path.with_name(path.name.removesuffix("-cache") + "-atime") \
+                if path.name.endswith("-cache") else None
+            size = st.st_size
+            if stamp is not None:
+                try:
+                    used = max(used, int.from_bytes(stamp.read_bytes()[:8], "little") / 1e9)
+                    size += stamp.lstat().st_size
+                except OSError:
+                    stamp = None
+            entries.append((used, size, path, stamp))
+            total += size
+    if total <= cap:
+        return 0
+    removed, target = 0, cap * keep_share
+    for used, size, path, stamp in sorted(entries, key=lambda e: e[0]):
+        if total - removed <= target:
+            break
+        for f in (path, stamp):
+            if f is not None:
+                try:
+                    f.unlink()
+                except OSError:
+                    pass
+        removed += size
+    return removed
+
+
 def use_compilation_cache() -> None:
     """Keep compiled programs between runs, so a repeated or similar fit skips most of its
     XLA compilation (:func:`compilation_cache_dir`); ``IRT_ENGINE_COMPILATION_CACHE=0`` turns
@@ -45,6 +124,7 @@ def use_compilation_cache() -> None:
     """
     if not compilation_cache_enabled():
         return
+    compilation_cache_max_bytes()  # a bad cap is an error before the fit, not after it
     if "jax" not in sys.modules:
         os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", compilation_cache_dir())
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
@@ -139,3 +219,9 @@ def count_compiles() -> Iterator[CompileStats]:
         stats.wall_s = time.perf_counter() - start
         with _lock:
             _open.remove(stats)
+            outermost = not _open
+        if outermost and stats.cache_misses:  # the fit added entries: keep the folder capped
+            try:
+                prune_compilation_cache()
+            except OSError:  # a cache that cannot be pruned is not an error of the fit
+                pass

@@ -31,6 +31,7 @@ import enum
 import functools
 import hashlib
 import inspect
+import os
 import threading
 from pathlib import Path
 from typing import Callable
@@ -135,9 +136,14 @@ def _read(path: Path):
     if hashlib.sha256(payload).digest() != digest:
         return None
     try:
-        return jax.export.deserialize(bytearray(payload))
+        exp = jax.export.deserialize(bytearray(payload))
     except Exception:
         return None
+    try:  # its last use, for the cache's size cap (engine.compile_cache.prune_compilation_cache)
+        os.utime(path)
+    except OSError:
+        pass
+    return exp
 
 
 # LAPACK on a CPU: calling any exported program makes JAX initialise its LAPACK kernels, which

@@ -214,3 +214,75 @@ def test_second_fit_in_a_process_traces_nothing_and_gives_the_same_numbers():
         np.testing.assert_array_equal(again.guide.log_scale[name], fresh.guide.log_scale[name])
     other = engine.fit(y, model="1pl", settings=settings)  # another model: its own programs
     assert other.extra["compile"]["trace_s"] > 0 and "discrimination" not in other.guide.loc
+
+
+def _entry(folder: Path, name: str, size: int, used_s: float, stamp_s: float | None = None) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    os.utime(path, (used_s, used_s))
+    if stamp_s is not None:
+        path.with_name(name.removesuffix("-cache") + "-atime").write_bytes(
+            int(stamp_s * 1e9).to_bytes(8, "little"))
+    return path
+
+
+def test_the_cache_folder_is_pruned_to_its_cap_least_recently_used_first(tmp_path, monkeypatch):
+    from engine.compile_cache import prune_compilation_cache
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("IRT_ENGINE_COMPILATION_CACHE", raising=False)
+    old = _entry(tmp_path, "jit_a-1-cache", 400, 1000.0)
+    stamped = _entry(tmp_path, "jit_b-2-cache", 400, 1000.0, stamp_s=5000.0)  # used late (JAX's stamp)
+    trace_old = _entry(tmp_path, "traces/fit-3.exported", 300, 2000.0)
+    recent = _entry(tmp_path, "jit_c-4-cache", 400, 4000.0)
+    other = _entry(tmp_path, "notes.txt", 10_000, 0.0)  # not an entry: never removed
+    assert prune_compilation_cache(10_000) == 0 and old.exists()  # under the cap: nothing
+    removed = prune_compilation_cache(1200)  # 1,516 bytes of entries, kept under 960
+    assert not old.exists() and not trace_old.exists() and removed == 700
+    assert stamped.exists() and stamped.with_name("jit_b-2-atime").exists() and recent.exists()
+    assert other.exists()
+    removed = prune_compilation_cache(500)
+    assert not recent.exists() and not stamped.exists()
+    assert not stamped.with_name("jit_b-2-atime").exists() and other.exists()
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE", "0")  # the cache off: never touched
+    keep = _entry(tmp_path, "jit_d-5-cache", 400, 1.0)
+    assert prune_compilation_cache(0) == 0 and keep.exists()
+
+
+@pytest.mark.parametrize("text, expected", [("1G", 2 ** 30), ("512M", 512 * 2 ** 20), ("2gib", 2 ** 31),
+                                            ("1000000", 10 ** 6), ("-1", None), ("0", 0)])
+def test_the_cap_reads_sizes(monkeypatch, text, expected):
+    from engine.compile_cache import compilation_cache_max_bytes
+
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE", text)
+    assert compilation_cache_max_bytes() == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "-5G", "1Q", "nan", "inf", ""])
+def test_a_bad_cap_is_a_settings_error_naming_it(monkeypatch, text):
+    from engine.compile_cache import compilation_cache_max_bytes, use_compilation_cache
+    from engine.errors import SettingsError
+
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE", text)
+    with pytest.raises(SettingsError, match="IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE.*512M or 2G"):
+        compilation_cache_max_bytes()
+    monkeypatch.delenv("IRT_ENGINE_COMPILATION_CACHE", raising=False)
+    with pytest.raises(SettingsError, match="IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE"):
+        use_compilation_cache()
+
+
+def test_a_fit_that_added_entries_prunes_the_folder(tmp_path, monkeypatch):
+    """count_compiles prunes after the outermost block saw a cache miss, and only then."""
+    import engine.compile_cache as cc
+
+    calls = []
+    monkeypatch.setattr(cc, "prune_compilation_cache", lambda: calls.append(1) or 0)
+    with cc.count_compiles():
+        with cc.count_compiles():
+            cc._on_event("/jax/compilation_cache/cache_misses")
+        assert calls == []  # the inner block ends inside the outer one
+    assert calls == [1]
+    with cc.count_compiles():
+        cc._on_event("/jax/compilation_cache/cache_hits")
+    assert calls == [1]
