@@ -54,8 +54,12 @@ def detect_log_format(inputs: str | Path | Sequence[str | Path]) -> str | None:
     for path in paths:
         if not path.exists():
             return None
-        name = next((n for n in LOG_FORMATS if log_reader(n).detect(path)), None)
-        found[path] = name
+        names = [n for n in LOG_FORMATS if log_reader(n).detect(path)]
+        if len(names) > 1:  # one folder holding two formats: reading one would drop the other
+            raise DataFormatError(f"{path} holds logs of several formats ({', '.join(names)}); "
+                                  f"ingest one format at a time: pass each format's folders "
+                                  f"(or --format NAME)")
+        found[path] = names[0] if names else None
     names = set(found.values())
     if names <= {None}:
         return None

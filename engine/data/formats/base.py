@@ -126,6 +126,19 @@ class LogFormat:
 
         return ingest_logs(self, inputs, out, **options)
 
+    def one_metric(self, group: str, name: str, where: str) -> None:
+        """Every response of an item group (a task) is read from one metric: the first
+        response read sets it, and one read from another (``--metric``'s first choice
+        missing or null there, so a later one was taken) is refused naming both places.
+        Mixed, a task's cells would compare one model's ``acc_norm`` with another's ``acc``."""
+        chosen = self.__dict__.setdefault("_metric_of_group", {})
+        first, at = chosen.setdefault(group, (name, where))
+        if first != name:
+            raise DataFormatError(
+                f"{where}: task {group!r} reads metric {name!r} here, but {first!r} at {at}; "
+                f"a task's responses come from one metric: give this response a {first!r} "
+                f"value, or pass --metric with one metric every response of the task holds")
+
 
 class LogReader(InputFormat, Protocol):
     """One evaluation-log format.
@@ -242,17 +255,31 @@ def text_id(obj: dict, key: str, what: str, path: Path, line: int, *,
 
 def walk_files(root: Path, keep) -> list[Path]:
     """Files under ``root`` (recursively, sorted, hidden and ``_`` names skipped) for which
-    ``keep(path)`` is true."""
+    ``keep(path)`` is true. Linked folders are followed (each real folder read once); a
+    link ``keep`` would take whose target is missing is an error naming it."""
     if root.is_file():
         return [root] if keep(root) else []
-    found = []
-    for p in sorted(root.rglob("*")):
-        rel = p.relative_to(root).parts
-        if any(part.startswith((".", "_")) for part in rel) or not p.is_file():
+    found, seen = [], set()
+    for folder, dirs, names in os.walk(root, followlinks=True):  # a linked run folder is read
+        here = Path(folder)
+        real = os.path.realpath(folder)
+        if real in seen:  # a link back up the tree: each folder once
+            dirs[:] = []
             continue
-        if keep(p):
-            found.append(p)
-    return found
+        seen.add(real)
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        for name in names:
+            p = here / name
+            if name.startswith((".", "_")):
+                continue
+            if p.is_symlink() and not p.exists():
+                if keep(p):
+                    raise DataFormatError(f"{p}: a link to {os.readlink(p)}, which does not "
+                                          f"exist; restore its target or remove the link")
+                continue
+            if p.is_file() and keep(p):
+                found.append(p)
+    return sorted(found)
 
 
 def is_jsonl(path: Path) -> bool:
@@ -280,7 +307,8 @@ def pick_metric(obj: dict, metric: Sequence[str], path: Path, line: int,
                                   f"expected a per-sample number or true/false (a list or text "
                                   f"is a corpus-level or unscored metric: pick another with "
                                   f"--metric)")
-    listed = ", ".join(present) if present else "none"
+    listed = ", ".join(name + (" (null)" if name in obj and obj[name] is None else "")
+                       for name in present) if present else "none"
     raise DataFormatError(f"{path} line {line}: no metric {' or '.join(metric)} on this line "
                           f"(metrics present: {listed}); pick one with --metric NAME (several, "
                           f"comma-separated, are tried in order)")

@@ -75,10 +75,10 @@ class EveryEvalEver(LogFormat):
                                       f"--metric score or --metric is_correct")
         done = 0
         if plain_lines(path):
-            done = yield from _read_arrow(path, metric)
+            done = yield from _read_arrow(path, metric, self.one_metric)
             if done is None:
                 return
-        yield from _read_lines(path, metric, done)
+        yield from _read_lines(path, metric, done, self.one_metric)
 
     def item_info(self, path: Path, lines) -> dict[int, dict]:
         """``sample_id``, ``sample_hash``, ``input`` and ``metadata`` of the given lines."""
@@ -88,8 +88,9 @@ class EveryEvalEver(LogFormat):
                 for n, obj in json_at_lines(path, lines)}
 
 
-def _read_lines(path: Path, metric: tuple[str, ...], skip: int) -> Iterator[Records]:
-    """Line by line (the reference; it names the line and field of any problem)."""
+def _read_lines(path: Path, metric: tuple[str, ...], skip: int, one_metric) -> Iterator[Records]:
+    """Line by line (the reference; it names the line and field of any problem).
+    ``one_metric(evaluation, field, where)``: ``LogFormat.one_metric``."""
     buf = RecordBuffer(path, "evaluation." + metric[0])
     for n, obj in json_lines(path, skip):
         subject = text_id(obj, "model_id", "model", path, n)
@@ -102,6 +103,7 @@ def _read_lines(path: Path, metric: tuple[str, ...], skip: int) -> Iterator[Reco
                                   f'expected {{"score": ..., "is_correct": ...}}')
         present = [k for k in _METRICS if scores.get(k) is not None]
         name, value = pick_metric(scores, metric, path, n, present, "evaluation.")
+        one_metric(evaluation, "evaluation." + name, f"{path} line {n}")
         buf.field = "evaluation." + name
         buf.add(subject, f"{evaluation}/{sample}", evaluation, value, n)
         if buf.full():
@@ -117,7 +119,7 @@ _SCHEMA = pa.schema([("model_id", pa.string()), ("evaluation_name", pa.string())
                                                ("is_correct", pa.bool_())]))])
 
 
-def _read_arrow(path: Path, metric: tuple[str, ...]):
+def _read_arrow(path: Path, metric: tuple[str, ...], one_metric):
     """Arrow's JSON reader on a file without blank lines (row r is line r + 1). Returns None
     when the file is done, else the number of lines read before a line it cannot take as is
     (the line reader goes on from there and names any problem)."""
@@ -127,7 +129,7 @@ def _read_arrow(path: Path, metric: tuple[str, ...]):
                               parse_options=pj.ParseOptions(explicit_schema=_SCHEMA,
                                                             unexpected_field_behavior="ignore"))
         for batch in reader:
-            records = _arrow_records(path, batch, metric, done)
+            records = _arrow_records(path, batch, metric, done, one_metric)
             if records is None:
                 return done
             yield records
@@ -154,7 +156,7 @@ def _ids(col: pa.Array) -> tuple[list[str], np.ndarray] | None:
 
 
 def _arrow_records(path: Path, batch: pa.RecordBatch, metric: tuple[str, ...],
-                   done: int) -> Records | None:
+                   done: int, one_metric) -> Records | None:
     scores = batch.column("evaluation")
     if scores.null_count:
         return None
@@ -171,6 +173,8 @@ def _arrow_records(path: Path, batch: pa.RecordBatch, metric: tuple[str, ...],
     item = to_numbers(items.indices, np.int64)
     _, first = np.unique(item, return_index=True)
     groups = [evaluation[0][k] for k in evaluation[1][first].tolist()]
+    for group, row in zip(groups, first.tolist()):  # every row read metric[0]
+        one_metric(group, "evaluation." + metric[0], f"{path} line {done + row + 1}")
     return Records(path, "evaluation." + metric[0], subject[0], subject[1],
                    items.dictionary.to_pylist(), groups, item, values,
                    np.arange(done + 1, done + 1 + batch.num_rows, dtype=np.int64))

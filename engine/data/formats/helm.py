@@ -109,6 +109,7 @@ class HelmRuns(LogFormat):
                         and not name.get("perturbation"):
                     by_name.setdefault(name["name"], stat)
             pick = choose_named(list(by_name), metric, f"{where}, instance {instance!r}", "stat")
+            self.one_metric(scenario, pick, f"{where}, instance {instance!r}")
             buf.field = pick
             buf.add(model, f"{scenario}/{instance}", scenario, _value(by_name[pick], where, pick), n)
             if buf.full():

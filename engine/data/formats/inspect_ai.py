@@ -7,8 +7,11 @@ samples are streamed one at a time (``read_eval_log_samples``). The item is
 ``<task>/<sample id>``; the response is the score of the scorer named by ``--metric`` (a
 task's only scorer by default; several are an error listing them), converted as Inspect's
 own ``value_to_float`` does ("C" 1, "I" 0, "P" 0.5, "N" 0, booleans, numbers, numeric
-text); list and dict values are an error. Several epochs of a sample are duplicates
-(``--keep``). Errors name the file and the sample (1-based, in the log's order).
+text); other text, None and list or dict values are an error (Inspect reads them as 0).
+Several epochs of a sample are duplicates (``--keep``). Errors name the file and the sample
+by id and epoch, with its place (1-based) in the order the log API returns the samples;
+a sample that ended in an error is named as such. Every response of a task comes from one
+scorer.
 """
 
 from __future__ import annotations
@@ -88,21 +91,21 @@ class InspectLogs(LogFormat):
         try:
             samples = read_samples(str(path), all_samples_required=False)
             for n, sample in enumerate(samples, 1):
+                where = f"{path} sample {n} (id {sample.id!r}, epoch {sample.epoch})"
                 scores = sample.scores or {}
+                if not scores and getattr(sample, "error", None) is not None:
+                    raise DataFormatError(f"{where}: no score: the sample ended in an error "
+                                          f"({_short(sample.error.message)}); rerun it "
+                                          f"(inspect eval-retry), or remove the log")
                 want = metric or tuple(scores)
                 if not metric and len(scores) != 1:
-                    raise DataFormatError(f"{path} sample {n} (id {sample.id!r}): scorers "
-                                          f"{', '.join(scores) or 'none'}; pick one with --metric "
-                                          f"NAME")
-                pick = choose_named(list(scores), want, f"{path} sample {n} (id {sample.id!r})",
-                                    "scorer")
-                value = scores[pick].value
-                if isinstance(value, (list, dict)):
-                    raise DataFormatError(f'{path} sample {n} (id {sample.id!r}), scorer "{pick}": '
-                                          f"a {type(value).__name__} value; pick a scorer with "
-                                          f"one value per sample with --metric")
+                    raise DataFormatError(f"{where}: scorers {', '.join(scores) or 'none'}; pick "
+                                          f"one with --metric NAME")
+                pick = choose_named(list(scores), want, where, "scorer")
+                self.one_metric(task, pick, where)
                 buf.field = pick
-                buf.add(model, f"{task}/{sample.id}", task, float(to_float(value)), n)
+                buf.add(model, f"{task}/{sample.id}", task,
+                        _score(scores[pick].value, to_float, f'{where}, scorer "{pick}"'), n)
                 if buf.full():
                     yield buf.take()
         except DataFormatError:
@@ -113,6 +116,31 @@ class InspectLogs(LogFormat):
         last = buf.take()
         if last is not None:
             yield last
+
+
+# the text values Inspect's value_to_float reads (any case), besides numeric text
+_SCORE_TEXT = {"c": 1.0, "i": 0.0, "p": 0.5, "n": 0.0, "yes": 1.0, "true": 1.0, "no": 0.0, "false": 0.0}
+
+
+def _score(value, to_float, where: str) -> float:
+    """A score as Inspect's ``value_to_float`` reads it, where it reads it. Inspect turns
+    anything else (None, unknown text such as "maybe") into 0 with a warning; here that is
+    an error naming the sample, never a 0."""
+    if isinstance(value, (list, dict)):
+        raise DataFormatError(f"{where}: a {type(value).__name__} value; pick a scorer with one "
+                              f"value per sample with --metric")
+    if isinstance(value, str) and value.strip().lower() not in _SCORE_TEXT:
+        try:
+            float(value)
+        except ValueError:
+            raise DataFormatError(f"{where}: got text {value!r}; expected a number, true/false, "
+                                  f"yes/no or C/I/P/N (Inspect would read it as 0): fix the "
+                                  f"scorer's value, or pick another scorer with --metric") from None
+    elif value is None or not isinstance(value, (str, bool, int, float)):
+        raise DataFormatError(f"{where}: got {value!r}; expected a number, true/false, yes/no or "
+                              f"C/I/P/N (Inspect would read it as 0): rescore the sample, or pick "
+                              f"another scorer with --metric")
+    return float(to_float(value))
 
 
 def _short(err: Exception) -> str:

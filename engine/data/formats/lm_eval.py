@@ -104,6 +104,7 @@ class LMEvalHarness(LogFormat):
                                           f"NAME")
                 want = tuple(names)
             name, value = pick_metric(obj, want, path, n, names)
+            self.one_metric(task, name, f"{path} line {n}")
             buf.field = name
             filt = obj.get("filter", "none")
             if not isinstance(filt, str):

@@ -187,3 +187,21 @@ def test_gzip_files_and_a_truncated_one(tmp_path):
     with pytest.raises(DataFormatError, match=r"y.jsonl.gz: cannot read it"):
         ingest(folder, tmp_path / "t.zarr")
     assert not (tmp_path / "t.zarr").exists()
+
+
+def test_an_evaluation_reads_one_metric_on_both_readers(tmp_path):
+    """--metric score,is_correct takes is_correct where a line's score is null: refused
+    naming both lines, whether the first lines went through Arrow's reader or not."""
+    root = tmp_path / "data"
+    path = write_model(root, "mmlu", "dev", "m1", {k: float(k % 2) for k in range(5)})
+    lines = path.read_text().splitlines()
+    obj = json.loads(lines[3])
+    obj["evaluation"]["score"] = None
+    path.write_text("\n".join(lines[:3] + [json.dumps(obj)] + lines[4:]) + "\n")
+    with pytest.raises(DataFormatError, match=r"line 4: task 'mmlu' reads metric "
+                                              r"'evaluation.is_correct' here, but 'evaluation.score' "
+                                              r"at .*line 1"):
+        ingest(root, tmp_path / "a.zarr", metric="score,is_correct")
+    store = ingest(root, tmp_path / "b.zarr", metric="is_correct")
+    assert store.shape == (1, 5)
+    assert not (tmp_path / "a.zarr").exists()

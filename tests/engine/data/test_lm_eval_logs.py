@@ -136,3 +136,76 @@ def test_a_model_run_twice_needs_keep(tmp_path):
         assert store.kind == ("unit" if keep == "mean" else "binary")
     with pytest.raises(DataFormatError, match="averages to 0.5, not binary"):
         ingest(root, tmp_path / "bad.zarr", keep="mean", kind="binary")
+
+
+def test_a_task_reads_one_metric_and_a_null_is_named(runs, tmp_path):
+    """--metric acc_norm,acc takes acc where a line's acc_norm is null: the task's cells would
+    mix two metrics. That is an error naming both lines, within a file and across models."""
+    root, _ = runs
+    path = next((root / "org__model-a").glob("samples_hellaswag_*.jsonl"))
+    lines = path.read_text().splitlines()
+    obj = json.loads(lines[2])
+    obj["acc_norm"] = None
+    path.write_text("\n".join(lines[:2] + [json.dumps(obj)] + lines[3:]) + "\n")
+    with pytest.raises(DataFormatError, match=rf"{path.name} line 3: task 'hellaswag' reads "
+                                              rf"metric 'acc' here, but 'acc_norm' at .*{path.name} "
+                                              rf"line 1; .* one metric"):
+        ingest(root, tmp_path / "a.zarr", metric="acc_norm,acc,exact_match")
+    with pytest.raises(DataFormatError, match=r"line 3: no metric acc_norm or exact_match on this line \(metrics "
+                                              r"present: acc, acc_norm \(null\)\)"):
+        ingest(root, tmp_path / "a.zarr", metric="acc_norm,exact_match")
+    # one metric every line holds: read
+    store = ingest(root, tmp_path / "b.zarr", metric="acc,exact_match")
+    assert store.shape == (2, 8)
+    # across models: model-b's hellaswag has no acc_norm at all
+    path.write_text("\n".join(lines) + "\n")
+    other = next((root / "org__model-b").glob("samples_hellaswag_*.jsonl"))
+    rows = [json.loads(line) for line in other.read_text().splitlines()]
+    for r in rows:
+        del r["acc_norm"]
+        r["metrics"] = ["acc"]
+    other.write_text("\n".join(map(json.dumps, rows)) + "\n")
+    with pytest.raises(DataFormatError, match=r"task 'hellaswag' reads metric 'acc' here, but "
+                                              r"'acc_norm' at "):
+        ingest(root, tmp_path / "c.zarr", metric="acc_norm,acc,exact_match")
+    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "c.zarr").exists()
+
+
+def test_linked_run_folders_are_read_and_a_dangling_link_is_named(runs, tmp_path):
+    """A run folder linked into the output folder is a model like any other (it was skipped
+    without a word); a samples file linked to nothing is an error naming it."""
+    import os
+
+    root, truth = runs
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "org__model-b").rename(elsewhere / "org__model-b")
+    os.symlink(elsewhere / "org__model-b", root / "org__model-b")
+    os.symlink(root, root / "org__model-a" / "loop")  # a link back up the tree: read once
+    store = ingest(root, tmp_path / "a.zarr", metric="acc_norm,exact_match")
+    assert sorted(store.subjects) == ["org/model-a", "org/model-b"] and store.shape == (2, 8)
+    assert cell(store, "org/model-b", "hellaswag/2") == truth["org/model-b"][1][2]
+    dangling = root / "org__model-a" / f"samples_arc_{DATE}.jsonl"
+    os.symlink(tmp_path / "gone.jsonl", dangling)
+    with pytest.raises(DataFormatError, match=rf"{dangling.name}: a link to .*gone\.jsonl, which "
+                                              rf"does not exist; restore its target or remove"):
+        ingest(root, tmp_path / "b.zarr", metric="acc_norm,exact_match")
+    assert not (tmp_path / "b.zarr").exists()
+
+
+def test_one_folder_of_two_log_formats_is_refused(runs, tmp_path):
+    """An lm-eval tree and a HELM run in one folder: reading the first format found dropped
+    the other's models without a word."""
+    root, _ = runs
+    helm = root / "helm" / "mmlu:subject=x,model=org_m"
+    helm.mkdir(parents=True)
+    (helm / "run_spec.json").write_text(json.dumps({"name": "mmlu:subject=x,model=org/m",
+                                                    "adapter_spec": {"model": "org/m"}}))
+    (helm / "per_instance_stats.json").write_text(json.dumps([
+        {"instance_id": "id1", "train_trial_index": 0,
+         "stats": [{"name": {"name": "exact_match", "split": "test"}, "count": 1, "sum": 1.0,
+                    "mean": 1.0}]}]))
+    with pytest.raises(DataFormatError, match=rf"{root} holds logs of several formats \(lm-eval, "
+                                              rf"helm\); ingest one format at a time"):
+        ingest(root, tmp_path / "a.zarr", metric="acc_norm,exact_match")
+    assert not (tmp_path / "a.zarr").exists()
