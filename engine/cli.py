@@ -336,22 +336,11 @@ def cmd_leaderboard(args) -> int:
 
 
 def _vector_leaderboard(run, args) -> int:
-    from engine.readout.vector_rank import format_vector_board, parse_rank, vector_leaderboard
-    from engine.run import ranking_draws
-
-    spec = parse_rank(args.rank or "pareto", threshold=args.threshold)
-    # the abilities as the run's own board reads them: a sampler's run its own draws (twins
-    # drawn apart), a quadrature fit each subject's exact posterior, else the Gaussian;
-    # subjects of one posterior (identical sheets) read from their draws pooled
-    draws, groups = ranking_draws(run.spec, run.guide, run.quantile_functions,
-                                  1000 if args.draws is None else args.draws,
-                                  0 if args.seed is None else args.seed,
-                                  sampled=run.sampler_draws("ability"), by_score=False)
-    skills = list(run.spec.skills) or ["ability"]
-    board = vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec,
-                               groups=groups)
     from engine.readout.leaderboard import fit_notes  # what the scalar board says, too
+    from engine.readout.vector_rank import format_vector_board, run_vector_board
 
+    board = run_vector_board(run, args.rank, threshold=args.threshold, num_draws=args.draws,
+                             seed=args.seed)
     print("\n".join([format_vector_board(board, args.top_k), *fit_notes(run.info)]))
     return 0
 
@@ -525,18 +514,19 @@ def cmd_calibration(args) -> int:
 
 def cmd_report(args) -> int:
     from engine.errors import StoreNotFoundError
-    from engine.readout.items import load_run_responses
+    from engine.readout.items import item_readouts_unavailable, load_run_responses
     from engine.readout.report import write_report
     from engine.run import load_run
 
     run = load_run(args.run)
-    try:
-        y = load_run_responses(run, args.store)
-    except StoreNotFoundError as err:
-        if args.store:
-            raise
-        print(f"note: no item flags in the report ({err})", file=sys.stderr)
-        y = None
+    y = None
+    if item_readouts_unavailable(run.spec) is None:  # the responses feed the item flags only
+        try:
+            y = load_run_responses(run, args.store)
+        except StoreNotFoundError as err:
+            if args.store:
+                raise
+            print(f"note: no item flags in the report ({err})", file=sys.stderr)
     written = write_report(run, args.out, y, items=args.items.split(",") if args.items else None,
                            stability=args.stability, dimensions=args.dimensions, compare=args.compare)
     print(f"wrote {written.pop('html')} and {len(written)} PNGs beside it")

@@ -28,7 +28,8 @@ from engine.models.spec import ModelSpec
 __all__ = ["ItemBank", "item_bank", "load_run_responses", "item_flags", "disagreeing_subjects",
            "quartile_table", "STRATEGIES", "strategy_scores", "next_item",
            "review_items", "review_order", "choose_subjects", "expected_probabilities",
-           "response_probabilities", "FLAG_LEVEL", "FLAG_THRESHOLD", "SET_ASIDE_NOTE"]
+           "response_probabilities", "FLAG_LEVEL", "FLAG_THRESHOLD", "SET_ASIDE_NOTE",
+           "item_readouts_unavailable"]
 
 FLAG_LEVEL = 0.05  # the share of items the model fits that are flagged, at most
 FLAG_THRESHOLD = 1.0 - FLAG_LEVEL  # review_score above which an item is flagged
@@ -103,15 +104,24 @@ def _information(spec: ModelSpec, num_items: int, params: dict, ability):
     return dp ** 2 / (p * (1 - p))
 
 
-def _check_scalar_ability(spec: ModelSpec) -> None:
+def item_readouts_unavailable(spec: ModelSpec) -> str | None:
+    """Why the item read-outs (information, selection, curves, review flags) do not apply
+    to ``spec``, or None where they do: they need one scalar ``ability`` block and binary
+    responses."""
+    if spec.kind != "binary":  # the first reason a user can act on: fit a binary model
+        return f"model {spec.name!r} has {spec.kind!r} responses; item read-outs need binary responses"
     subject = [p for p in spec.likelihood_params if p.owner == "subject"]
     if [p.name for p in subject] != ["ability"] or subject[0].shape != ():
-        raise ModelError(f"model {spec.name!r} has subject blocks {[p.name for p in subject]} "
-                         f"with shapes {[p.shape for p in subject]}; item information and "
-                         f"selection need one scalar 'ability' block")
-    if spec.kind != "binary":
-        raise ModelError(f"model {spec.name!r} has {spec.kind!r} responses; item read-outs "
-                         f"need binary responses")
+        return (f"model {spec.name!r} has subject blocks {[p.name for p in subject]} "
+                f"with shapes {[p.shape for p in subject]}; item information and "
+                f"selection need one scalar 'ability' block")
+    return None
+
+
+def _check_scalar_ability(spec: ModelSpec) -> None:
+    reason = item_readouts_unavailable(spec)
+    if reason is not None:
+        raise ModelError(reason)
 
 
 def item_bank(spec: ModelSpec, guide: GuideState) -> ItemBank:

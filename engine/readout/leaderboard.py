@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.readout.ranking import tie_groups
+from engine.readout.ranking import competition_ranks, tie_groups
 from engine.terminal import escape_controls
 
 if TYPE_CHECKING:
@@ -93,7 +93,8 @@ def rank_key(subjects: pd.DataFrame) -> str:
 
 def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFrame:
     """Subjects sorted by posterior mean expected score where the table has one, else by
-    posterior mean ability, with a ``rank`` column first and a ``tie_group`` column.
+    posterior mean ability, with a ``rank`` column first (equal means share a rank:
+    :func:`engine.readout.ranking.competition_ranks`) and a ``tie_group`` column.
 
     Takes and returns a pandas DataFrame, a pyarrow Table or a mapping of arrays. A
     DataFrame keeps its columns' dtypes and ``attrs`` (``tie_group`` set, then ``rank``
@@ -107,15 +108,16 @@ def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFram
     mean = _floats(table, f"{key}_mean")
     ties = tie_groups(mean, _floats(table, f"{key}_q05"), _floats(table, f"{key}_q95"))
     order = np.argsort(-mean, kind="stable")  # descending, ties in table order, NaN last
+    rank = competition_ranks(mean[order])
     if frame:
         df = subjects.copy()
         df["tie_group"] = ties
         df = df.iloc[order].reset_index(drop=True)
-        df.insert(0, "rank", range(1, len(df) + 1))
+        df.insert(0, "rank", rank)
         return df.head(top_k) if top_k else df
     if top_k:
-        order = order[:top_k]
-    board = {"rank": np.arange(1, order.size + 1)}
+        order, rank = order[:top_k], rank[:top_k]
+    board = {"rank": rank}
     board |= {k: v[order] for k, v in table.items() if k not in ("rank", "tie_group")}
     board["tie_group"] = ties[order]
     return _like(subjects, board)
@@ -135,18 +137,23 @@ def format_leaderboard(board: pd.DataFrame) -> str:
     lines = [head, "-" * len(head)]
     nan = np.full(len(names), np.nan)
     p_top1 = cols.get("p_top1", nan)
+    rank = np.asarray(cols["rank"]).astype(np.int64)
+    values, counts = np.unique(rank, return_counts=True)
+    shared = np.isin(rank, values[counts > 1])
     for i, name in enumerate(names):
         interval = f"[{cols[f'{key}_q05'][i]:+.2f}, {cols[f'{key}_q95'][i]:+.2f}]"
         # to the nearest rank: a group's pooled quantiles may fall between two
         ranks = (f"{cols['rank_q05'][i]:.0f}-{cols['rank_q95'][i]:.0f}" if "rank_q05" in cols
                  else "-")
-        line = (f"{int(cols['rank'][i]):>4} {int(cols['tie_group'][i]):>3}  "
+        line = (f"{str(rank[i]) + ('=' if shared[i] else ''):>4} {int(cols['tie_group'][i]):>3}  "
                 f"{name[:name_w]:<{name_w}} {cols[f'{key}_mean'][i]:>+8.3f} {interval:>17} "
                 f"{ranks:>9} {p_top1[i]:>7.3f}")
         if ptop:
             line += f" {cols[ptop[0]][i]:>8.3f}"
         line += f" {cols['accuracy'][i]:>8.3f} {int(cols['n_responses'][i]):>7}"
         lines.append(line)
+    if shared.any():
+        lines.append(f"rank: subjects of equal posterior mean {key} share one, marked =")
     lines.append(f"tie: subjects share a group while their 90% {key} intervals overlap the group leader's")
     if key == "score":
         lines.append("score: the model's expected score averaged over the items (posterior mean and 90% "

@@ -9,7 +9,7 @@ import numpy as np
 from engine.memory import usable_cores
 from engine.rows import identical_rows
 
-__all__ = ["ranks_from_draws", "rank_stats", "pairwise_beats", "tie_groups",
+__all__ = ["ranks_from_draws", "rank_stats", "pairwise_beats", "tie_groups", "competition_ranks",
            "identical_subjects", "pooled_statistics", "pooled_pairs"]
 
 
@@ -272,6 +272,18 @@ def _count_beats(codes: np.ndarray, chunk: int = 256) -> np.ndarray:
         for start in starts:
             rows(start)
     return (count / T).astype(np.float32)
+
+
+def competition_ranks(*sorted_keys) -> np.ndarray:
+    """Ranks 1, 2, 2, 4, ... of rows sorted best first by ``sorted_keys`` (arrays of one
+    length): rows equal in every key (identical answer sheets read the same posterior)
+    share the best rank among them; NaN is never equal."""
+    keys = [np.asarray(k) for k in sorted_keys]
+    n = keys[0].size
+    starts = np.ones(n, bool)
+    if n > 1:
+        starts[1:] = np.any([k[1:] != k[:-1] for k in keys], axis=0)
+    return np.maximum.accumulate(np.where(starts, np.arange(1, n + 1), 0)).astype(np.int64)
 
 
 def tie_groups(mean: np.ndarray, q05: np.ndarray, q95: np.ndarray) -> np.ndarray:

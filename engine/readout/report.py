@@ -22,14 +22,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from engine.atomic import atomic_write  # noqa: E402
 from engine.errors import SettingsError  # noqa: E402
 from engine.readout.items import (FLAG_THRESHOLD, SET_ASIDE_NOTE, item_bank, item_flags,  # noqa: E402
-                                  review_order)
+                                  item_readouts_unavailable, review_order)
 from engine.readout.leaderboard import fallback_notes, fit_notes, leaderboard  # noqa: E402
+from engine.readout.vector_rank import board_note, run_vector_board  # noqa: E402
 
 __all__ = ["write_report", "report_plots"]
 
@@ -74,8 +76,30 @@ def _leaderboard_plot(board: pd.DataFrame) -> bytes:
                 fmt="o", ms=3, lw=1, capsize=2)
     ax.set_yticks(y, [plot_label(s, 32) for s in b["subject"]], fontsize=7)
     ax.set_xlabel("ability (posterior mean, 90% interval)")
-    ax.set_title(f"leaderboard (top {len(b)} of {len(board)})")
+    ranks = _ranks(board)
+    shown = (f"first {len(b)} of {len(board)}" if len(board) > len(b) and ranks[len(b)] == ranks[len(b) - 1]
+             else f"top {len(b)} of {len(board)}")  # a cut among equal ranks: not "the best"
+    ax.set_title(f"leaderboard ({shown})")
     return _png(fig)
+
+
+def _ranks(board: pd.DataFrame) -> np.ndarray:
+    """The board's ranks (equal abilities share one); a table without them, its order."""
+    return board["rank"].to_numpy() if "rank" in board else np.arange(1, len(board) + 1)
+
+
+def _cut_note(board: pd.DataFrame, k: int, what: str) -> str:
+    """What drawing the first ``k`` rows of ``board`` shows; where the cut falls among
+    subjects of one rank (equal abilities), it says so: which of them are drawn is then
+    only the table's order."""
+    ranks = _ranks(board)
+    text = f"the {what} draws the first {k} of {len(board)} subjects"
+    if len(ranks) > k and ranks[k] == ranks[k - 1]:
+        tied = int((ranks == ranks[k - 1]).sum())
+        text += (f"; the cut falls among {tied} subjects of equal ability (rank "
+                 f"{ranks[k - 1]}), of whom the first {int((ranks[:k] == ranks[k - 1]).sum())} in "
+                 f"table order are drawn")
+    return text + "."
 
 
 @_literal
@@ -96,7 +120,10 @@ def _heatmap(p_beats: np.ndarray, board: pd.DataFrame, index: dict) -> bytes:
                 if i != j:
                     ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
                             color="white" if abs(m[i, j] - 0.5) > 0.35 else "black")
-    shown = f"top {len(order)} of {len(board)}" if len(board) > len(order) else f"all {len(order)}"
+    ranks = _ranks(board)
+    shown = (f"all {len(order)}" if len(board) <= len(order) else
+             f"first {len(order)} of {len(board)}" if ranks[len(order)] == ranks[len(order) - 1]
+             else f"top {len(order)} of {len(board)}")
     ax.set_title(f"P(row beats column), leaderboard order ({shown} subjects)")
     fig.colorbar(im, ax=ax, shrink=0.8)
     return _png(fig)
@@ -192,6 +219,10 @@ def _scatter(run, flags: pd.DataFrame | None) -> bytes:
     return _png(fig)
 
 
+_TAU_LABELS = {"tau_between_mean": "tau between two samples' rankings (mean)",
+               "tau_full_mean": "tau against the full data's ranking (mean)"}
+
+
 @_literal
 def _stability_plot(directory: Path) -> tuple[bytes | None, str]:
     """Kendall tau against sample size from ``summary.parquet`` (else ``stability.parquet``)."""
@@ -212,13 +243,33 @@ def _stability_plot(directory: Path) -> tuple[bytes | None, str]:
     for key, part in (df.groupby(group) if group else [("", df)]):
         part = part.groupby(xcol)[ycols].mean().reset_index()
         for c in ycols:
-            ax.plot(part[xcol], part[c], marker="o", label=f"{key} {c}".strip())
+            ax.plot(part[xcol], part[c], marker="o", label=f"{key}: {_TAU_LABELS.get(c, c)}"
+                    if key != "" else _TAU_LABELS.get(c, c))
+    sizes = np.unique(df[xcol].to_numpy(dtype=float))
     ax.set_xscale("log")
-    ax.set_xlabel(xcol)
+    # the sizes themselves as ticks, as plain numbers (with mathtext off, the log scale's
+    # own labels print as "$\mathdefault{10^{2}}$")
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sizes))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([f"{v:g}" for v in sizes]))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("items sampled per trial")
     ax.set_ylabel("Kendall tau")
     ax.legend(fontsize=7)
     ax.set_title("ranking stability")
     return _png(fig), f"from {f}"
+
+
+_SCREE_LABELS = {"observed": "observed (correlation eigenvalues)",
+                 "envelope_mean": "shuffled data, mean (parallel analysis)",
+                 "envelope_q95": "shuffled data, 95% (parallel analysis)",
+                 "residual": "residuals after a one-skill fit",
+                 "residual_null_mean": "residuals of simulated one-skill data, mean",
+                 "residual_null_q95": "residuals of simulated one-skill data, 95%"}
+# each curve beside the reference it is read against: one colour, the reference dashed
+_SCREE_STYLES = {"observed": {"color": "C0"}, "envelope_mean": {"ls": ":", "color": "C0"},
+                 "envelope_q95": {"ls": "--", "color": "C0"}, "residual": {"color": "C1"},
+                 "residual_null_mean": {"ls": ":", "color": "C1"},
+                 "residual_null_q95": {"ls": "--", "color": "C1"}}
 
 
 @_literal
@@ -230,6 +281,14 @@ def _scree_plot(directory: Path) -> tuple[bytes | None, str]:
         try:
             summary = json.loads((directory / "summary.json").read_text())
             note = "; ".join(f"{k}: {v}" for k, v in summary.items() if not isinstance(v, (list, dict)))
+            steps = (summary.get("details") or {}).get("residual_steps") or []
+            if steps:  # what the count rests on: the sequential test, not the curves drawn
+                note += (". The residual count reads the sequential residual test, not the "
+                         "curves above: " + "; ".join(
+                             f"after {st['skills']} skill(s), statistic {st['statistic']:.1f} "
+                             f"against simulated data's 95% {st['null_q95']:.1f} "
+                             f"({'a further skill' if st['above'] else 'none further'})"
+                             for st in steps))
         except json.JSONDecodeError as err:
             note = f"summary.json unreadable ({err})"
     if not f.is_file():
@@ -243,7 +302,8 @@ def _scree_plot(directory: Path) -> tuple[bytes | None, str]:
     xs = df[xcol] if xcol else np.arange(1, len(df) + 1)
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for c in num:
-        ax.plot(xs, df[c], marker="o", ms=3, label=c)
+        style = _SCREE_STYLES.get(c, {})
+        ax.plot(xs, df[c], marker="o", ms=3, label=_SCREE_LABELS.get(c, c), **style)
     ax.set_xlabel("component")
     ax.set_ylabel("eigenvalue")
     ax.legend(fontsize=7)
@@ -253,20 +313,36 @@ def _scree_plot(directory: Path) -> tuple[bytes | None, str]:
 
 def report_plots(run, y: np.ndarray | None = None, *, items: list[str] | None = None,
                  stability: str | Path | None = None, dimensions: str | Path | None = None,
-                 num_curves: int = 6) -> tuple[dict[str, bytes], dict[str, str], pd.DataFrame | None]:
+                 num_curves: int = 6, board: pd.DataFrame | None = None,
+                 ) -> tuple[dict[str, bytes], dict[str, str], pd.DataFrame | None]:
     """Make the report's PNGs: ``({name: png}, {name: note}, item flags or None)``.
 
     ``items`` names the items whose curves are drawn; by default ``num_curves`` informative
-    items spread over the difficulty range (never set-aside ones).
+    items spread over the difficulty range (never set-aside ones). ``board``: the run's
+    board (:func:`run_board`) where the caller has it. A run the item read-outs do not
+    apply to (several skills, continuous responses) gets notes in place of item plots.
     """
-    board = leaderboard(run.subjects)
-    pngs, notes = {"leaderboard": _leaderboard_plot(board)}, {}
+    board = run_board(run) if board is None else board
+    pngs, notes = {}, {}
+    if "ability_mean" in board:
+        pngs["leaderboard"] = _leaderboard_plot(board)
+    else:
+        notes["leaderboard"] = (f"a board of {len(run.spec.skills) or 1} skills ranks by "
+                                f"{board.attrs.get('rank', '')}: the table below; each skill's "
+                                f"abilities are in subjects.parquet")
     p_beats = run.pairwise()
     if p_beats is not None:
         index = {s: k for k, s in enumerate(run.subjects["subject"])}
         pngs["p_beats"] = _heatmap(p_beats, board, index)
     else:
         notes["p_beats"] = "the run has no pairwise.npz (too many subjects or a vector ability)"
+    unavailable = item_readouts_unavailable(run.spec)
+    if unavailable is not None:  # e.g. a multi-skill or a continuous-response model
+        if items:
+            raise SettingsError(f"--items: item curves are not drawn for run {run.path}: "
+                                f"{unavailable}")
+        notes["item_curves"] = notes["items_scatter"] = f"not drawn: {unavailable}"
+        return _analysis_plots(pngs, notes, stability, dimensions), notes, None
     flags = item_flags(run.spec, run.guide, y) if y is not None else None
     ids = run.items["item"].astype(str).tolist()
     if items:
@@ -278,6 +354,19 @@ def report_plots(run, y: np.ndarray | None = None, *, items: list[str] | None = 
         chosen = spread_items(run.items["difficulty_mean"].to_numpy(), _informative(run, flags), num_curves)
     pngs["item_curves"] = _icc_plot(run, chosen)
     pngs["items_scatter"] = _scatter(run, flags)
+    return _analysis_plots(pngs, notes, stability, dimensions), notes, flags
+
+
+def run_board(run) -> pd.DataFrame:
+    """The board ``irt-engine leaderboard`` prints by default: one ability's (or expected
+    score's) ranking, or for several skills the Pareto board."""
+    if run.spec.param("ability").shape == ():
+        return leaderboard(run.subjects)
+    return run_vector_board(run)
+
+
+def _analysis_plots(pngs: dict, notes: dict, stability, dimensions) -> dict[str, bytes]:
+    """The stability and scree plots of the folders asked for, into ``pngs``/``notes``."""
     for name, option, directory, fn in (("stability", "stability", stability, _stability_plot),
                                         ("scree", "dimensions", dimensions, _scree_plot)):
         if directory is None:
@@ -290,7 +379,7 @@ def report_plots(run, y: np.ndarray | None = None, *, items: list[str] | None = 
                                 f"irt-engine {option}")
         pngs[name] = png
         notes[name] = note
-    return pngs, notes, flags
+    return pngs
 
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:70em;color:#222}
@@ -299,7 +388,7 @@ td.s,th.s{text-align:left}img{max-width:100%}.note{color:#666;font-size:.9em}h2{
 #leaderboard th{cursor:pointer;user-select:none;background:#f4f4f4}
 #leaderboard th[aria-sort=ascending]::after{content:" \\25B2"}
 #leaderboard th[aria-sort=descending]::after{content:" \\25BC"}
-.scroll{max-height:32em;overflow:auto}"""
+.scroll{max-height:32em;overflow:auto}.wide{overflow-x:auto}"""
 
 # Sort the leaderboard by a header click (numbers by data-value); no external assets.
 _SORT_JS = """document.querySelectorAll('#leaderboard th').forEach(function (th, col) {
@@ -320,12 +409,22 @@ _SORT_JS = """document.querySelectorAll('#leaderboard th').forEach(function (th,
 });"""
 
 
+def _board_explained(board: pd.DataFrame) -> str:
+    if "ability_mean" in board:
+        return ("rank: subjects of equal ability share one. tie: subjects share a group while "
+                "their 90% ability intervals overlap the group leader's.")
+    return f"{board.attrs.get('rank', '')} board: {board_note(board)}."
+
+
 def _board_table(board: pd.DataFrame) -> str:
     cols = [("rank", "rank", "{}"), ("tie_group", "tie", "{}"), ("subject", "subject", "{}"),
             ("ability_mean", "ability", "{:+.3f}"), ("ability_q05", "q05", "{:+.3f}"),
             ("ability_q95", "q95", "{:+.3f}"), ("rank_q05", "rank q05", "{:.0f}"),
             ("rank_q95", "rank q95", "{:.0f}"), ("p_top1", "P(top1)", "{:.3f}"),
             ("accuracy", "accuracy", "{:.3f}"), ("n_responses", "n", "{}")]
+    if "ability_mean" not in board:  # a board of several skills: its own columns
+        cols = [(c, c, "{}" if pd.api.types.is_integer_dtype(board[c]) or c == "subject"
+                 else "{:.3f}") for c in board.columns]
     cols = [c for c in cols if c[0] in board]
     head = "".join(f'<th class="{"s" if k == "subject" else ""}" title="sort by {html.escape(t)}">'
                    f'{html.escape(t)}</th>' for k, t, _ in cols)
@@ -372,8 +471,8 @@ def _compare_section(directory: Path | None) -> str:
     table = table.drop(columns=[c for c in ("fit_note",) if c in table])
     return (f'<p class="note">from {html.escape(str(f))}; held-out cells, best held-out '
             f'log-likelihood first</p>' +
-            table.to_html(index=False, float_format=lambda v: f"{v:.4g}", classes="compare",
-                          border=0) + notes)
+            '<div class="wide">' + table.to_html(index=False, float_format=lambda v: f"{v:.4g}",
+                                                 classes="compare", border=0) + '</div>' + notes)
 
 
 def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: str | Path | None = None,
@@ -389,6 +488,9 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
         raise SettingsError(f"--out {out}: the report is an .html file")
     if compare is not None and not Path(compare).is_dir():
         raise SettingsError(f"--compare {compare}: not a directory; pass the --out of irt-engine compare")
+    if compare is not None and not (Path(compare) / "compare.parquet").is_file():
+        raise SettingsError(f"--compare {compare}: no compare.parquet in it; pass the --out of "
+                            f"irt-engine compare")
     for option, folder in (("stability", plot_options.get("stability")),
                            ("dimensions", plot_options.get("dimensions"))):
         if folder is not None and not Path(folder).is_dir():  # before any plot is drawn
@@ -398,18 +500,20 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
                            ("dimensions", plot_options.get("dimensions"))):
         if folder is not None:
             _check_same_responses(run, option, Path(folder))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pngs, notes, flags = report_plots(run, y, **plot_options)
-    board = leaderboard(run.subjects)
+    board = run_board(run)
+    pngs, notes, flags = report_plots(run, y, board=board, **plot_options)
+    out.parent.mkdir(parents=True, exist_ok=True)  # after every check: a refused page leaves nothing
     img = lambda name: (f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(pngs[name]).decode()}">'
                         if name in pngs else f'<p class="note">{html.escape(notes.get(name, ""))}</p>')
     note = lambda name: (f'<p class="note">{html.escape(notes[name])}</p>' if name in pngs and notes.get(name) else "")
     info = run.info
-    heat_note = (f'<p class="note">the {MAX_HEAT} best of {len(board)} subjects; the sortable table '
-                 f'lists all.</p>' if len(board) > MAX_HEAT and "p_beats" in pngs else "")
-    bars_note = (f'<p class="note">the plot draws the {MAX_BARS} best of {len(board)} subjects.</p>'
-                 if len(board) > MAX_BARS else "")
+    heat_note = (f'<p class="note">{html.escape(_cut_note(board, MAX_HEAT, "heat map"))} The '
+                 f'sortable table lists all.</p>' if len(board) > MAX_HEAT and "p_beats" in pngs else "")
+    bars_note = (f'<p class="note">{html.escape(_cut_note(board, MAX_BARS, "plot"))}</p>'
+                 if len(board) > MAX_BARS and "leaderboard" in pngs else "")
+    unavailable = item_readouts_unavailable(run.spec)
     review = (_flag_section(run, flags) if flags is not None else
+              f'<p class="note">items not reviewed: {html.escape(unavailable)}</p>' if unavailable else
               '<p class="note">no responses (store not found): items not reviewed</p>')
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>irt-engine report: {html.escape(run.path.name)}</title>
@@ -420,8 +524,7 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
 after {info.get("num_passes")} passes.</p>
 {"".join(f'<p class="note">{html.escape(n)}</p>' for n in fit_notes(info, convergence=False))}
 <h2 id="sec-leaderboard">Leaderboard</h2>{img("leaderboard")}{bars_note}
-<p class="note">click a column header to sort. tie: subjects share a group while their 90% ability
-intervals overlap the group leader's.</p>
+<p class="note">click a column header to sort. {html.escape(_board_explained(board))}</p>
 {_board_table(board)}
 <h2 id="sec-p-beats">P(beats)</h2>{img("p_beats")}{heat_note}
 <h2 id="sec-items">Items for review</h2>{review}

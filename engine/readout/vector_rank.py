@@ -14,11 +14,12 @@ import numpy as np
 import pandas as pd
 
 from engine.errors import SettingsError
-from engine.readout.ranking import pooled_pairs, pooled_statistics, rank_stats, tie_groups
+from engine.readout.ranking import (competition_ranks, pooled_pairs, pooled_statistics, rank_stats,
+                                     tie_groups)
 
 __all__ = ["non_dominated_sort", "dominance_matrix", "dominance_layers", "RankSpec", "parse_rank",
            "skill_board", "pareto_board", "weighted_board", "lexicographic_board", "dominance_board",
-           "vector_leaderboard", "format_vector_board"]
+           "vector_leaderboard", "format_vector_board", "run_vector_board", "board_note"]
 
 
 # ---- non-dominated sorting -----------------------------------------------------------
@@ -268,8 +269,7 @@ def _scalar_board(scores: np.ndarray, subjects, column: str, top_k: int,
     for k, v in rank_stats(scores, top_k, groups).items():
         df[k] = v
     df = df.sort_values(f"{column}_mean", ascending=False, kind="stable").reset_index(drop=True)
-    df.insert(0, "rank", np.arange(1, len(df) + 1))
-    return df
+    return _with_ranks(df, [f"{column}_mean"])
 
 
 def skill_board(draws, subjects, skills, skill: str, top_k: int = 3,
@@ -315,8 +315,7 @@ def pareto_board(draws, subjects, skills, groups: np.ndarray | None = None) -> p
     for d, name in enumerate(skills):
         df[f"{name}_mean"] = means[:, d]
     df = df.sort_values(["front", "front_mean"], kind="stable").reset_index(drop=True)
-    df.insert(0, "rank", np.arange(1, len(df) + 1))
-    return df
+    return _with_ranks(df, ["front", "front_mean"])
 
 
 def lexicographic_board(draws, subjects, skills, groups: np.ndarray | None = None) -> pd.DataFrame:
@@ -333,8 +332,7 @@ def lexicographic_board(draws, subjects, skills, groups: np.ndarray | None = Non
     df = pd.DataFrame(cols)
     order = np.lexsort([-df[f"{skills[0]}_mean"].to_numpy()] + keys[::-1])
     df = df.iloc[order].reset_index(drop=True)
-    df.insert(0, "rank", np.arange(1, len(df) + 1))
-    return df
+    return _with_ranks(df, [f"{skills[0]}_mean", *(f"{name}_group" for name in skills)])
 
 
 def dominance_board(draws, subjects, skills, threshold: float = 0.9,
@@ -354,8 +352,15 @@ def dominance_board(draws, subjects, skills, threshold: float = 0.9,
     for d, name in enumerate(skills):
         df[f"{name}_mean"] = means[:, d]
     df = df.sort_values(["layer", "dominates"], ascending=[True, False], kind="stable").reset_index(drop=True)
-    df.insert(0, "rank", np.arange(1, len(df) + 1))
+    df = _with_ranks(df, ["layer", "dominates"])
     df.attrs["threshold"] = threshold
+    return df
+
+
+def _with_ranks(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``df`` (sorted best first by ``keys``) with a ``rank`` column first: rows equal in
+    every key share the best rank among them (:func:`competition_ranks`)."""
+    df.insert(0, "rank", competition_ranks(*(df[k].to_numpy() for k in keys)))
     return df
 
 
@@ -387,19 +392,46 @@ def vector_leaderboard(draws, subjects, skills, spec: RankSpec, top_k: int = 3,
     return df
 
 
+def run_vector_board(run, rank: str | None = None, *, threshold: float | None = None,
+                     num_draws: int | None = None, seed: int | None = None) -> pd.DataFrame:
+    """The board ``rank`` declares (default ``pareto``) of a run's abilities, read as the
+    run's own board reads them: a sampler's run from its own draws (identical sheets drawn
+    apart), a quadrature fit from each subject's exact posterior, else the Gaussian;
+    subjects of one posterior (identical sheets) from their draws pooled. ``num_draws``
+    (default 1,000) and ``seed`` (default 0) are ``leaderboard --draws/--seed``."""
+    from engine.run import ranking_draws
+
+    spec = parse_rank(rank or "pareto", **({} if threshold is None else {"threshold": threshold}))
+    draws, groups = ranking_draws(run.spec, run.guide, run.quantile_functions,
+                                  1000 if num_draws is None else num_draws,
+                                  0 if seed is None else seed,
+                                  sampled=run.sampler_draws("ability"), by_score=False)
+    skills = list(run.spec.skills) or ["ability"]
+    return vector_leaderboard(draws, run.subjects["subject"].tolist(), skills, spec, groups=groups)
+
+
+BOARD_NOTES = {
+    "skill": "one skill's leaderboard; tie: 90% intervals overlap the group leader's",
+    "pareto": "front: Pareto front of posterior means (1 = nobody better on every skill); "
+              "front_mean, p_front1: over joint posterior draws",
+    "lexicographic": "ranked by the first skill; tied groups (overlapping 90% intervals) by the next",
+}
+
+
+def board_note(df: pd.DataFrame) -> str:
+    """The board's declaration of "better" (weights and thresholds included)."""
+    mode = df.attrs.get("rank", "")
+    if mode == "weights":
+        return "ranked by w . theta per draw; weights " + ", ".join(
+            f"{k}={v:.3g}" for k, v in df.attrs.get("weights", {}).items())
+    if mode == "dominance":
+        return (f"layer: nobody in a layer is dominated by anyone left with posterior mass >= "
+                f"{df.attrs.get('threshold', float('nan')):g}; subjects in one layer are tied")
+    return BOARD_NOTES.get(mode, "")
+
+
 def format_vector_board(df: pd.DataFrame, top_k: int | None = None) -> str:
     """Plain text, with the declaration of "better" first (weights and thresholds included)."""
-    mode = df.attrs.get("rank", "")
-    notes = {
-        "skill": "one skill's leaderboard; tie: 90% intervals overlap the group leader's",
-        "pareto": "front: Pareto front of posterior means (1 = nobody better on every skill); "
-                  "front_mean, p_front1: over joint posterior draws",
-        "weights": "ranked by w . theta per draw; weights " + ", ".join(
-            f"{k}={v:.3g}" for k, v in df.attrs.get("weights", {}).items()),
-        "lexicographic": "ranked by the first skill; tied groups (overlapping 90% intervals) by the next",
-        "dominance": f"layer: nobody in a layer is dominated by anyone left with posterior mass >= "
-                     f"{df.attrs.get('threshold', float('nan')):g}; subjects in one layer are tied",
-    }
     shown = df.head(top_k) if top_k else df
     body = shown.to_string(index=False, float_format=lambda v: f"{v:.3f}")
-    return f"{mode} leaderboard: {notes.get(mode, '')}\n{body}"
+    return f"{df.attrs.get('rank', '')} leaderboard: {board_note(df)}\n{body}"

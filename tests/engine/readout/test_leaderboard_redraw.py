@@ -32,7 +32,7 @@ def exact_run(tmp_path_factory):
 
 
 def _printed_board(out: str) -> pd.DataFrame:
-    lines = [line for line in out.splitlines()[2:] if line[:4].strip().isdigit()]
+    lines = [line for line in out.splitlines()[2:] if line[:4].strip().rstrip("=").isdigit()]
     return pd.DataFrame([line.split() for line in lines]).iloc[:, [2, 6, 7, 8]].set_axis(
         ["subject", "rank90", "p_top1", "p_top3"], axis=1)
 

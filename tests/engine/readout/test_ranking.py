@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import rankdata
 
-from engine.readout.ranking import (identical_subjects, pairwise_beats, pooled_pairs, pooled_statistics,
-                                    rank_stats, ranks_from_draws, tie_groups)
+from engine.readout.ranking import (competition_ranks, identical_subjects, pairwise_beats, pooled_pairs,
+                                    pooled_statistics, rank_stats, ranks_from_draws, tie_groups)
 
 
 @pytest.fixture
@@ -273,3 +273,34 @@ def test_grouped_rank_stats_equal_the_pooled_ranks_statistics(T, S, G, top_k, se
             if members.size == 1:
                 assert got[k][s] == alone[k][s], k
             assert got[k][s] == v, k
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.5, 1.0, 1.0 + 1e-9, 2.0, float("nan")]), max_size=12))
+def test_competition_ranks_match_scipy_min_ranks(values):
+    """Equal means share the best rank among them ("1224"), as scipy's rankdata(method="min")
+    of the negated values; a NaN is never equal (each its own rank, last)."""
+    v = np.asarray(values, float)
+    order = np.argsort(-v, kind="stable")
+    got = competition_ranks(v[order])
+    finite = ~np.isnan(v[order])
+    expected = rankdata(-v[order][finite], method="min")
+    np.testing.assert_array_equal(got[finite], expected)
+    np.testing.assert_array_equal(got[~finite], np.flatnonzero(~finite) + 1)
+
+
+def test_leaderboard_ranks_equal_abilities_alike_and_marks_them():
+    from engine.readout.leaderboard import format_leaderboard, leaderboard
+
+    import pandas as pd
+
+    subjects = pd.DataFrame({"subject": list("abcde"), "ability_mean": [0.2, 0.9, 0.2, 0.2, -1.0],
+                             "ability_q05": [-1.0, 0.0, -1.0, -1.0, -2.0],
+                             "ability_q95": [1.0, 1.5, 1.0, 1.0, 0.0],
+                             "accuracy": [0.5, 0.9, 0.5, 0.5, 0.1], "n_responses": [5] * 5})
+    board = leaderboard(subjects)
+    assert board["rank"].tolist() == [1, 2, 2, 2, 5] and board["subject"].tolist() == list("bacde")
+    text = format_leaderboard(board)
+    assert [line.split()[0] for line in text.splitlines()[2:7]] == ["1", "2=", "2=", "2=", "5"]
+    assert "share one, marked =" in text
+    assert "marked =" not in format_leaderboard(leaderboard(subjects.iloc[:2]))

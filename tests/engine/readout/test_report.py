@@ -13,8 +13,8 @@ import pytest
 
 from engine.cli import main
 from engine.readout.items import FLAG_THRESHOLD, item_flags
-from engine.readout.report import (MAX_HEAT, _heatmap, _leaderboard_plot, plot_label, spread_items,
-                                   write_report)
+from engine.readout.report import (MAX_HEAT, _cut_note, _heatmap, _leaderboard_plot, plot_label,
+                                   spread_items, write_report)
 
 from _item_runs import fit_run, simulate_2pl
 
@@ -127,7 +127,7 @@ def test_large_leaderboard_heat_map_shows_the_top_with_a_note(tmp_path):
     y, _, _ = simulate_2pl(120, 15, seed=5)
     run = fit_run(tmp_path, y, "1pl", name="wide")
     page = write_report(run, tmp_path / "r.html", y)["html"].read_text()
-    assert f"the {MAX_HEAT} best of 120 subjects" in page
+    assert f"the heat map draws the first {MAX_HEAT} of 120 subjects" in page
     assert page.count("leaderboard-row") == 120
     assert "review score &gt; " + f"{FLAG_THRESHOLD:.2f}" in page
 
@@ -195,3 +195,43 @@ def test_report_says_when_the_board_holds_auto_s_mean_field_fallback(run_dir, tm
         run.info["ability_factor"] = factor
     assert ('<p class="note">note: the quadrature fit (abilities integrated out) did not converge '
             "in 3.2 s; these are the mean-field fit&#x27;s intervals") in page
+
+
+def test_a_cut_among_equal_ranks_is_named_not_called_the_best():
+    """LSAT7's 308 perfect sheets share rank 1: the first 60 drawn are a slice of the tie in
+    table order, which "the 60 best" misread."""
+    board = pd.DataFrame({"rank": [1] * 70 + [71, 72], "subject": [f"s{i}" for i in range(72)]})
+    note = _cut_note(board, 60, "plot")
+    assert note == ("the plot draws the first 60 of 72 subjects; the cut falls among 70 subjects "
+                    "of equal ability (rank 1), of whom the first 60 in table order are drawn.")
+    board["rank"] = np.arange(1, 73)
+    assert _cut_note(board, 60, "plot") == "the plot draws the first 60 of 72 subjects."
+
+
+def test_report_of_a_continuous_response_run_leaves_the_item_read_outs_out(tmp_path):
+    """A beta run (scores in (0, 1)): the leaderboard and P(beats) are drawn; the item
+    curves and review, which need binary responses, are notes (the report had failed)."""
+    from engine.api import fit
+    from engine.infer.settings import FitSettings
+    from engine.run import save_run
+
+    rng = np.random.default_rng(3)
+    y = np.clip(rng.beta(2, 3, size=(25, 12)), 0.01, 0.99).astype(np.float32)
+    run = save_run(fit(y, model="beta", settings=FitSettings(seed=0, max_passes=30)), tmp_path / "run",
+                   num_draws=200)
+    assert main(["report", str(run.path), "--out", str(tmp_path / "r.html"), "--items", "0"]) == 2
+    written = write_report(run, tmp_path / "r.html")
+    page = written["html"].read_text()
+    assert set(written) == {"html", "leaderboard", "p_beats"}
+    assert "items not reviewed: model &#x27;beta&#x27;" in page and page.count("leaderboard-row") == 25
+    assert "not drawn: model &#x27;beta&#x27;" in page
+
+
+def test_report_refuses_a_compare_folder_without_its_table_and_makes_no_folder(run_dir, tmp_path, capsys):
+    run, _ = run_dir
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "new" / "r.html"
+    assert main(["report", str(run.path), "--out", str(out), "--compare", str(tmp_path / "empty")]) == 2
+    assert "no compare.parquet in it; pass the --out of irt-engine compare" in capsys.readouterr().err
+    assert main(["report", str(run.path), "--out", str(out), "--stability", str(tmp_path / "empty")]) == 2
+    assert not (tmp_path / "new").exists()  # the page's folder is made only once every check passed

@@ -208,8 +208,15 @@ def test_cli_fit_dims_q_matrix_and_vector_leaderboards(tmp_path, capsys):
         lines = out.splitlines()
         head = lines[1].split()
         rows = pd.DataFrame([line.split() for line in lines[2:42]], columns=head).set_index("subject")
-        twins = rows.loc[["s5", "s6", "s7", "s8"]].drop(columns="rank")
-        assert (twins.nunique() == 1).all(), (rank, twins)  # identical sheets read alike
+        twins = rows.loc[["s5", "s6", "s7", "s8"]]
+        assert (twins.nunique() == 1).all(), (rank, twins)  # identical sheets read alike, one rank
+    # the report of a multi-skill run: the Pareto board, notes where item read-outs need one
+    # scalar ability (it was an internal KeyError)
+    assert main(["report", str(tmp_path / "run"), "--out", str(tmp_path / "page" / "r.html")]) == 0
+    page = (tmp_path / "page" / "r.html").read_text()
+    assert "pareto board: front: Pareto front" in page and "items not reviewed: model &#x27;mirt-comp" in page
+    assert page.count('class="leaderboard-row"') == 40 and "<img" not in page
+    capsys.readouterr()
     assert main(["leaderboard", str(tmp_path / "run"), "--rank", "weights=1"]) == 2
     assert "need 2 non-negative weights" in capsys.readouterr().err
     assert main(["fit", str(tmp_path / "store"), "--out", str(tmp_path / "run2"), "--model", "mirt-noncomp",
