@@ -367,13 +367,28 @@ def cmd_demo(args) -> int:
 
 # --- item analysis and evaluation design -----------------------------------------------
 
+def _check_table_out(out) -> None:
+    """Refuse a table ``--out`` that cannot be written before any work: a name other than
+    .csv or .parquet, an existing folder, or a folder path through a file. An existing
+    file is replaced (atomically) when the table is written."""
+    if out is None:
+        return
+    out = Path(out)
+    if out.suffix not in (".csv", ".parquet"):
+        raise SettingsError(f"--out {out}: use a .csv or .parquet file name")
+    if out.is_dir():
+        raise SettingsError(f"--out {out}: a folder; give a .csv or .parquet file name")
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise SettingsError(f"--out {out}: {parent} is a file, not a folder; choose another path")
+
+
 def _write_table(df, out) -> None:
     """Write a table to ``out`` (.csv or .parquet) atomically."""
     from engine.atomic import atomic_write
 
     out = Path(out)
-    if out.suffix not in (".csv", ".parquet"):
-        raise SettingsError(f"--out {out}: use a .csv or .parquet file name")
+    _check_table_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, lambda tmp: df.to_csv(tmp, index=False) if out.suffix == ".csv"
                  else df.to_parquet(tmp, index=False))
@@ -387,6 +402,9 @@ def _ability_range(text: str | None):
         lo, hi = (float(v) for v in text.split(","))
     except ValueError:
         raise SettingsError(f"--ability {text!r}: expected LO,HI, e.g. --ability -1,2") from None
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise SettingsError(f"--ability {text!r}: expected two finite abilities LO,HI, e.g. "
+                            f"--ability -1,2")
     return lo, hi
 
 
@@ -397,8 +415,10 @@ def cmd_items(args) -> int:
                                       load_run_responses, quartile_table, review_items)
     from engine.run import load_run
 
+    _check_table_out(args.out)  # before any work
     run = load_run(args.run)
     y = load_run_responses(run, args.store)
+    chosen = choose_subjects(run, y, args.subjects.split(",") if args.subjects else None)
     table = review_items(run, y, top=None if args.out else args.top, num_subjects=args.num_subjects,
                          include_set_aside=bool(args.out))
     show = ["item", "review_score", "flagged", "reversal_z"] + \
@@ -418,8 +438,6 @@ def cmd_items(args) -> int:
         print("\nsubjects disagreeing most with the model on those items:")
         for r in table.head(args.top).itertuples():
             print(f"  {r.item}: {r.disagreeing}")
-        names = args.subjects.split(",") if args.subjects else None
-        chosen = choose_subjects(run, y, names)
         quart = quartile_table(run.items, run.subjects, y, chosen, expected_probabilities(run, chosen))
         print(f"\naccuracy by difficulty and discrimination quartile ({quart.attrs['num_items']} items, "
               f"{quart.attrs['excluded_negative_discrimination']} with negative discrimination left out):")
@@ -433,6 +451,7 @@ def cmd_score(args) -> int:
     from engine.readout.leaderboard import format_leaderboard, leaderboard
     from engine.score import score
 
+    _check_table_out(args.out)  # before any work
     t0 = time.perf_counter()
     board, res = score(args.run, args.responses, num_draws=args.draws, seed=args.seed,
                        method=args.method)
@@ -462,6 +481,7 @@ def cmd_subset(args) -> int:
     from engine.readout.subset import evaluate_subsets, select_informative, target_grid
     from engine.run import load_run
 
+    _check_table_out(args.out)  # before any work
     run = load_run(args.run)
     y = load_run_responses(run, args.store)
     bank = item_bank(run.spec, run.guide)
@@ -492,6 +512,7 @@ def cmd_calibration(args) -> int:
     from engine.readout.items import expected_probabilities, load_run_responses
     from engine.run import load_run
 
+    _check_table_out(args.out)  # before any work
     run = load_run(args.run)
     y = load_run_responses(run, args.store)
     subjects, items = run.subjects["subject"].astype(str), run.items["item"].astype(str)
@@ -545,6 +566,9 @@ def cmd_compare(args) -> int:
 
         q = read_q_matrix(args.q_matrix, items=[str(i) for i in open_store(args.store).items])
     models = parse_models(args.models, q_matrix=q)  # a bad token fails before any fit
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SettingsError(f"--out {args.out}: a file; compare writes a folder (compare.parquet "
+                            f"and compare.json): choose a folder path")
     if args.out and (Path(args.out) / "compare.parquet").exists() and not args.overwrite:
         raise RunExistsError(f"{Path(args.out) / 'compare.parquet'} exists; pass --overwrite or "
                              f"choose another --out")

@@ -326,7 +326,16 @@ def read_new_responses(run: Run, responses: str | Path | Store) -> tuple[np.ndar
         from engine.data import ingest
 
         with tempfile.TemporaryDirectory(prefix="irt-score-") as tmp:
-            store = ingest(responses, Path(tmp) / "store", kind=kind)  # values checked there
+            try:
+                store = ingest(responses, Path(tmp) / "store", kind=kind)  # values checked there
+            except DataFormatError as err:  # ingest's fix names its --kind, which score lacks
+                text = str(err)
+                if ", or ingest with another --kind" in text:
+                    text = (text.split(", or ingest with another --kind")[0] +
+                            f"; run {run.path} was fitted to {kind} responses, so new ones "
+                            f"are read as {kind}")
+                    raise DataFormatError(text) from None
+                raise
             y_new, subjects, items = store.load(), store.subjects, store.items
     items = [str(s) for s in items.tolist()]
     index = {str(s): j for j, s in enumerate(run.items["item"].astype(str))}
@@ -385,9 +394,12 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
 
 
 def score(run: Run | str | Path, responses, *, settings: FitSettings | None = None,
-          num_draws: int = 1000, top_k: int = 3, seed: int = 0,
+          num_draws: int = 1000, top_k: int | None = None, seed: int = 0,
           method: str = "auto") -> tuple[pd.DataFrame, FitResult]:
     """Score new subjects and place them on the run's leaderboard.
+
+    ``top_k`` (P(top-k) on the combined board) is by default the run's own (fit.json's
+    ``readout.top_k``), so the board reads as the run's leaderboard does.
 
     Returns
     -------
@@ -399,6 +411,8 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
     >>> board, res = score("runs/nlu", "new_models.csv")  # doctest: +SKIP
     """
     run = _run(run)
+    if top_k is None:
+        top_k = int((run.info.get("readout") or {}).get("top_k") or 3)
     if any(p.shape != () for p in run.spec.by_owner("subject")):
         raise SettingsError(f"run {run.path} has vector abilities (model {run.info['model']!r}); "
                             f"score places scalar abilities on a leaderboard: score a scalar-ability "

@@ -57,7 +57,10 @@ def get_model(name: str, **options) -> ModelSpec:
     try:
         inspect.signature(MODELS[name]).bind(**options)
     except TypeError as err:  # an option the builder does not take
-        raise ModelError(f"model {name!r}: {err}; see the builder's documented options") from None
+        taken = [p for p in inspect.signature(MODELS[name]).parameters
+                 if p not in ("self", "args", "kwargs")]
+        raise ModelError(f"model {name!r}: {err}; its options are {', '.join(taken) or 'none'}") \
+            from None
     return MODELS[name](**options)
 
 

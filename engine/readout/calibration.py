@@ -18,6 +18,7 @@ matrix of the responses' shape and ids:
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import jax
@@ -48,13 +49,22 @@ def load_confidences(path: str | Path, subjects, items) -> np.ndarray:
     if not path.is_file():
         raise DataFormatError(f"{path}: no such confidence file; give a wide CSV or Parquet "
                               f"table (subject column, then one column per item)")
-    try:
-        df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    try:  # CSV cells as text: ids as written ("01" stays "01"; an empty id stays empty)
+        df = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, dtype=object)
     except Exception as err:
         raise DataFormatError(f"{path}: cannot read as {'Parquet' if path.suffix == '.parquet' else 'CSV'} "
                               f"({err})") from err
     if df.shape[1] < 2:
         raise DataFormatError(f"{path}: needs a subject column and at least one item column")
+    header = _header(path, df)
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:  # pandas renames a repeated CSV column "V 1" to "V 1.1"
+        raise DataFormatError(f"{path}: column(s) {repeated[:5]} appear more than once in the "
+                              f"header; give each item one column")
+    missing_id = np.flatnonzero(pd.isna(df.iloc[:, 0]).to_numpy())
+    if missing_id.size:
+        raise DataFormatError(f"{where_row(path, int(missing_id[0]))}, column {df.columns[0]!r}: no "
+                              f"subject id ({missing_id.size} row(s)); give every row its subject")
     ids = df.iloc[:, 0].astype(str).to_numpy()
     s_index = {str(s): k for k, s in enumerate(subjects)}
     i_index = {str(i): k for k, i in enumerate(items)}
@@ -79,11 +89,29 @@ def load_confidences(path: str | Path, subjects, items) -> np.ndarray:
     bad = (np.isnan(values) & pd.notna(raw)) | (values < 0) | (values > 1)
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise DataFormatError(f"{where_row(path, r)}, column {cols[c]!r}: got "
-                              f"{cell_text(raw[r, c])}; expected a confidence in [0, 1] or empty")
+        shown = raw[r, c] if isinstance(raw[r, c], str) and np.isfinite(values[r, c]) else \
+            cell_text(raw[r, c])  # a CSV number as written, text quoted
+        raise DataFormatError(f"{where_row(path, r)}, column {cols[c]!r}: got {shown}; expected "
+                              f"a confidence in [0, 1] or empty")
+    if not np.isfinite(values).any():
+        raise DataFormatError(f"{path}: holds no confidences ({len(df)} row(s), every cell empty); "
+                              f"give confidences in [0, 1]")
     out = np.full((len(s_index), len(i_index)), np.nan)
     out[np.ix_([s_index[s] for s in ids], [i_index[c] for c in cols])] = values
     return out
+
+
+def _header(path: Path, df: pd.DataFrame) -> list[str]:
+    """The column names as the file writes them (a CSV's first line, before pandas renames
+    repeats), else the table's."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return [str(c) for c in pq.read_schema(path).names]
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return [str(c) for c in next(csv.reader(f), list(df.columns))]
 
 
 def overconfidence(p_correct: np.ndarray, confidence: np.ndarray) -> np.ndarray:
@@ -172,29 +200,39 @@ def calibration_report(p_irt: np.ndarray, y: np.ndarray, confidence: np.ndarray,
 
     Returns ``{"subjects": ..., "items": ..., "extreme_items": ...}``: per subject the mean
     overconfidence, ECE before and after the joint model and its ``gamma``; per item the
-    mean overconfidence over subjects; the ``top`` items with the most extreme mean.
+    mean overconfidence over subjects; the ``top`` items with the most extreme mean. Every
+    column reads the cells holding both a response and a confidence (``n_confidences``);
+    a subject without any has NaN, never the prior's ``gamma``.
     """
     over = overconfidence(p_irt, confidence)
     joint = fit_confidence_model(y, confidence)
     after = calibrated_confidence(confidence, joint["gamma"])
     after[~np.isfinite(confidence)] = np.nan
-    with np.errstate(invalid="ignore"):
+    # every column reads the cells with both a response and a confidence, as the ECEs do
+    scored = (y >= 0) & np.isfinite(confidence)
+    right = np.where(scored, y, 0)
+    n_subject, n_item = scored.sum(1), scored.sum(0)
+    with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a row without confidences: NaN
         subj = pd.DataFrame({
             "subject": np.asarray(subjects, dtype=object),
-            "mean_overconfidence": np.nanmean(over, axis=1),
-            "mean_confidence": np.nanmean(confidence, axis=1),
-            "accuracy": np.where(y >= 0, y, 0).sum(1) / np.maximum((y >= 0).sum(1), 1),
+            "n_confidences": n_subject,
+            "mean_overconfidence": np.nanmean(np.where(scored, over, np.nan), axis=1),
+            "mean_confidence": np.nanmean(np.where(scored, confidence, np.nan), axis=1),
+            "accuracy": np.where(n_subject > 0, right.sum(1) / np.maximum(n_subject, 1), np.nan),
             "ece_before": expected_calibration_error(confidence, y),
             "ece_after": expected_calibration_error(after, y),
             "ece_irt": expected_calibration_error(np.where(np.isfinite(confidence), p_irt, np.nan), y),
-            "gamma": joint["gamma"],
+            # a subject without confidences has only the prior's gamma: not a reading
+            "gamma": np.where(n_subject > 0, joint["gamma"], np.nan),
         })
         item = pd.DataFrame({
             "item": np.asarray(items, dtype=object),
-            "mean_overconfidence": np.nanmean(over, axis=0),
-            "sd_overconfidence": np.nanstd(over, axis=0),
-            "mean_confidence": np.nanmean(confidence, axis=0),
-            "mean_response": np.where(y >= 0, y, 0).sum(0) / np.maximum((y >= 0).sum(0), 1),
+            "n_confidences": n_item,
+            "mean_overconfidence": np.nanmean(np.where(scored, over, np.nan), axis=0),
+            "sd_overconfidence": np.nanstd(np.where(scored, over, np.nan), axis=0),
+            "mean_confidence": np.nanmean(np.where(scored, confidence, np.nan), axis=0),
+            "mean_response": np.where(n_item > 0, right.sum(0) / np.maximum(n_item, 1), np.nan),
             "joint_difficulty": joint["difficulty"],
         })
     extreme = item.reindex(item["mean_overconfidence"].abs().sort_values(ascending=False).index).head(top)

@@ -32,6 +32,8 @@ def target_grid(abilities: np.ndarray, ability_range: tuple[float, float] | None
     if ability_range is None:
         return np.quantile(np.asarray(abilities, np.float64), np.linspace(0.0, 1.0, num_grid))
     lo, hi = ability_range
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise SettingsError(f"ability range {lo},{hi}: need two finite abilities")
     if not lo <= hi:
         raise SettingsError(f"ability range {lo},{hi}: need LO <= HI")
     return np.linspace(lo, hi, num_grid)

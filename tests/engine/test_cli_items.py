@@ -96,3 +96,60 @@ def test_subset_command_reports_tau_against_random(lsat_run, capsys):
                      "--out", str(out)]) == 0, capsys.readouterr().err
         chosen[form[-1]] = pd.read_csv(out)["item"].tolist()
     assert chosen["-1,2"] == chosen["--ability=-1,2"] and len(chosen["-1,2"]) == 2
+
+
+@needs_data
+def test_table_commands_refuse_a_bad_out_and_bad_options_before_any_work(lsat_run, capsys):
+    """--out x.txt, --out a folder, --subjects zz and --ability -1,inf were found only after
+    the whole computation had run and printed (or, for --ability inf, printed NaN
+    information and the first items as "chosen")."""
+    run = str(lsat_run / "r")
+    (lsat_run / "folder.csv").mkdir(exist_ok=True)
+    capsys.readouterr()
+    for argv, said in (
+            (["items", run, "--out", str(lsat_run / "x.txt")], "use a .csv or .parquet file name"),
+            (["items", run, "--subjects", "1,zz"], "zz"),
+            (["subset", run, "--size", "2", "--out", str(lsat_run / "folder.csv")], "a folder"),
+            (["subset", run, "--size", "2", "--ability", "-1,inf"], "two finite abilities"),
+            (["subset", run, "--size", "2", "--ability", "nan,1"], "two finite abilities"),
+            (["score", run, str(lsat_run / "new.csv"), "--out", str(lsat_run / "x.json")],
+             "use a .csv or .parquet file name")):
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        assert said in captured.err and captured.out == "", (argv, captured)
+
+
+@needs_data
+def test_score_reads_the_runs_top_k(lsat_run, capsys):
+    """A run fitted with --top-k 10: score's combined board has P(top10), as the run's
+    leaderboard does (it was P(top3) whatever the run)."""
+    assert main(["fit", str(lsat_run / "s"), "--model", "1pl", "--out", str(lsat_run / "r10"),
+                 "--quiet", "--draws", "200", "--top-k", "10"]) == 0
+    out = lsat_run / "board10.csv"
+    assert main(["score", str(lsat_run / "r10"), str(lsat_run / "new.csv"), "--out", str(out)]) == 0
+    columns = pd.read_csv(out).columns
+    assert "p_top10" in columns and "p_top3" not in columns
+    assert "P(top10)" in capsys.readouterr().out
+
+
+@needs_data
+def test_compare_refuses_an_out_that_is_a_file_before_fitting(lsat_run, capsys):
+    (lsat_run / "afile.txt").write_text("hi")
+    assert main(["compare", str(lsat_run / "s"), "--models", "1pl", "--out",
+                 str(lsat_run / "afile.txt"), "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert "a file; compare writes a folder" in captured.err and "models fitted" not in captured.out
+
+
+@needs_data
+def test_errors_name_what_the_user_can_pass(lsat_run, capsys):
+    """A model option the builder lacks lists the ones it takes; a value outside the run's
+    kind in score's input names the run's kind (ingest's fix, "--kind", is not score's)."""
+    assert main(["compare", str(lsat_run / "s"), "--models", "2pl:foo=1", "--quiet"]) == 2
+    assert "its options are prior, signed_discrimination" in capsys.readouterr().err
+    bad = lsat_run / "half.csv"
+    bad.write_text("subject_id,item1,item2,item3,item4,item5\nzz,1,0.5,1,1,0\n")
+    assert main(["score", str(lsat_run / "r"), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert 'half.csv line 2, column "item2": got 0.5' in err and "--kind" not in err
+    assert "was fitted to binary responses, so new ones are read as binary" in err

@@ -92,3 +92,42 @@ def test_calibration_command_and_bad_confidence_file(simulated, capsys):
         load_confidences(tmp / "twice.csv", run.subjects["subject"], run.items["item"])
     with pytest.raises(DataFormatError, match="not items of the run"):
         load_confidences(tmp / "c.csv", run.subjects["subject"], run.items["item"])
+
+
+def test_partial_confidences_read_only_their_cells(simulated, capsys):
+    """Confidences for 10 subjects and 5 items: every other subject reads NaN (its gamma was
+    the prior's 1.000, read as perfectly calibrated), and accuracy is over the cells with a
+    confidence, as the ECE is (it was over every response)."""
+    run, y, conf, *_, tmp = simulated
+    subjects, items = run.subjects["subject"], run.items["item"]
+    part = pd.DataFrame(conf[:10, :5], columns=items[:5])
+    part.insert(0, "subject", subjects[:10].to_numpy())
+    part.to_csv(tmp / "part.csv", index=False)
+    loaded = load_confidences(tmp / "part.csv", subjects, items)
+    p_irt = expected_probabilities(run, np.arange(len(y)))
+    rep = calibration_report(p_irt, y, loaded, subjects, items)
+    s = rep["subjects"]
+    assert s["gamma"].iloc[10:].isna().all() and s["gamma"].iloc[:10].notna().all()
+    assert (s["n_confidences"].iloc[:10] == 5).all() and (s["n_confidences"].iloc[10:] == 0).all()
+    np.testing.assert_allclose(s["accuracy"].iloc[:10], y[:10, :5].mean(axis=1))
+    assert s["accuracy"].iloc[10:].isna().all()
+    it = rep["items"]
+    np.testing.assert_allclose(it["mean_response"].iloc[:5], y[:10, :5].mean(axis=0))
+    assert it["mean_response"].iloc[5:].isna().all()
+
+
+def test_confidence_files_without_confidences_ids_or_with_repeated_columns(simulated):
+    run, y, conf, *_, tmp = simulated
+    subjects, items = run.subjects["subject"], run.items["item"]
+    (tmp / "header.csv").write_text("subject," + ",".join(items[:3]) + "\n")
+    with pytest.raises(DataFormatError, match=r"header\.csv: holds no confidences \(0 row"):
+        load_confidences(tmp / "header.csv", subjects, items)
+    first = str(items.iloc[0])
+    (tmp / "twice.csv").write_text(f"subject,{first},{first}\n{subjects.iloc[0]},0.5,0.6\n")
+    with pytest.raises(DataFormatError, match=rf"twice\.csv: column\(s\) \['{first}'\] appear more "
+                                              r"than once in the header"):
+        load_confidences(tmp / "twice.csv", subjects, items)
+    (tmp / "noid.csv").write_text(f"subject,{first}\n{subjects.iloc[0]},0.5\n,0.6\n")
+    with pytest.raises(DataFormatError, match=r"noid\.csv line 3, column 'subject': no subject id "
+                                              r"\(1 row\(s\)\)"):
+        load_confidences(tmp / "noid.csv", subjects, items)
