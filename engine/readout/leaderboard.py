@@ -164,12 +164,21 @@ def format_leaderboard(board: pd.DataFrame) -> str:
 def fallback_notes(table) -> list[str]:
     """One line per model of a ``compare`` table whose default fit's quadrature route gave
     up, so that its row scores the mean-field fit, or NUTS's on a small matrix (``fit_note``:
-    why; NLU rte, 2PL: 41 s of 500 passes). A table written before the column has none."""
+    why; NLU rte, 2PL: 41 s of 500 passes), and one per model whose scored fit did not
+    converge (``converged``). A table written before a column has none of its lines."""
     notes = table["fit_note"] if "fit_note" in table else [""] * len(table)
     methods = table["fit_method"] if "fit_method" in table else ["mean-field"] * len(table)
-    return [f"{model}: the quadrature fit (abilities integrated out) did not converge ({why}); "
-            f"its row scores the {'NUTS' if method == 'nuts' else 'mean-field'} fit"
-            for model, why, method in zip(table["model"], notes, methods) if why]
+    converged = table["converged"] if "converged" in table else [True] * len(table)
+    out = [f"{model}: the quadrature fit (abilities integrated out) did not converge ({why}); "
+           f"its row scores the {'NUTS' if method == 'nuts' else 'mean-field'} fit"
+           for model, why, method in zip(table["model"], notes, methods) if why]
+    # a row whose fit (the one it scores) did not converge either, said once per model
+    out += [f"{model}: the fit its row scores did not converge ("
+            + ("NUTS: R-hat over 1.01; `irt-engine fit --method nuts` on the training data shows it"
+               if method == "nuts" else "it stopped at --max-passes")
+            + "); read its scores with care"
+            for model, method, ok in zip(table["model"], methods, converged) if not bool(ok)]
+    return out
 
 
 def fit_notes(info: Mapping, convergence: bool = True) -> list[str]:

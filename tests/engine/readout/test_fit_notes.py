@@ -51,6 +51,12 @@ def test_compare_names_the_fit_each_fallen_back_row_scores():
     assert second.startswith("2pl: ") and second.endswith("its row scores the NUTS fit")
     older = {"model": ["1pl"], "fit_note": ["3 iterations"]}  # written before fit_method
     assert fallback_notes(older)[0].endswith("the mean-field fit")
+    # a row whose scored fit did not converge says so (a NUTS row read converged False alone)
+    table |= {"converged": [True, False, False]}
+    notes = fallback_notes(table)
+    assert len(notes) == 4
+    assert notes[2].startswith("2pl: the fit its row scores did not converge (NUTS: R-hat over 1.01")
+    assert notes[3].startswith("3pl: the fit its row scores did not converge (it stopped at --max-passes")
 
 
 def test_divergent_nuts_transitions_are_named_with_the_remedy():
