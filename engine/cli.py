@@ -1057,8 +1057,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.argv[1:] if argv is None else list(argv)))
     except SystemExit as done:  # --help, --version, or a one-line option error (exit 2)
         return done.code if isinstance(done.code, int) else 2
-    use_compilation_cache()
     try:
+        use_compilation_cache()  # a bad IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE: one line, exit 2
         stdout, sys.stdout = sys.stdout, EscapedStream(sys.stdout)
         try:
             with warnings.catch_warnings():

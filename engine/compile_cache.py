@@ -67,8 +67,12 @@ def prune_compilation_cache(max_bytes: int | None = None, *, keep_share: float =
 
     Only the cache's own entries are removed (JAX's ``*-cache`` files with their ``-atime``
     stamps, and ``traces/*.exported``); an entry's last use is the latest of its access
-    time, modification time and JAX's stamp. An entry another process removes or is still
-    writing is skipped: a reader then finds a miss and compiles again.
+    time, modification time and JAX's stamp. JAX stamps its entries only with its own size
+    cap on, and file systems keep access times loosely (``relatime``: at most once a day;
+    ``noatime``: never), so "least recently used" is to about a day for JAX's entries and
+    falls back to their creation; a trace marks its own use when read. An entry another
+    process removes first is skipped; a reader whose entry is removed under it warns and
+    compiles again (JAX) or exports again (traces), never runs a partial program.
     """
     if not compilation_cache_enabled():
         return 0

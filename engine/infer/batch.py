@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from engine.compile_cache import use_compilation_cache
+from engine.compile_cache import count_compiles, use_compilation_cache
 from engine.infer.elbo import make_block_terms
 from engine.infer.fit import converged_at
 from engine.infer.guide import FitState, GuideState
@@ -115,7 +115,8 @@ def fit_batch(spec: ModelSpec, y: np.ndarray, init: GuideState, seeds, num_passe
     seeds = fill(np.asarray(seeds, np.uint32).reshape(T))
     keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds))
     guide = jax.tree.map(lambda a: jnp.asarray(fill(np.asarray(a, np.float32))), init)
-    out, trace = run(guide, jnp.asarray(fill(y)), keys)
+    with count_compiles():  # a batch that compiled a new program prunes the cache to its cap
+        out, trace = run(guide, jnp.asarray(fill(y)), keys)
     out = jax.tree.map(lambda a: np.asarray(a)[:T], out)
     trace = np.asarray(trace)[:T]
     converged = np.array([converged_at(list(t), settings.tol, window, min(settings.min_passes, len(t)))

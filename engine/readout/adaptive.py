@@ -159,10 +159,11 @@ def num_heldout(fraction: float, num_subjects: int) -> int:
     num_out = int(round(fraction * num_subjects))
     if num_subjects < 2:
         raise SettingsError(f"the run has {num_subjects} subject(s); a held-out ranking needs at least 2")
-    if num_out < 2:
+    if num_out < 2:  # a share below 1 that rounds to 2 (1.5 / S rounds up to 2 exactly)
+        works = 2.0 / num_subjects if num_subjects > 2 else 1.5 / num_subjects
         raise SettingsError(f"--holdout {fraction:g} holds out {num_out} of the run's {num_subjects} "
                             f"subjects; a held-out ranking needs at least 2: pass --holdout "
-                            f"{2.0 / num_subjects:.2g} or more")
+                            f"{works:.2g} or more")
     return num_out
 
 

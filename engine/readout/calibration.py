@@ -28,7 +28,7 @@ import pandas as pd
 from jax.scipy.special import gammaln
 from scipy.optimize import minimize
 
-from engine.data.formats.validate import cell_text, where_row
+from engine.data.formats.validate import cell_text, read_header, where_row
 from engine.errors import DataFormatError
 from engine.host import to_device
 
@@ -56,7 +56,7 @@ def load_confidences(path: str | Path, subjects, items) -> np.ndarray:
                               f"({err})") from err
     if df.shape[1] < 2:
         raise DataFormatError(f"{path}: needs a subject column and at least one item column")
-    header = _header(path, df)
+    header = [str(c) for c in read_header(path)]
     repeated = sorted({c for c in header if header.count(c) > 1})
     if repeated:  # pandas renames a repeated CSV column "V 1" to "V 1.1"
         raise DataFormatError(f"{path}: column(s) {repeated[:5]} appear more than once in the "
@@ -99,19 +99,6 @@ def load_confidences(path: str | Path, subjects, items) -> np.ndarray:
     out = np.full((len(s_index), len(i_index)), np.nan)
     out[np.ix_([s_index[s] for s in ids], [i_index[c] for c in cols])] = values
     return out
-
-
-def _header(path: Path, df: pd.DataFrame) -> list[str]:
-    """The column names as the file writes them (a CSV's first line, before pandas renames
-    repeats), else the table's."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return [str(c) for c in pq.read_schema(path).names]
-    import csv
-
-    with open(path, newline="", encoding="utf-8") as f:
-        return [str(c) for c in next(csv.reader(f), list(df.columns))]
 
 
 def overconfidence(p_correct: np.ndarray, confidence: np.ndarray) -> np.ndarray:

@@ -109,11 +109,14 @@ def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFram
     ties = tie_groups(mean, _floats(table, f"{key}_q05"), _floats(table, f"{key}_q95"))
     order = np.argsort(-mean, kind="stable")  # descending, ties in table order, NaN last
     rank = competition_ranks(mean[order])
+    values, counts = np.unique(rank, return_counts=True)
+    shared = [int(v) for v in values[counts > 1]]  # over the whole board, before any cut
     if frame:
         df = subjects.copy()
         df["tie_group"] = ties
         df = df.iloc[order].reset_index(drop=True)
         df.insert(0, "rank", rank)
+        df.attrs["shared_ranks"] = shared
         return df.head(top_k) if top_k else df
     if top_k:
         order, rank = order[:top_k], rank[:top_k]
@@ -139,7 +142,9 @@ def format_leaderboard(board: pd.DataFrame) -> str:
     p_top1 = cols.get("p_top1", nan)
     rank = np.asarray(cols["rank"]).astype(np.int64)
     values, counts = np.unique(rank, return_counts=True)
-    shared = np.isin(rank, values[counts > 1])
+    # ranks shared on the whole board (a DataFrame cut by top_k keeps them), else on these rows
+    whole = getattr(board, "attrs", {}).get("shared_ranks")
+    shared = np.isin(rank, whole if whole is not None else values[counts > 1])
     for i, name in enumerate(names):
         interval = f"[{cols[f'{key}_q05'][i]:+.2f}, {cols[f'{key}_q95'][i]:+.2f}]"
         # to the nearest rank: a group's pooled quantiles may fall between two

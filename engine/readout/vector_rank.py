@@ -352,7 +352,7 @@ def dominance_board(draws, subjects, skills, threshold: float = 0.9,
     for d, name in enumerate(skills):
         df[f"{name}_mean"] = means[:, d]
     df = df.sort_values(["layer", "dominates"], ascending=[True, False], kind="stable").reset_index(drop=True)
-    df = _with_ranks(df, ["layer", "dominates"])
+    df = _with_ranks(df, ["layer"])  # a layer is a tie (the board's declaration)
     df.attrs["threshold"] = threshold
     return df
 

@@ -286,3 +286,15 @@ def test_a_fit_that_added_entries_prunes_the_folder(tmp_path, monkeypatch):
     with cc.count_compiles():
         cc._on_event("/jax/compilation_cache/cache_hits")
     assert calls == [1]
+
+
+def test_a_bad_cap_is_one_line_from_any_command(tmp_path, monkeypatch, capsys):
+    """The cap is read as every command starts: a bad value is the command's error (exit 2),
+    not a traceback."""
+    from engine.cli import main
+
+    monkeypatch.setenv("IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE", "1.5X")
+    monkeypatch.delenv("IRT_ENGINE_COMPILATION_CACHE", raising=False)
+    assert main(["leaderboard", str(tmp_path / "no-run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("irt-engine leaderboard: error: IRT_ENGINE_COMPILATION_CACHE_MAX_SIZE='1.5X'")

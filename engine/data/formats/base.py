@@ -267,7 +267,7 @@ def walk_files(root: Path, keep) -> list[Path]:
             dirs[:] = []
             continue
         seen.add(real)
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))  # one order anywhere
         for name in names:
             p = here / name
             if name.startswith((".", "_")):

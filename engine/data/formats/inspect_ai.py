@@ -16,6 +16,7 @@ scorer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -38,8 +39,8 @@ def _is_json_log(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
             head = f.read(4096)
-    except OSError:
-        return False
+    except OSError:  # a link to nothing is taken, so that the folder walk names it
+        return path.is_symlink() and not path.exists()
     text = b"".join(head.split())
     return text.startswith(b'{"version":') and b'"eval":' in text
 
@@ -118,8 +119,16 @@ class InspectLogs(LogFormat):
             yield last
 
 
-# the text values Inspect's value_to_float reads (any case), besides numeric text
-_SCORE_TEXT = {"c": 1.0, "i": 0.0, "p": 0.5, "n": 0.0, "yes": 1.0, "true": 1.0, "no": 0.0, "false": 0.0}
+def _inspect_reads(text: str) -> bool:
+    """Whether Inspect's ``value_to_float`` (inspect-ai 0.3.285, ``scorer/_metric.py``) reads
+    ``text`` without falling back to 0: the sentinels "C", "I", "P", "N" exactly; yes, no,
+    true, false in any case (not stripped); text ``float`` parses to a finite number."""
+    if text in ("C", "I", "P", "N") or text.lower() in ("yes", "true", "no", "false"):
+        return True
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _score(value, to_float, where: str) -> float:
@@ -129,13 +138,10 @@ def _score(value, to_float, where: str) -> float:
     if isinstance(value, (list, dict)):
         raise DataFormatError(f"{where}: a {type(value).__name__} value; pick a scorer with one "
                               f"value per sample with --metric")
-    if isinstance(value, str) and value.strip().lower() not in _SCORE_TEXT:
-        try:
-            float(value)
-        except ValueError:
-            raise DataFormatError(f"{where}: got text {value!r}; expected a number, true/false, "
-                                  f"yes/no or C/I/P/N (Inspect would read it as 0): fix the "
-                                  f"scorer's value, or pick another scorer with --metric") from None
+    if isinstance(value, str) and not _inspect_reads(value):
+        raise DataFormatError(f"{where}: got text {value!r}; expected a finite number, true/false, "
+                              f"yes/no or C/I/P/N (Inspect would read it as 0): fix the scorer's "
+                              f"value, or pick another scorer with --metric")
     elif value is None or not isinstance(value, (str, bool, int, float)):
         raise DataFormatError(f"{where}: got {value!r}; expected a number, true/false, yes/no or "
                               f"C/I/P/N (Inspect would read it as 0): rescore the sample, or pick "

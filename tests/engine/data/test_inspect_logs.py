@@ -79,7 +79,7 @@ def test_scorers_need_metric_and_list_values_are_errors(tmp_path):
 
 
 @pytest.mark.skipif(not HAVE_INSPECT, reason="needs the inspect extra (inspect-ai)")
-@pytest.mark.parametrize("value", ["maybe", "unknown", ""])
+@pytest.mark.parametrize("value", ["maybe", "unknown", "", "c", "p", " yes ", "nan", "inf"])
 def test_a_score_inspect_would_read_as_zero_is_refused(tmp_path, value):
     """Inspect's value_to_float turns text it does not know (and None) into 0 with a log
     warning; the cell was stored as 0."""

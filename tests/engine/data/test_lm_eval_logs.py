@@ -209,3 +209,17 @@ def test_one_folder_of_two_log_formats_is_refused(runs, tmp_path):
                                               rf"helm\); ingest one format at a time"):
         ingest(root, tmp_path / "a.zarr", metric="acc_norm,exact_match")
     assert not (tmp_path / "a.zarr").exists()
+
+
+def test_a_link_to_nothing_is_named_whatever_the_format_looks_for(tmp_path):
+    """A dangling ``.json`` link: Inspect's detector opens .json files to read them, and a
+    link it could not open was skipped without a word."""
+    import os
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    os.symlink(tmp_path / "gone.json", logs / "2026-01-01_toy.json")
+    with pytest.raises(DataFormatError, match=r"2026-01-01_toy\.json: a link to .*gone\.json, which "
+                                              r"does not exist"):
+        ingest(logs, tmp_path / "s.zarr")
+    assert not (tmp_path / "s.zarr").exists()

@@ -131,3 +131,13 @@ def test_confidence_files_without_confidences_ids_or_with_repeated_columns(simul
     with pytest.raises(DataFormatError, match=r"noid\.csv line 3, column 'subject': no subject id "
                                               r"\(1 row\(s\)\)"):
         load_confidences(tmp / "noid.csv", subjects, items)
+
+
+def test_a_gzipped_confidence_file_reads(simulated):
+    run, y, conf, *_, tmp = simulated
+    subjects, items = run.subjects["subject"], run.items["item"]
+    df = pd.DataFrame(conf[:4, :3], columns=items[:3])
+    df.insert(0, "subject", subjects[:4].to_numpy())
+    df.to_csv(tmp / "conf.csv.gz", index=False)
+    got = load_confidences(tmp / "conf.csv.gz", subjects, items)
+    np.testing.assert_allclose(got[:4, :3], conf[:4, :3])

@@ -304,3 +304,6 @@ def test_leaderboard_ranks_equal_abilities_alike_and_marks_them():
     assert [line.split()[0] for line in text.splitlines()[2:7]] == ["1", "2=", "2=", "2=", "5"]
     assert "share one, marked =" in text
     assert "marked =" not in format_leaderboard(leaderboard(subjects.iloc[:2]))
+    # a --top-k cut inside the shared rank still marks it: the sharing is the whole board's
+    cut = format_leaderboard(leaderboard(subjects, top_k=2))
+    assert [line.split()[0] for line in cut.splitlines()[2:4]] == ["1", "2="] and "marked =" in cut

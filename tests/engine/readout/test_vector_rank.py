@@ -126,6 +126,9 @@ def test_dominance_board_ties(draws):
     board = vector_leaderboard(d, subjects, skills, parse_rank("dominance", threshold=0.95)).set_index("subject")
     assert board.loc["d", "layer"] > board.loc["c", "layer"]  # c dominates d with high mass
     assert board.loc["a", "layer"] == board.loc["b", "layer"] == 1  # incomparable: a tie
+    # one layer, one rank (the board calls a layer a tie): ranks follow the layers
+    assert board.loc["a", "rank"] == board.loc["b", "rank"] == 1
+    assert (board.groupby("layer")["rank"].nunique() == 1).all()
     assert "posterior mass >= 0.95" in format_vector_board(vector_leaderboard(
         d, subjects, skills, RankSpec("dominance", threshold=0.95)))
 
