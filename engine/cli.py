@@ -110,7 +110,8 @@ def cmd_ingest(args) -> int:
     with exclusive_lock(Path(args.out)):  # one writer; a killed one's spill and temp removed
         store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite,
                        layout=args.layout, memory_budget=budget, kind=args.kind,
-                       id_column=args.id_column, metric=args.metric, keep=args.keep)
+                       id_column=args.id_column, metric=args.metric, keep=args.keep,
+                       filters=args.filter)
     if args.format is None:
         print(f"detected format {store.meta.get('input_format')}")
     print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
@@ -879,6 +880,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "acc_norm, exact_match, ...; every-eval-ever: score or is_correct; "
                         "helm: a stat name, default exact_match; inspect: a scorer name); "
                         "several are tried in order")
+    p.add_argument("--filter", default=None, metavar="NAME[,NAME...]",
+                   help="lm-eval logs: the filters to keep (e.g. strict-match); by default a "
+                        "task scored under several gives one item per filter and document")
     p.add_argument("--keep", choices=["first", "latest", "mean"], default=None,
                    help="evaluation logs: a model evaluated twice on a sample keeps its first "
                         "or latest run, or the mean; by default that is an error")

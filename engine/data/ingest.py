@@ -47,7 +47,8 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
            kind: str | None = None, chunks: Sequence[int] = (1024, 8192),
            overwrite: bool = False, layout: str = "auto",
            memory_budget: int | None = None, id_column: str | None = None,
-           metric: Sequence[str] | None = None, keep: str | None = None) -> Store:
+           metric: Sequence[str] | None = None, keep: str | None = None,
+           filters: str | Sequence[str] | None = None) -> Store:
     """Read response files of one format and write them as a zarr v3 response store.
 
     Parameters
@@ -81,6 +82,9 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
     metric, keep : optional
         Evaluation logs only (``engine.data.formats``): the metric(s) to read, tried in
         order, and what to do when a model answered a sample twice (first, latest, mean).
+    filters : optional
+        lm-eval logs only: the filters to keep (e.g. ``"strict-match"``); by default each
+        filter's scoring of a document is its own item.
 
     Returns
     -------
@@ -115,7 +119,7 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         raise SettingsError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
     check_writable(out, overwrite)
     inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    given = {"id_column": id_column, "metric": metric, "keep": keep}
+    given = {"id_column": id_column, "metric": metric, "keep": keep, "filters": filters}
     given = {k: v for k, v in given.items() if v is not None and v != [] and v != ()}
     if fmt not in LOG_FORMATS:  # before any header is parsed: 10M columns are 10M strings
         check_widths(_table_files(inputs), int(memory_budget or default_budget()))
@@ -143,6 +147,9 @@ def _option_error(extra: list[str], name: str) -> SettingsError:
     if "id_column" in extra:
         return SettingsError(f"id_column (--id-column) applies to wide input only; this input "
                              f"is {name}: drop the option")
+    if "filters" in extra:
+        return SettingsError(f"--filter applies to lm-eval logs only; this input is {name}: "
+                             f"drop it")
     return SettingsError(f"--metric and --keep apply to evaluation logs (formats "
                          f"{', '.join(LOG_FORMATS)}) only; this input is {name}: drop them")
 

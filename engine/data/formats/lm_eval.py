@@ -24,7 +24,7 @@ from engine.data.formats.base import (LogFormat, RecordBuffer, Records, cannot_r
                                       json_at_lines, json_lines, pick_metric, text_id, walk_files)
 from engine.data.formats.item_info import describe_sample
 from engine.data.formats.validate import check_id_text
-from engine.errors import DataFormatError
+from engine.errors import DataFormatError, SettingsError
 
 __all__ = ["LMEvalHarness"]
 
@@ -40,9 +40,24 @@ class LMEvalHarness(LogFormat):
 
     name = "lm-eval"
     default_metric: tuple[str, ...] = ()
+    options = LogFormat.options | {"filters"}
 
     def __init__(self):
         self._models: dict[Path, str] = {}
+        self._filters: frozenset[str] | None = None  # None: every filter, each its own items
+
+    def ingest(self, inputs: Sequence[Path], out: Path, *, filters=None, **options):
+        """``filters``: the lm-eval filters to keep (``--filter strict-match``): a task scored
+        under several (gsm8k's strict-match and flexible-extract) otherwise gives one item
+        per filter and document, counting each document once per filter. Lines of tasks
+        without a filter ("none") are always kept; a filter named that no line carries is
+        an error listing those present."""
+        if filters is not None:
+            names = filters.split(",") if isinstance(filters, str) else list(filters)
+            self._filters = frozenset(n.strip() for n in names if n.strip())
+            if not self._filters:
+                raise SettingsError(f"--filter {filters!r}: name one or more lm-eval filters")
+        return super().ingest(inputs, out, **options)
 
     def detect(self, path: Path) -> bool:
         if path.is_file():
@@ -90,7 +105,16 @@ class LMEvalHarness(LogFormat):
     def read(self, path: Path, metric: tuple[str, ...]) -> Iterator[Records]:
         model, task = self._model(path), _SAMPLES.match(path.name)["task"]
         buf = RecordBuffer(path, metric[0] if metric else "metric")
+        present, kept = set(), 0  # the file's filters; lines --filter kept
         for n, obj in json_lines(path):
+            filt = obj.get("filter", "none")
+            if not isinstance(filt, str):
+                raise DataFormatError(f'{path} line {n}, field "filter": expected text, got '
+                                      f"{filt!r}")
+            present.add(filt)
+            if self._filters is not None and filt != "none" and filt not in self._filters:
+                continue  # --filter: another filter's scoring of the document
+            kept += 1
             doc = text_id(obj, "doc_id", "document", path, n, numbers=True)
             names = obj.get("metrics")
             if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
@@ -106,14 +130,14 @@ class LMEvalHarness(LogFormat):
             name, value = pick_metric(obj, want, path, n, names)
             self.one_metric(task, name, f"{path} line {n}")
             buf.field = name
-            filt = obj.get("filter", "none")
-            if not isinstance(filt, str):
-                raise DataFormatError(f'{path} line {n}, field "filter": expected text, got '
-                                      f"{filt!r}")
             item = f"{task}/{doc}" if filt == "none" else f"{task}/{filt}/{doc}"
             buf.add(model, item, task, value, n)
             if buf.full():
                 yield buf.take()
+        if present and not kept:  # a --filter naming none of this task's: its lines all gone
+            raise DataFormatError(f"{path}: task {task!r} is scored under filter(s) "
+                                  f"{', '.join(sorted(present))}, none of --filter "
+                                  f"{','.join(sorted(self._filters or ()))}; name one of them")
         last = buf.take()
         if last is not None:
             yield last

@@ -223,3 +223,32 @@ def test_a_link_to_nothing_is_named_whatever_the_format_looks_for(tmp_path):
                                               r"does not exist"):
         ingest(logs, tmp_path / "s.zarr")
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_filter_keeps_one_scoring_of_each_document(tmp_path, capsys):
+    """gsm8k scored under strict-match and flexible-extract gives two items per document,
+    counting it twice; --filter keeps one. Tasks without a filter are kept; a filter no line
+    of a task carries is an error listing the task's."""
+    from engine.cli import main
+
+    root = tmp_path / "out"
+    em = {"strict-match": [1.0, 0.0, 1.0], "flexible-extract": [1.0, 1.0, 1.0]}
+    write_run(root, "org/m", {
+        "gsm8k": [sample(k, {"exact_match": em[f][k]}, f) for f in em for k in range(3)],
+        "hellaswag": [sample(k, {"acc": 1.0}) for k in range(2)]})
+    both = ingest(root, tmp_path / "both.zarr", metric="exact_match,acc")
+    assert both.shape == (1, 8)
+    one = ingest(root, tmp_path / "one.zarr", metric="exact_match,acc", filters="strict-match")
+    assert sorted(one.items) == ["gsm8k/strict-match/0", "gsm8k/strict-match/1",
+                                 "gsm8k/strict-match/2", "hellaswag/0", "hellaswag/1"]
+    assert cell(one, "org/m", "gsm8k/strict-match/1") == 0.0
+    with pytest.raises(DataFormatError, match=r"samples_gsm8k_.*task 'gsm8k' is scored under "
+                                              r"filter\(s\) flexible-extract, strict-match, none of "
+                                              r"--filter strict_match; name one of them"):
+        ingest(root, tmp_path / "typo.zarr", metric="exact_match,acc", filters="strict_match")
+    assert not (tmp_path / "typo.zarr").exists()
+    wide = tmp_path / "wide.csv"
+    wide.write_text("subject,q1\na,1\nb,0\n")
+    capsys.readouterr()
+    assert main(["ingest", str(wide), "--out", str(tmp_path / "w.zarr"), "--filter", "x"]) == 2
+    assert "--filter applies to lm-eval logs only; this input is wide" in capsys.readouterr().err
