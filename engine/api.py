@@ -119,6 +119,35 @@ def _array_ids(n: int) -> np.ndarray:
     return np.array([str(i) for i in range(n)], dtype=object)
 
 
+def _matrix(data) -> tuple[np.ndarray, str, np.ndarray, np.ndarray]:
+    """``(responses, kind, subject ids, item ids)`` of an in-memory matrix. A pandas
+    DataFrame's index and columns name the subjects and items (its ``<NA>`` cells are
+    missing); an array's rows and columns are numbered from 0."""
+    if _is_dataframe(data):
+        from pandas.api.types import is_bool_dtype, is_numeric_dtype
+
+        from engine.data.formats.wide import ID_NAMES
+
+        for axis, ids in (("index (subjects)", data.index), ("columns (items)", data.columns)):
+            if ids.has_duplicates:
+                raise DataFormatError(f"DataFrame {axis}: {ids[ids.duplicated()][0]!r} appears "
+                                      f"more than once; give each its own id")
+        for c, dtype in zip(data.columns, data.dtypes):
+            if not (is_numeric_dtype(dtype) or is_bool_dtype(dtype)) or \
+                    str(c).strip().lower() in ID_NAMES:
+                raise DataFormatError(
+                    f"DataFrame column {c!r} ({dtype}) is not a response column; if it holds "
+                    f"the subject ids, make it the index: df.set_index({c!r})")
+        y, kind = as_responses(data.to_numpy(dtype=np.float64, na_value=np.nan))
+        return y, kind, _ids(data.index), _ids(data.columns)
+    y, kind = as_responses(data)
+    return y, kind, _array_ids(y.shape[0]), _array_ids(y.shape[1])
+
+
+def _is_dataframe(data) -> bool:
+    return type(data).__module__.startswith("pandas") and hasattr(data, "columns")
+
+
 def _prepare(data, settings: FitSettings):
     """Block source, subject ids, item ids, response statistics, provenance and the matrix
     (``None`` when the data is not held in memory) of any input."""
@@ -133,10 +162,10 @@ def _prepare(data, settings: FitSettings):
             info["boundary_cells"] = data.boundary
         return source, _ids(data.subjects), _ids(data.items), _store_stats(data, source), info, y
     # int8 with -1 missing (binary), or float32 with NaN missing (unit scores, errors)
-    y, kind = as_responses(data)
+    y, kind, subjects, items = _matrix(data)
     source = source_for(y, settings.block_cells)
     info = {"store": None, "checksum": None, "kind": kind}
-    return source, _array_ids(y.shape[0]), _array_ids(y.shape[1]), response_stats(y), info, y
+    return source, subjects, items, response_stats(y), info, y
 
 
 # Settings that do not change the path of a fit; the pass bounds only decide where it may stop,
@@ -215,7 +244,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     Parameters
     ----------
     data : a ``Store``, a store path, an int ``(subjects, items)`` array with -1 missing, or a
-        float array with NaN missing (unit scores or non-negative errors).
+        float array with NaN missing (unit scores or non-negative errors); a pandas
+        DataFrame's index and columns name the subjects and items (``<NA>`` is missing).
     model : a name from ``engine.models.MODELS`` (``1pl``, ``2pl``, ``beta``, ``mirt-comp`` ...).
     prior : ``population``, ``vague`` or ``hierarchical``; None (default): the model's own
         (``engine.models.default_prior``: population for 1PL-4PL and feas, vague otherwise).
@@ -238,6 +268,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     >>> res = fit(responses, model="2pl", settings=FitSettings(seed=0))  # doctest: +SKIP
     >>> res.means()["ability"]  # doctest: +SKIP
     """
+    if not isinstance(settings, FitSettings):  # a dict of options failed later, unnamed
+        raise SettingsError(f"settings: pass engine.FitSettings(...), got {type(settings).__name__}")
     prior = resolve_prior(model, prior)
     settings = settings.replace(max_block_cells=settings.block_cells)  # fit.json: the one used
     options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
@@ -489,6 +521,5 @@ def load_responses(data) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     if isinstance(data, Store):
         info = {"store": str(data.path), "checksum": data.meta.get("checksum"), "kind": data.kind}
         return data.load(), _ids(data.subjects), _ids(data.items), info
-    y, kind = as_responses(data)
-    return y, _array_ids(y.shape[0]), _array_ids(y.shape[1]), {"store": None, "checksum": None,
-                                                               "kind": kind}
+    y, kind, subjects, items = _matrix(data)
+    return y, subjects, items, {"store": None, "checksum": None, "kind": kind}

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["save_run", "load_run", "Run", "PAIRWISE_MAX_SUBJECTS", "store_candidates",
-           "ranking_draws"]
+           "ranking_draws", "posterior_tables"]
 
 PAIRWISE_MAX_SUBJECTS = 2000
 # the item draws a quadrature fit averaged its abilities over, saved (ability_draws.npz) up to
@@ -247,10 +247,32 @@ def _item_table(res: FitResult) -> dict[str, np.ndarray]:
     return cols
 
 
+def posterior_tables(res: FitResult, *, num_draws: int = 1000, top_k: int = 3,
+                     seed: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(subjects, items)``: the tables :func:`save_run` writes (``subjects.parquet``,
+    ``items.parquet``) without writing them: posterior means, sds and 90% intervals as the
+    fit read them out (quadrature, the item sampler, NUTS draws), rank statistics from
+    ``num_draws`` draws with ``seed`` (default the fit's)."""
+    from engine.data.arrow import arrow_table
+
+    draws, groups = _rank_draws_and_groups(res, num_draws, _fit_seed(res, seed))
+    as_frame = lambda t: t if not isinstance(t, dict) else arrow_table(t).to_pandas()
+    return as_frame(_subject_table(res, draws, top_k, groups)), as_frame(_item_table(res))
+
+
+def _fit_seed(res: FitResult, seed: int | None) -> int:
+    """``seed``, by default the fit's own (``res.settings.seed``), as ``fit --seed`` reads."""
+    return int(getattr(getattr(res, "settings", None), "seed", 0) or 0) if seed is None else seed
+
+
 def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: int = 3,
-             seed: int = 0, overwrite: bool = False) -> Run:
-    """Write a run directory atomically (temporary directory, then rename)."""
+             seed: int | None = None, overwrite: bool = False) -> Run:
+    """Write a run directory atomically (temporary directory, then rename).
+
+    ``seed`` draws the rank statistics; by default the fit's own (``res.settings.seed``),
+    as ``irt-engine fit --seed`` does, so the library and the command write one table."""
     out = Path(out)
+    seed = _fit_seed(res, seed)
     if out.exists() and not overwrite:
         raise RunExistsError(f"run directory {out} exists; pass --overwrite or choose another --out")
     ability = res.spec.param("ability")

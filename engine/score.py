@@ -424,8 +424,19 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
             prefix += "_"
         y, ids = responses, np.asarray([f"{prefix}{i}" for i in range(responses.shape[0])],
                                        dtype=object)
-    else:
+    elif type(responses).__module__.startswith("pandas") and hasattr(responses, "columns"):
+        # a DataFrame (index: the new subjects' ids, columns: item ids): read as its Parquet
+        # file would be, through the same checks
+        with tempfile.TemporaryDirectory(prefix="irt-score-frame-") as tmp:
+            path = Path(tmp) / "new.parquet"
+            responses.rename_axis(responses.index.name or "subject").to_parquet(path)
+            y, ids = read_new_responses(run, path)
+    elif isinstance(responses, (str, Path)):
         y, ids = read_new_responses(run, responses)
+    else:
+        raise SettingsError(f"responses: a file path, a pandas DataFrame (index: subject ids, "
+                            f"columns: item ids) or a numpy array in the run's item order; got "
+                            f"{type(responses).__name__}")
     taken = [s for s in ids if str(s) in on_board]
     if taken:  # two rows of one name on the combined board, told apart only by `new`
         raise DataFormatError(

@@ -117,6 +117,11 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         raise SettingsError(f"chunks must be two positive integers (rows, items), got {chunks}")
     if memory_budget is not None and int(memory_budget) < 1:
         raise SettingsError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
+    if not isinstance(inputs, (str, Path)) and not (
+            isinstance(inputs, (list, tuple)) and all(isinstance(i, (str, Path)) for i in inputs)):
+        raise SettingsError(f"inputs: file or folder paths; got {type(inputs).__name__}. A matrix "
+                            f"in memory is fitted as it is (engine.fit(array or DataFrame)), or "
+                            f"stored with engine.write_store(y, subjects, items, path)")
     check_writable(out, overwrite)
     inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     given = {"id_column": id_column, "metric": metric, "keep": keep, "filters": filters}

@@ -72,14 +72,20 @@ def as_responses(y: np.ndarray, kind: str | None = None, name: str = "responses"
     y = np.asarray(y)
     if y.ndim != 2:
         raise DataFormatError(f"{name} must be a 2-D subjects x items array, got shape {y.shape}")
+    if 0 in y.shape:
+        raise DataFormatError(f"{name} has shape {y.shape}: no subjects or no items to fit")
     if y.dtype == bool:
         y = y.astype(np.int8)
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):  # text, objects
+        y = _as_numbers(y, name)
     if not np.issubdtype(y.dtype, np.floating):
         if (y < -1).any():
             r, c = np.argwhere(y < -1)[0]
             raise DataFormatError(f"{name} row {r}, column {c}: got {y[r, c]}; integer responses "
                                   "must be 0, 1 or -1 (missing); pass floats with NaN for scores")
         y = np.where(y < 0, np.nan, y.astype(np.float64)) if (y > 1).any() else y
+    if not observed(y).any():
+        raise DataFormatError(f"{name}: every cell is missing; there is nothing to fit")
     detected = detect_kind(y)
     kind = kind or detected
     check_kind(y, kind, name)
@@ -87,6 +93,30 @@ def as_responses(y: np.ndarray, kind: str | None = None, name: str = "responses"
         obs = observed(y)
         return np.where(obs, np.nan_to_num(y), -1).astype(np.int8), kind
     return np.where(observed(y), y, np.nan).astype(np.float32), kind
+
+
+def _as_numbers(y: np.ndarray, name: str) -> np.ndarray:
+    """An object or text matrix as float64, None and pandas' NA missing; a cell that is not a
+    number is an error naming it (numpy's own message names no cell)."""
+    out = np.empty(y.shape, np.float64)
+    for (r, c), v in np.ndenumerate(y):
+        if v is None or (not isinstance(v, (str, bytes)) and _is_na(v)):
+            out[r, c] = np.nan
+            continue
+        if isinstance(v, (bool, np.bool_, int, float, np.integer, np.floating)):
+            out[r, c] = float(v)
+            continue
+        shown = repr(str(v)) if isinstance(v, str) else repr(v)
+        raise DataFormatError(f"{name} row {r}, column {c}: got {shown}; expected a number (or "
+                              f"None / NaN for missing)")
+    return out
+
+
+def _is_na(v) -> bool:
+    try:
+        return bool(v != v) or type(v).__name__ in ("NAType", "NaTType")
+    except TypeError:  # pandas.NA compares to NA
+        return True
 
 
 def boundary_counts(y: np.ndarray) -> dict[str, int]:

@@ -203,7 +203,11 @@ def to_float(col: pa.ChunkedArray) -> np.ndarray:
         return to_numbers(col)  # nulls -> NaN
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return parse_cells(col.to_pylist())
-    raise BadCell(0, f"<column of type {kind}>")
+    if pa.types.is_dictionary(kind):  # pandas' categoricals: their values, cell by cell
+        return to_float(col.cast(kind.value_type))
+    values = col.to_pylist()  # another type (a date, a list): its first cell as the file holds it
+    first = next((k for k, v in enumerate(values) if v is not None), 0)
+    raise BadCell(first, values[first] if values else f"<column of type {kind}>")
 
 
 def no_response_error(where: str, what: str, ident, count: int) -> DataFormatError:

@@ -175,3 +175,23 @@ def test_cli_ingest_layout_and_budget(tmp_path, capsys):
                  "--memory-budget", "12Q"]) == 2
     assert "memory budget '12Q' is not a size" in capsys.readouterr().err
     assert not (tmp_path / "t.zarr").exists()
+
+
+def test_categorical_response_columns_read_their_values(tmp_path):
+    """A pandas categorical (Parquet dictionary) column: numbers as text read as numbers; a
+    label is named as the file holds it (the error had read "<column of type dictionary<...>>")."""
+    import pandas as pd
+
+    from engine.data import ingest
+    from engine.errors import DataFormatError
+
+    df = pd.DataFrame({"subject": ["a", "a", "b", "b"], "item": ["q1", "q2", "q1", "q2"],
+                       "response": pd.Categorical(["1", "0", "0", "1"])})
+    df.to_parquet(tmp_path / "cat.parquet", index=False)
+    store = ingest(tmp_path / "cat.parquet", tmp_path / "cat.zarr", fmt="long")
+    assert store.load().tolist() == [[1, 0], [0, 1]]
+    df["response"] = pd.Categorical(["1", "0", "M", "1"])
+    df.to_parquet(tmp_path / "label.parquet", index=False)
+    with pytest.raises(DataFormatError, match=r"label\.parquet row index 2, column \"response\": "
+                                              r"got 'M'; expected a number"):
+        ingest(tmp_path / "label.parquet", tmp_path / "label.zarr", fmt="long")
