@@ -94,16 +94,21 @@ def test_calibration_command_and_bad_confidence_file(simulated, capsys):
         load_confidences(tmp / "c.csv", run.subjects["subject"], run.items["item"])
 
 
+def _corner(run, conf, rows: int, cols: int, path):
+    """The confidences of the first ``rows`` subjects and ``cols`` items, written to ``path``."""
+    part = pd.DataFrame(conf[:rows, :cols], columns=run.items["item"][:cols])
+    part.insert(0, "subject", run.subjects["subject"][:rows].to_numpy())
+    part.to_csv(path, index=False)
+    return path
+
+
 def test_partial_confidences_read_only_their_cells(simulated, capsys):
     """Confidences for 10 subjects and 5 items: every other subject reads NaN (its gamma was
     the prior's 1.000, read as perfectly calibrated), and accuracy is over the cells with a
     confidence, as the ECE is (it was over every response)."""
     run, y, conf, *_, tmp = simulated
     subjects, items = run.subjects["subject"], run.items["item"]
-    part = pd.DataFrame(conf[:10, :5], columns=items[:5])
-    part.insert(0, "subject", subjects[:10].to_numpy())
-    part.to_csv(tmp / "part.csv", index=False)
-    loaded = load_confidences(tmp / "part.csv", subjects, items)
+    loaded = load_confidences(_corner(run, conf, 10, 5, tmp / "part.csv"), subjects, items)
     p_irt = expected_probabilities(run, np.arange(len(y)))
     rep = calibration_report(p_irt, y, loaded, subjects, items)
     s = rep["subjects"]
@@ -136,8 +141,5 @@ def test_confidence_files_without_confidences_ids_or_with_repeated_columns(simul
 def test_a_gzipped_confidence_file_reads(simulated):
     run, y, conf, *_, tmp = simulated
     subjects, items = run.subjects["subject"], run.items["item"]
-    df = pd.DataFrame(conf[:4, :3], columns=items[:3])
-    df.insert(0, "subject", subjects[:4].to_numpy())
-    df.to_csv(tmp / "conf.csv.gz", index=False)
-    got = load_confidences(tmp / "conf.csv.gz", subjects, items)
+    got = load_confidences(_corner(run, conf, 4, 3, tmp / "conf.csv.gz"), subjects, items)
     np.testing.assert_allclose(got[:4, :3], conf[:4, :3])
