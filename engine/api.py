@@ -124,24 +124,49 @@ def _matrix(data) -> tuple[np.ndarray, str, np.ndarray, np.ndarray]:
     DataFrame's index and columns name the subjects and items (its ``<NA>`` cells are
     missing); an array's rows and columns are numbered from 0."""
     if _is_dataframe(data):
-        from pandas.api.types import is_bool_dtype, is_numeric_dtype
+        from pandas.api.types import is_bool_dtype, is_integer_dtype, is_numeric_dtype
 
         from engine.data.formats.wide import ID_NAMES
 
-        for axis, ids in (("index (subjects)", data.index), ("columns (items)", data.columns)):
-            if ids.has_duplicates:
-                raise DataFormatError(f"DataFrame {axis}: {ids[ids.duplicated()][0]!r} appears "
-                                      f"more than once; give each its own id")
         for c, dtype in zip(data.columns, data.dtypes):
-            if not (is_numeric_dtype(dtype) or is_bool_dtype(dtype)) or \
-                    str(c).strip().lower() in ID_NAMES:
+            if not (is_numeric_dtype(dtype) or is_bool_dtype(dtype)):
                 raise DataFormatError(
-                    f"DataFrame column {c!r} ({dtype}) is not a response column; if it holds "
-                    f"the subject ids, make it the index: df.set_index({c!r})")
-        y, kind = as_responses(data.to_numpy(dtype=np.float64, na_value=np.nan))
-        return y, kind, _ids(data.index), _ids(data.columns)
+                    f"DataFrame column {c!r} ({dtype}) holds no numbers; convert it (e.g. "
+                    f"df[{c!r}].astype(float)), or, if it holds the subject ids, make it the "
+                    f"index: df.set_index({c!r})")
+        first = data.columns[0] if len(data.columns) else None
+        if first is not None and str(first).strip().lower() in ID_NAMES:
+            raise DataFormatError(f"DataFrame column {first!r} is named as subject ids; make it "
+                                  f"the index: df.set_index({first!r})")
+        subjects, items = _ids(data.index), _ids(data.columns)
+        for axis, ids in (("index (subjects)", subjects), ("columns (items)", items)):
+            seen, twice = set(), None
+            for i in ids:
+                if i in seen:
+                    twice = i
+                    break
+                seen.add(i)
+            if twice is not None:  # after str(): 1 and "1" are one id
+                raise DataFormatError(f"DataFrame {axis}: {twice!r} appears more than once; "
+                                      f"give each its own id")
+        if all(is_integer_dtype(t) or is_bool_dtype(t) for t in data.dtypes):
+            # whole numbers, as an int array reads them: -1 (and <NA>) missing, no float copy
+            small = all(getattr(t, "itemsize", 8) == 1 for t in data.dtypes)
+            values = data.to_numpy(dtype=np.int8 if small else np.int64, na_value=-1)
+        else:
+            values = data.to_numpy(dtype=np.float64, na_value=np.nan)
+        y, kind = as_responses(values)
+        return y, kind, subjects, items
     y, kind = as_responses(data)
     return y, kind, _array_ids(y.shape[0]), _array_ids(y.shape[1])
+
+
+def _require_observed(y: np.ndarray) -> None:
+    """A matrix without one observed cell has nothing to fit (ingest refuses its subjects)."""
+    observed = (y >= 0) if y.dtype == np.int8 else np.isfinite(y)
+    if not observed.any():
+        raise DataFormatError(f"responses ({y.shape[0]} x {y.shape[1]}): every cell is missing; "
+                              f"there is nothing to fit")
 
 
 def _is_dataframe(data) -> bool:
@@ -274,6 +299,8 @@ def fit(data, model: str = "2pl", settings: FitSettings = FitSettings(), *, prio
     settings = settings.replace(max_block_cells=settings.block_cells)  # fit.json: the one used
     options = {"prior": prior, "signed_discrimination": signed_discrimination, **(model_options or {})}
     source, subjects, items, stats, info, y = _prepare(data, settings)
+    if not frozen and y is not None:  # (a frozen refit scores sheets, answered or not)
+        _require_observed(y)
     shape = (source.num_subjects, source.num_items)
     # options go to fit.json and rebuild the model on load: arrays become lists
     options = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in options.items()}
@@ -396,6 +423,7 @@ def fit_nuts(data, model: str = "2pl", settings=None, *, prior: str | None = Non
     budget = settings.memory_budget or default_memory_budget()
     check_nuts_memory(get_model(model, **options), *shape, settings, budget)  # before reading
     y, subjects, items, info = load_responses(data)
+    _require_observed(y)
     spec, options = resolve_model(model, options, y, info.get("kind"))
     if info["kind"] != "binary":
         info["boundary"] = boundary_counts(y)

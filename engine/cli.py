@@ -881,8 +881,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "helm: a stat name, default exact_match; inspect: a scorer name); "
                         "several are tried in order")
     p.add_argument("--filter", default=None, metavar="NAME[,NAME...]",
-                   help="lm-eval logs: the filters to keep (e.g. strict-match); by default a "
-                        "task scored under several gives one item per filter and document")
+                   help="lm-eval logs: in a task scored under several filters (gsm8k), the "
+                        "one(s) to keep (e.g. strict-match); by default each filter's scoring "
+                        "of a document is its own item")
     p.add_argument("--keep", choices=["first", "latest", "mean"], default=None,
                    help="evaluation logs: a model evaluated twice on a sample keeps its first "
                         "or latest run, or the mean; by default that is an error")

@@ -393,6 +393,20 @@ def place_on_leaderboard(run: Run, new: pd.DataFrame, new_guide: GuideState, *, 
     return board
 
 
+def _read_frame(run: Run, frame) -> tuple[np.ndarray, np.ndarray]:
+    """A DataFrame of new sheets (index: their ids, columns: item ids) read as its Parquet
+    file would be, through the same checks; errors name "the DataFrame", not the file."""
+    with tempfile.TemporaryDirectory(prefix="irt-score-frame-") as tmp:
+        path = Path(tmp) / "new.parquet"
+        frame = frame.set_axis([str(c) for c in frame.columns], axis=1)
+        frame = frame.set_axis([str(i) for i in frame.index], axis=0)
+        frame.rename_axis(str(frame.index.name or "subject")).to_parquet(path)
+        try:
+            return read_new_responses(run, path)
+        except DataFormatError as err:
+            raise DataFormatError(str(err).replace(str(path), "the DataFrame")) from None
+
+
 def score(run: Run | str | Path, responses, *, settings: FitSettings | None = None,
           num_draws: int = 1000, top_k: int | None = None, seed: int = 0,
           method: str = "auto") -> tuple[pd.DataFrame, FitResult]:
@@ -425,13 +439,8 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
         y, ids = responses, np.asarray([f"{prefix}{i}" for i in range(responses.shape[0])],
                                        dtype=object)
     elif type(responses).__module__.startswith("pandas") and hasattr(responses, "columns"):
-        # a DataFrame (index: the new subjects' ids, columns: item ids): read as its Parquet
-        # file would be, through the same checks
-        with tempfile.TemporaryDirectory(prefix="irt-score-frame-") as tmp:
-            path = Path(tmp) / "new.parquet"
-            responses.rename_axis(responses.index.name or "subject").to_parquet(path)
-            y, ids = read_new_responses(run, path)
-    elif isinstance(responses, (str, Path)):
+        y, ids = _read_frame(run, responses)
+    elif isinstance(responses, (str, Path)) or type(responses).__name__ == "Store":
         y, ids = read_new_responses(run, responses)
     else:
         raise SettingsError(f"responses: a file path, a pandas DataFrame (index: subject ids, "
@@ -439,8 +448,9 @@ def score(run: Run | str | Path, responses, *, settings: FitSettings | None = No
                             f"{type(responses).__name__}")
     taken = [s for s in ids if str(s) in on_board]
     if taken:  # two rows of one name on the combined board, told apart only by `new`
+        source = "the DataFrame" if not isinstance(responses, (str, Path)) else responses
         raise DataFormatError(
-            f"{responses}: subject id(s) {taken[:5]}{' ...' if len(taken) > 5 else ''} "
+            f"{source}: subject id(s) {taken[:5]}{' ...' if len(taken) > 5 else ''} "
             f"({len(taken)} of {len(ids)}) already on run {run.path}'s leaderboard; give the "
             f"new subjects ids of their own (e.g. 'NAME-v2'), or refit with them to replace "
             f"the run's")

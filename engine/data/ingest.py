@@ -31,8 +31,11 @@ naming the size; long input and logs are streamed (``engine.data.formats.long``)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from engine.data.formats import FORMATS, LOG_FORMATS, detect_format, input_format
 from engine.data.formats.validate import check_id_text, default_budget
@@ -117,13 +120,8 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         raise SettingsError(f"chunks must be two positive integers (rows, items), got {chunks}")
     if memory_budget is not None and int(memory_budget) < 1:
         raise SettingsError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
-    if not isinstance(inputs, (str, Path)) and not (
-            isinstance(inputs, (list, tuple)) and all(isinstance(i, (str, Path)) for i in inputs)):
-        raise SettingsError(f"inputs: file or folder paths; got {type(inputs).__name__}. A matrix "
-                            f"in memory is fitted as it is (engine.fit(array or DataFrame)), or "
-                            f"stored with engine.write_store(y, subjects, items, path)")
+    inputs = _paths(inputs)
     check_writable(out, overwrite)
-    inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     given = {"id_column": id_column, "metric": metric, "keep": keep, "filters": filters}
     given = {k: v for k, v in given.items() if v is not None and v != [] and v != ()}
     if fmt not in LOG_FORMATS:  # before any header is parsed: 10M columns are 10M strings
@@ -134,6 +132,21 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         raise _option_error(extra, reader.name)
     return reader.ingest(inputs, out, kind=kind, chunks=chunks, overwrite=overwrite,
                          layout=layout, memory_budget=memory_budget, **given)
+
+
+def _paths(inputs) -> list:
+    """``inputs`` as a list of paths (str or path-like): one path, or any iterable of them. A
+    matrix in memory (a DataFrame, a numeric array) is refused with what to call instead."""
+    if isinstance(inputs, (str, os.PathLike)):
+        return [inputs]
+    matrix = (type(inputs).__module__.startswith("pandas") or
+              (isinstance(inputs, np.ndarray) and inputs.dtype.kind not in "USO"))
+    items = None if matrix else list(inputs) if hasattr(inputs, "__iter__") else None
+    if items is None or not all(isinstance(i, (str, os.PathLike)) for i in items):
+        raise SettingsError(f"inputs: file or folder paths; got {type(inputs).__name__}. A matrix "
+                            f"in memory is fitted as it is (engine.fit(array or DataFrame)), or "
+                            f"stored with engine.write_store(y, subjects, items, path)")
+    return items
 
 
 def _table_files(inputs: list) -> list[Path]:

@@ -84,8 +84,6 @@ def as_responses(y: np.ndarray, kind: str | None = None, name: str = "responses"
             raise DataFormatError(f"{name} row {r}, column {c}: got {y[r, c]}; integer responses "
                                   "must be 0, 1 or -1 (missing); pass floats with NaN for scores")
         y = np.where(y < 0, np.nan, y.astype(np.float64)) if (y > 1).any() else y
-    if not observed(y).any():
-        raise DataFormatError(f"{name}: every cell is missing; there is nothing to fit")
     detected = detect_kind(y)
     kind = kind or detected
     check_kind(y, kind, name)
@@ -96,19 +94,27 @@ def as_responses(y: np.ndarray, kind: str | None = None, name: str = "responses"
 
 
 def _as_numbers(y: np.ndarray, name: str) -> np.ndarray:
-    """An object or text matrix as float64, None and pandas' NA missing; a cell that is not a
-    number is an error naming it (numpy's own message names no cell)."""
-    out = np.empty(y.shape, np.float64)
-    for (r, c), v in np.ndenumerate(y):
-        if v is None or (not isinstance(v, (str, bytes)) and _is_na(v)):
-            out[r, c] = np.nan
-            continue
-        if isinstance(v, (bool, np.bool_, int, float, np.integer, np.floating)):
-            out[r, c] = float(v)
-            continue
-        shown = repr(str(v)) if isinstance(v, str) else repr(v)
-        raise DataFormatError(f"{name} row {r}, column {c}: got {shown}; expected a number (or "
-                              f"None / NaN for missing)")
+    """An object or text matrix as numbers: int64 with -1 missing where every value is a whole
+    number (as an int matrix reads), else float64 with NaN missing; None and pandas' NA are
+    missing. A cell that is not a number is an error naming it."""
+    try:
+        out = y.astype(np.float64)  # None -> NaN; fast where every cell is a number
+        if y.dtype.kind in "US":  # numpy parses text numbers; text is not a response
+            raise ValueError
+    except (TypeError, ValueError):
+        out = np.empty(y.shape, np.float64)
+        for (r, c), v in np.ndenumerate(y):
+            if v is None or (not isinstance(v, (str, bytes)) and _is_na(v)):
+                out[r, c] = np.nan
+            elif isinstance(v, (bool, np.bool_, int, float, np.integer, np.floating)):
+                out[r, c] = float(v)
+            else:
+                shown = repr(str(v)) if isinstance(v, str) else repr(v)
+                raise DataFormatError(f"{name} row {r}, column {c}: got {shown}; expected a number "
+                                      f"(or None / NaN for missing)") from None
+    finite = np.isfinite(out)
+    if np.array_equal(out[finite], np.round(out[finite])):  # whole numbers: -1 is missing
+        return np.where(finite, out, -1).astype(np.int64)
     return out
 
 

@@ -41,10 +41,10 @@ def test_nullable_missing_cells_are_missing_and_an_id_column_is_named():
     df.iloc[0, 0] = pd.NA  # how the shipped Parquet files hold a missing cell
     res = engine.fit(df, "1pl", FAST)
     assert res.extra["stats"]["subject_n"][0] == df.shape[1] - 1
-    with pytest.raises(DataFormatError, match=r"DataFrame column 'model' \(\w+\) is not a "
-                                              r"response column; .* df\.set_index\('model'\)"):
+    with pytest.raises(DataFormatError, match=r"DataFrame column 'model' \(\w+\) holds no numbers; "
+                                              r"convert it .* df\.set_index\('model'\)"):
         engine.fit(df.reset_index(), "1pl", FAST)
-    with pytest.raises(DataFormatError, match=r"column 'subject_id' \(int64\) .*set_index"):
+    with pytest.raises(DataFormatError, match=r"column 'subject_id' is named as subject ids; .*set_index"):
         engine.fit(df.reset_index(drop=True).assign(subject_id=np.arange(len(df)))
                    [["subject_id", *df.columns]], "1pl", FAST)
     twice = df.copy()
@@ -88,3 +88,44 @@ def test_save_run_draws_ranks_with_the_fits_seed_and_posterior_tables_match(tmp_
     pd.testing.assert_frame_equal(items, run.items)
     other = engine.save_run(res, tmp_path / "run0", seed=0)
     assert not np.allclose(other.subjects["rank_mean"], run.subjects["rank_mean"])
+
+
+def test_whole_number_frames_and_object_arrays_read_minus_one_as_missing():
+    """-1 is missing in an int matrix; a DataFrame or object array of ints read it as a
+    negative error (a float copy first)."""
+    from engine.api import load_responses
+
+    y = np.array([[1, -1], [0, 1]], np.int8)
+    for given in (pd.DataFrame(y), pd.DataFrame(y.astype(np.int64)), y.astype(object),
+                  pd.DataFrame(y).astype("Int8")):
+        got, subjects, items, info = load_responses(given)
+        assert got.tolist() == y.tolist() and info["kind"] == "binary", type(given)
+    with pytest.raises(DataFormatError, match=r"columns \(items\): '1' appears more than once"):
+        load_responses(pd.DataFrame(y, columns=[1, "1"]))  # one id once written down
+
+
+def test_score_takes_a_store_and_names_a_frames_problems_as_the_frame(tmp_path):
+    from engine.data import write_store
+    from engine.score import score
+
+    df = _frame()
+    run = engine.save_run(engine.fit(df, "1pl", FAST), tmp_path / "run")
+    new = _frame(seed=2, S=2).rename(index=lambda s: "x" + s)
+    store = write_store(new.to_numpy(), list(new.index), list(new.columns), tmp_path / "new.zarr")
+    board, _ = score(run, store)
+    assert set(board.loc[board["new"], "subject"]) == {"xm0", "xm1"}
+    with pytest.raises(DataFormatError, match=r"^the DataFrame: subject id\(s\) \['m0'\]"):
+        score(run, df.iloc[:1])
+    bad = new.astype(float)
+    bad.iloc[0, 0] = 0.5
+    with pytest.raises(DataFormatError, match=r"^the DataFrame row index 0, column \"q0\": got 0\.5"):
+        score(run, bad)
+
+
+def test_ingest_takes_any_iterable_of_paths(tmp_path):
+    for k in range(2):
+        (tmp_path / f"part{k}.csv").write_text(f"subject,q0,q1\ns{k},1,0\n")
+    store = engine.ingest((p for p in sorted(tmp_path.glob("part*.csv"))), tmp_path / "s.zarr")
+    assert store.shape == (2, 2)
+    with pytest.raises(SettingsError, match=r"inputs: file or folder paths; got ndarray"):
+        engine.ingest(np.zeros((2, 2)), tmp_path / "t.zarr")

@@ -47,11 +47,11 @@ class LMEvalHarness(LogFormat):
         self._filters: frozenset[str] | None = None  # None: every filter, each its own items
 
     def ingest(self, inputs: Sequence[Path], out: Path, *, filters=None, **options):
-        """``filters``: the lm-eval filters to keep (``--filter strict-match``): a task scored
-        under several (gsm8k's strict-match and flexible-extract) otherwise gives one item
-        per filter and document, counting each document once per filter. Lines of tasks
-        without a filter ("none") are always kept; a filter named that no line carries is
-        an error listing those present."""
+        """``filters``: the lm-eval filters to keep (``--filter strict-match``) in a task
+        scored under several (gsm8k's strict-match and flexible-extract), which otherwise
+        gives one item per filter and document, counting each document once per filter. A
+        task under one filter (or none) is read whole; a task under several none of which
+        is named is an error listing its filters. (A name no task carries is not checked.)"""
         if filters is not None:
             names = filters.split(",") if isinstance(filters, str) else list(filters)
             self._filters = frozenset(n.strip() for n in names if n.strip())
@@ -105,16 +105,14 @@ class LMEvalHarness(LogFormat):
     def read(self, path: Path, metric: tuple[str, ...]) -> Iterator[Records]:
         model, task = self._model(path), _SAMPLES.match(path.name)["task"]
         buf = RecordBuffer(path, metric[0] if metric else "metric")
-        present, kept = set(), 0  # the file's filters; lines --filter kept
+        keep = self._kept_filters(path, task)  # None: every line
         for n, obj in json_lines(path):
             filt = obj.get("filter", "none")
             if not isinstance(filt, str):
                 raise DataFormatError(f'{path} line {n}, field "filter": expected text, got '
                                       f"{filt!r}")
-            present.add(filt)
-            if self._filters is not None and filt != "none" and filt not in self._filters:
+            if keep is not None and filt not in keep:
                 continue  # --filter: another filter's scoring of the document
-            kept += 1
             doc = text_id(obj, "doc_id", "document", path, n, numbers=True)
             names = obj.get("metrics")
             if not isinstance(names, list) or not all(isinstance(m, str) for m in names):
@@ -134,14 +132,26 @@ class LMEvalHarness(LogFormat):
             buf.add(model, item, task, value, n)
             if buf.full():
                 yield buf.take()
-        if present and not kept:  # a --filter naming none of this task's: its lines all gone
-            raise DataFormatError(f"{path}: task {task!r} is scored under filter(s) "
-                                  f"{', '.join(sorted(present))}, none of --filter "
-                                  f"{','.join(sorted(self._filters or ()))}; name one of them")
         last = buf.take()
         if last is not None:
             yield last
 
+
+    def _kept_filters(self, path: Path, task: str) -> frozenset[str] | None:
+        """The filters whose lines ``--filter`` keeps in this task's file (None: all). Only a
+        task scored under several filters is filtered; it must carry a named one."""
+        if self._filters is None:
+            return None
+        present = {obj.get("filter", "none") for _, obj in json_lines(path)}
+        named = {f for f in present if isinstance(f, str) and f != "none"}
+        if len(named) <= 1:  # one scoring a document: nothing counted twice
+            return None
+        keep = named & self._filters
+        if not keep:
+            raise DataFormatError(f"{path}: task {task!r} is scored under filters "
+                                  f"{', '.join(sorted(named))}, none of --filter "
+                                  f"{','.join(sorted(self._filters))}; name one of them")
+        return frozenset(keep | {"none"})
 
     def item_info(self, path: Path, lines) -> dict[int, dict]:
         """``doc_id``, ``doc_hash``, ``doc`` (the input) and the target and prompt/target

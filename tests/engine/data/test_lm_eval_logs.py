@@ -235,15 +235,18 @@ def test_filter_keeps_one_scoring_of_each_document(tmp_path, capsys):
     em = {"strict-match": [1.0, 0.0, 1.0], "flexible-extract": [1.0, 1.0, 1.0]}
     write_run(root, "org/m", {
         "gsm8k": [sample(k, {"exact_match": em[f][k]}, f) for f in em for k in range(3)],
-        "hellaswag": [sample(k, {"acc": 1.0}) for k in range(2)]})
+        "hellaswag": [sample(k, {"acc": 1.0}) for k in range(2)],
+        "triviaqa": [sample(k, {"exact_match": 1.0}, "remove_whitespace") for k in range(2)]})
     both = ingest(root, tmp_path / "both.zarr", metric="exact_match,acc")
-    assert both.shape == (1, 8)
+    assert both.shape == (1, 10)
+    # a task under one filter (triviaqa) or none (hellaswag) is read whole
     one = ingest(root, tmp_path / "one.zarr", metric="exact_match,acc", filters="strict-match")
     assert sorted(one.items) == ["gsm8k/strict-match/0", "gsm8k/strict-match/1",
-                                 "gsm8k/strict-match/2", "hellaswag/0", "hellaswag/1"]
+                                 "gsm8k/strict-match/2", "hellaswag/0", "hellaswag/1",
+                                 "triviaqa/remove_whitespace/0", "triviaqa/remove_whitespace/1"]
     assert cell(one, "org/m", "gsm8k/strict-match/1") == 0.0
     with pytest.raises(DataFormatError, match=r"samples_gsm8k_.*task 'gsm8k' is scored under "
-                                              r"filter\(s\) flexible-extract, strict-match, none of "
+                                              r"filters flexible-extract, strict-match, none of "
                                               r"--filter strict_match; name one of them"):
         ingest(root, tmp_path / "typo.zarr", metric="exact_match,acc", filters="strict_match")
     assert not (tmp_path / "typo.zarr").exists()
