@@ -76,6 +76,10 @@ class Run:
         return f"Run({str(self.path)!r}, model={self.info.get('model')!r})"
 
     def pairwise(self) -> np.ndarray | None:
+        """``(S, S)`` P(row subject beats column subject) over the rank draws, rows and
+        columns in ``subjects``' order (``pairwise.npz``, checked against fit.json's
+        checksum); None where the run has none (more than ``PAIRWISE_MAX_SUBJECTS``
+        subjects, or a vector ability)."""
         if "pairwise.npz" not in self.info.get("files", {}) and not (self.path / "pairwise.npz").exists():
             return None
         return runfiles.read_npz(self.path, self.info, "pairwise.npz")["p_beats"]
