@@ -33,6 +33,7 @@ import hashlib
 import inspect
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -139,8 +140,8 @@ def _read(path: Path):
         exp = jax.export.deserialize(bytearray(payload))
     except Exception:
         return None
-    try:  # its last use, for the cache's size cap (engine.compile_cache.prune_compilation_cache)
-        os.utime(path)
+    try:  # its last use (access time; the written time stays): the cache's size cap
+        os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
     except OSError:
         pass
     return exp

@@ -202,8 +202,8 @@ class FitSettings:
         return self.patience * (_ADAM_WINDOW if self.optimizer == "adam" else 1)
 
     def __post_init__(self):
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
-            raise SettingsError(f"seed={self.seed!r}; need a non-negative integer")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            raise SettingsError(f"seed={self.seed!r}; need an integer")
         if self.ability_factor not in ABILITY_FACTORS:
             raise SettingsError(f"ability_factor={self.ability_factor!r}; use one of "
                                 f"{', '.join(ABILITY_FACTORS)}")
