@@ -76,8 +76,7 @@ def _leaderboard_plot(board: pd.DataFrame) -> bytes:
                 fmt="o", ms=3, lw=1, capsize=2)
     ax.set_yticks(y, [plot_label(s, 32) for s in b["subject"]], fontsize=7)
     ax.set_xlabel("ability (posterior mean, 90% interval)")
-    ranks = _ranks(board)
-    shown = (f"first {len(b)} of {len(board)}" if len(board) > len(b) and ranks[len(b)] == ranks[len(b) - 1]
+    shown = (f"first {len(b)} of {len(board)}" if _cut_in_tie(board, len(b))
              else f"top {len(b)} of {len(board)}")  # a cut among equal ranks: not "the best"
     ax.set_title(f"leaderboard ({shown})")
     return _png(fig)
@@ -88,13 +87,19 @@ def _ranks(board: pd.DataFrame) -> np.ndarray:
     return board["rank"].to_numpy() if "rank" in board else np.arange(1, len(board) + 1)
 
 
+def _cut_in_tie(board: pd.DataFrame, k: int) -> bool:
+    """Whether the board's first ``k`` rows end among subjects of one rank."""
+    ranks = _ranks(board)
+    return 0 < k < len(ranks) and ranks[k] == ranks[k - 1]
+
+
 def _cut_note(board: pd.DataFrame, k: int, what: str) -> str:
     """What drawing the first ``k`` rows of ``board`` shows; where the cut falls among
     subjects of one rank (equal abilities), it says so: which of them are drawn is then
     only the table's order."""
     ranks = _ranks(board)
     text = f"the {what} draws the first {k} of {len(board)} subjects"
-    if len(ranks) > k and ranks[k] == ranks[k - 1]:
+    if _cut_in_tie(board, k):
         tied = int((ranks == ranks[k - 1]).sum())
         text += (f"; the cut falls among {tied} subjects of equal ability (rank "
                  f"{ranks[k - 1]}), of whom the first {int((ranks[:k] == ranks[k - 1]).sum())} in "
@@ -120,9 +125,8 @@ def _heatmap(p_beats: np.ndarray, board: pd.DataFrame, index: dict) -> bytes:
                 if i != j:
                     ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
                             color="white" if abs(m[i, j] - 0.5) > 0.35 else "black")
-    ranks = _ranks(board)
     shown = (f"all {len(order)}" if len(board) <= len(order) else
-             f"first {len(order)} of {len(board)}" if ranks[len(order)] == ranks[len(order) - 1]
+             f"first {len(order)} of {len(board)}" if _cut_in_tie(board, len(order))
              else f"top {len(order)} of {len(board)}")
     ax.set_title(f"P(row beats column), leaderboard order ({shown} subjects)")
     fig.colorbar(im, ax=ax, shrink=0.8)
