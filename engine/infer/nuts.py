@@ -24,6 +24,7 @@ from engine.exported import Unkeyable, fingerprint, load_or_export, register_str
 from engine.infer.elbo import log_prior, make_log_likelihood
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState, init_guide
+from engine.infer.pointwise import cell_loglik_draws
 from engine.infer.sampler import sd_standard_error
 from engine.memory import size_text, usable_cores
 from engine.models.spec import ModelSpec
@@ -33,6 +34,7 @@ __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "m
            "poolable_blocks", "pooled_blocks", "shrinkage", "shrinkage_restart",
            "sample_nuts", "pool_identical_rows", "nuts_fit_result",
            "nuts_memory_bytes", "check_nuts_memory", "diagnostics", "to_inference_data",
+           "add_pointwise", "observed_cells",
            "NUTS_CELL_FACTOR"]
 
 # Bytes per response cell and chain that a NUTS gradient holds (the cell's parameters,
@@ -45,6 +47,10 @@ NONCENTRED_SUBJECTS = 30  # item blocks standardised where fewer subjects answer
 VAGUE_LOCATION_VARIANCE = 100.0
 ANCHOR_ITEMS = 50  # items from which the shift and scale are taken up by the abilities (NutsSettings.anchor)
 SHRINKAGE_RESTART = 0.5  # an item block's mean shrinkage from which an unconverged run restarts standardised
+# ArviZ's log_likelihood group (add_pointwise): values kept at most (chains x draws x observed
+# cells, float32: 128 MiB), and the fewest draws per chain worth keeping
+POINTWISE_MAX_VALUES = 1 << 25
+POINTWISE_MIN_DRAWS = 100
 
 
 _OPTION = {"num_chains": " (--chains)", "num_samples": " (--samples)", "num_warmup": " (--warmup)",
@@ -223,6 +229,7 @@ class NutsDraws(NamedTuple):
     step_size: jax.Array  # (chains,) adapted step size
     last: dict | None = None  # (chains, *full_shape) per block: where each chain stopped, in
     inverse_mass_matrix: object = None  # the sampler's coordinates, and its adapted metric
+    energy: jax.Array | None = None  # (chains, samples) Hamiltonian at each draw (ArviZ's BFMI)
 
 
 register_structures(NutsDraws)  # the sampler's exported programs return them
@@ -508,11 +515,14 @@ def make_log_joint(spec: ModelSpec, y: np.ndarray) -> Callable:
 def nuts_memory_bytes(spec: ModelSpec, num_subjects: int, num_items: int,
                       settings: NutsSettings) -> int:
     """Bytes NUTS needs: per-cell gradient temporaries for every chain, plus the draws kept
-    (unconstrained and constrained, float32)."""
+    (unconstrained and constrained, float32), the observed matrix and pointwise
+    log-likelihood of ArviZ's groups (:func:`add_pointwise`)."""
     cells = num_subjects * num_items
     size = sum(int(np.prod(p.full_shape(num_subjects, num_items))) for p in spec.params)
-    draws = 2 * 4 * size * settings.num_chains * settings.num_samples * (1 + settings.extend)
-    return cells * 4 + cells * NUTS_CELL_FACTOR * settings.num_chains + draws
+    kept = settings.num_chains * settings.num_samples * (1 + settings.extend)
+    pointwise = 4 * (cells + min(POINTWISE_MAX_VALUES, cells * kept))
+    return cells * 4 + cells * NUTS_CELL_FACTOR * settings.num_chains + 2 * 4 * size * kept \
+        + pointwise
 
 
 def check_nuts_memory(spec: ModelSpec, num_subjects: int, num_items: int,
@@ -583,12 +593,12 @@ def _draw_chain(spec: ModelSpec, coords: Coordinates, settings: NutsSettings, ta
     def body(state, k):
         state, info = kernel.step(k, state)
         return state, (state.position, info.is_divergent, info.acceptance_rate,
-                       info.num_integration_steps, state.logdensity)
+                       info.num_integration_steps, state.logdensity, info.energy)
 
     last, out = jax.lax.scan(body, state, jax.random.split(key, settings.num_samples))
     position = _centre(spec, coords, out[0])[0]  # the model's own coordinates
-    return NutsDraws(position, *out[1:], params["step_size"], last.position,
-                     params["inverse_mass_matrix"])
+    return NutsDraws(position, *out[1:5], params["step_size"], last.position,
+                     params["inverse_mass_matrix"], out[5])
 
 
 def make_sampler(spec: ModelSpec, num_subjects: int, num_items: int,
@@ -702,6 +712,10 @@ def _run_shares(program, y, shares: list[tuple]) -> NutsDraws:
     return jax.tree.map(lambda *v: np.concatenate(v, axis=0), *parts)
 
 
+# what a sampler's program returns, in its exported program's key: a trace written before
+# the draws kept their energy returns fewer outputs and is not read
+_OUTPUTS = "outputs=energy"
+
 # settings a compiled sampler does not depend on: left out of its exported program's key
 _OUTSIDE_PROGRAM = {"seed": 0, "memory_budget": None, "chain_threads": None, "extend": 0,
                     "max_rhat": 1.01, "init_jitter": 1.0}
@@ -722,7 +736,7 @@ def _traced(name: str, spec: ModelSpec, settings: NutsSettings, jitted: Callable
         return jitted
     try:
         parts = [name, fingerprint(spec), fingerprint(settings.replace(**_OUTSIDE_PROGRAM)),
-                 f"blackjax={installed('blackjax')}"]
+                 f"blackjax={installed('blackjax')}", _OUTPUTS]
     except Unkeyable:
         return jitted
     exp = load_or_export(name, parts, jitted, list(args))
@@ -825,7 +839,9 @@ def join_draws(first: NutsDraws, then: NutsDraws) -> NutsDraws:
                      along(first.acceptance_rate, then.acceptance_rate),
                      along(first.num_steps, then.num_steps),
                      along(first.logdensity, then.logdensity), first.step_size, then.last,
-                     first.inverse_mass_matrix)
+                     first.inverse_mass_matrix,
+                     None if first.energy is None or then.energy is None
+                     else along(first.energy, then.energy))
 
 
 def constrain_draws(spec: ModelSpec, position: dict) -> dict[str, np.ndarray]:
@@ -843,7 +859,8 @@ def _dims(spec: ModelSpec, p) -> list[str]:
 def to_inference_data(spec: ModelSpec, constrained: dict, draws: NutsDraws, *, subjects=None,
                       items=None):
     """ArviZ ``InferenceData``: constrained draws in ``posterior`` (dims chain, draw,
-    subject/item[, skill]), per-draw NUTS statistics in ``sample_stats``."""
+    subject/item[, skill]), per-draw NUTS statistics in ``sample_stats`` (``energy`` among
+    them, for ``az.bfmi``, where the draws kept it)."""
     az = _arviz()
     coords = {}
     if subjects is not None:
@@ -855,8 +872,71 @@ def to_inference_data(spec: ModelSpec, constrained: dict, draws: NutsDraws, *, s
     stats = {"diverging": np.asarray(draws.diverging), "acceptance_rate":
              np.asarray(draws.acceptance_rate), "n_steps": np.asarray(draws.num_steps),
              "lp": np.asarray(draws.logdensity)}
+    if draws.energy is not None:
+        stats["energy"] = np.asarray(draws.energy)
     return az.from_dict(posterior=constrained, sample_stats=stats, coords=coords,
                         dims={p.name: _dims(spec, p) for p in spec.params})
+
+
+def observed_cells(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column of every observed cell (int8 ``-1`` and NaN are missing), row-major."""
+    y = np.asarray(y)
+    if np.issubdtype(y.dtype, np.floating):
+        y = np.where(np.isnan(y), -1.0, y)
+    return np.nonzero(y >= 0)
+
+
+def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
+                  max_values: int = POINTWISE_MAX_VALUES) -> dict:
+    """Add ArviZ's ``observed_data`` and ``log_likelihood`` groups to ``idata``, so that
+    ``az.loo`` and ``az.waic`` run on a sampler's draws; returns what was kept (fit.json).
+
+    ``observed_data.y`` is the matrix (subject, item), NaN where missing.
+    ``log_likelihood.y`` is ``log p(y_c | params)`` of each observed cell ``c`` (dim
+    ``cell``, row-major, with its ``cell_subject`` and ``cell_item``) at each draw of
+    ``constrained`` (the draws as sampled, those of ``posterior``): leave-one-out is then
+    over responses, the unit of an IRT matrix. At most ``max_values`` values are kept:
+    where chains x draws x cells is more, evenly spaced draws of each chain are kept (the
+    ``draw`` coordinate names them, as in ``posterior``), and none where fewer than
+    :data:`POINTWISE_MIN_DRAWS` per chain would fit."""
+    import xarray as xr
+
+    y = np.asarray(y)
+    rows, cols = observed_cells(y)
+    first = constrained[spec.likelihood_params[0].name]
+    chains, samples = first.shape[:2]
+    cells = int(rows.size)
+    per_chain = min(samples, max_values // max(1, chains * cells))
+    matrix = np.full(y.shape, np.nan, np.float32)
+    matrix[rows, cols] = y[rows, cols]
+    sub = idata.posterior.coords.get("subject")
+    it = idata.posterior.coords.get("item")
+    names = {"subject": np.asarray(sub.values) if sub is not None else np.arange(y.shape[0]),
+             "item": np.asarray(it.values) if it is not None else np.arange(y.shape[1])}
+    groups = {"observed_data": xr.Dataset({"y": (("subject", "item"), matrix)}, coords=names)}
+    info = {"cells": cells, "draws_per_chain": int(per_chain), "of_draws_per_chain": int(samples),
+            "max_values": int(max_values)}
+    if per_chain < min(samples, POINTWISE_MIN_DRAWS):
+        info = {**info, "draws_per_chain": 0, "omitted": (
+            f"{chains} chains x {min(samples, POINTWISE_MIN_DRAWS)} draws x {cells:,} observed "
+            f"cells is over the {max_values:,} values kept; az.loo needs the log_likelihood "
+            f"group, which this run leaves out")}
+        idata.add_groups(groups)
+        return info
+    keep = np.unique(np.linspace(0, samples - 1, per_chain).round().astype(int))
+    lik = [p.name for p in spec.likelihood_params]
+    kw = dict(num_subjects=y.shape[0], num_items=y.shape[1])
+    values = np.empty((chains, keep.size, cells), np.float32)
+    for c in range(chains):  # one chain at a time: its gathered draws are what is held
+        draws = {k: np.asarray(constrained[k][c, keep]) for k in lik}
+        values[c] = cell_loglik_draws(spec, draws, rows, cols, y[rows, cols], **kw)
+    groups["log_likelihood"] = xr.Dataset(
+        {"y": (("chain", "draw", "cell"), values)},
+        coords={"chain": np.arange(chains), "draw": keep, "cell": np.arange(cells),
+                "cell_subject": ("cell", names["subject"][rows]),
+                "cell_item": ("cell", names["item"][cols])})
+    idata.add_groups(groups)
+    return {**info, "draws_per_chain": int(keep.size)}
 
 
 def _arviz():
@@ -1029,6 +1109,7 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
         timings["wall_s"] += t["wall_s"]
         timings["compile_s"] += t["compile_s"]
         constrained, idata, diag = read(draws, settings)
+    diag["log_likelihood"] = add_pointwise(spec, idata, constrained, y)  # as sampled
     draws, pooled = pool_identical_rows(spec, y, draws)
     if pooled:  # the tables read the pooled draws; idata (draws.nc) keeps them as sampled,
         # each twin's own, for the rank read-outs (independent abilities) and the boards

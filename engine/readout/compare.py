@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 from scipy.special import logsumexp
@@ -33,6 +32,7 @@ from scipy.stats import rankdata
 from engine.atomic import atomic_write
 from engine.errors import ModelError, SettingsError
 from engine.infer.guide import GuideState
+from engine.infer.pointwise import cell_loglik_draws as heldout_loglik_draws
 from engine.infer.settings import FitSettings
 from engine.models.registry import MODELS, get_model, resolve_prior
 from engine.models.spec import ModelSpec
@@ -48,7 +48,6 @@ COLUMNS = ("model", "heldout_loglik", "heldout_loglik_per_cell", "accuracy", "ro
            "num_train", "num_heldout", "num_heldout_set_aside", "fit_note")
 # the fit's route as the table names it: abilities integrated out, or the mean-field fit
 _FIT_METHODS = {"quadrature": "quadrature", "gaussian": "mean-field", "nuts": "nuts"}
-_CHUNK = 1 << 14  # held-out cells evaluated together (times the number of draws)
 
 
 @dataclass(frozen=True)
@@ -151,49 +150,6 @@ def split_holdout(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray
     train = y.copy()
     train[s, i] = np.nan if np.issubdtype(y.dtype, np.floating) else -1
     return train, s, i
-
-
-def _cell_fn(spec: ModelSpec, globals_: frozenset):
-    """``f(draws, consts, y) -> (K, b)``: the per-cell log-likelihood at every draw."""
-    lik = spec.likelihood_params
-
-    def cell(params, consts, y):
-        return spec.loglik({**params, **consts}, y, jnp.ones_like(y))
-
-    over_cells = jax.vmap(cell, in_axes=({p.name: (None if p.name in globals_ else 0) for p in lik},
-                                         0, 0))
-    return jax.jit(jax.vmap(over_cells, in_axes=({p.name: 0 for p in lik}, None, None)))
-
-
-def heldout_loglik_draws(spec: ModelSpec, draws: dict[str, np.ndarray], subject_idx: np.ndarray,
-                         item_idx: np.ndarray, y: np.ndarray, *, num_subjects: int,
-                         num_items: int) -> np.ndarray:
-    """``log p(y_c | params_k)`` for each draw ``k`` and held-out cell ``c``, ``(K, b)``.
-
-    ``draws`` holds constrained joint draws ``(K, *full_shape)`` of every likelihood block
-    (:func:`engine.readout.posterior.draw_posterior`); each cell gets its subject's and
-    item's values and the model's constants, and ``spec.loglik`` is evaluated per cell.
-    """
-    lik = spec.likelihood_params
-    owner = {p.name: p.owner for p in lik}
-    consts = spec.constant_values(num_subjects, num_items)
-    const_owner = {c.name: c.owner for c in spec.constants}
-    fn = _cell_fn(spec, frozenset(n for n, o in owner.items() if o == "global"))
-    num_draws = next(iter(draws.values())).shape[0]
-    b = len(y)
-    out = np.empty((num_draws, b), np.float64)
-    for start in range(0, b, _CHUNK):
-        stop = min(start + _CHUNK, b)
-        pad = _CHUNK - (stop - start) if b > _CHUNK else 0  # fixed shapes: one compile
-        s = np.pad(subject_idx[start:stop], (0, pad))
-        i = np.pad(item_idx[start:stop], (0, pad))
-        yy = np.pad(np.asarray(y[start:stop], np.float32), (0, pad))
-        params = {n: (draws[n] if o == "global" else draws[n][:, s if o == "subject" else i])
-                  for n, o in owner.items()}
-        c = {k: v[s if const_owner[k] == "subject" else i] for k, v in consts.items()}
-        ll = np.asarray(fn(params, c, yy), np.float64)
-        out[:, start:stop] = ll[:, : stop - start]
-    return out
 
 
 def predictive(spec: ModelSpec, guide: GuideState, subject_idx: np.ndarray, item_idx: np.ndarray,

@@ -830,3 +830,67 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
         nc.write_bytes(bytes(data))
         assert main(["leaderboard", str(tmp_path / "run"), "--rank", "pareto"]) != 0
         assert f"run file {nc} is damaged" in capsys.readouterr().err
+
+
+def test_draws_nc_holds_what_arviz_loo_waic_and_bfmi_read(tmp_path):
+    """draws.nc carries ArviZ's ``observed_data`` (the matrix, NaN where missing),
+    ``log_likelihood`` (each observed cell's log-likelihood at each draw, checked against
+    scipy's Bernoulli at the posterior's own draws) and ``energy`` in ``sample_stats``, so
+    ``az.loo``, ``az.waic`` and ``az.bfmi`` run on a NUTS run as on any numpyro fit. Past
+    the size limit the draws are thinned evenly (the ``draw`` coordinate names them), and
+    left out, with the reason in fit.json, where too few would fit."""
+    from scipy.special import expit
+
+    from engine.infer import nuts
+
+    y = _simulated_2pl(30, 6, seed=3)
+    y[0, :2] = -1
+    y[7, 5] = -1
+    res = fit_nuts(y, "2pl", FAST.replace(num_chains=2, num_warmup=150, num_samples=200))
+    save_run(res, tmp_path / "run")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import arviz as az
+    idata = az.from_netcdf(tmp_path / "run" / "draws.nc")
+    observed = idata.observed_data["y"]
+    assert observed.dims == ("subject", "item") and observed.shape == (30, 6)
+    want = np.where(y >= 0, y, np.nan)
+    np.testing.assert_array_equal(observed.values, want)
+    ll = idata.log_likelihood["y"]
+    assert ll.dims == ("chain", "draw", "cell") and ll.shape == (2, 200, 30 * 6 - 3)
+    rows, cols = np.nonzero(y >= 0)
+    assert list(ll["cell_subject"].values) == [str(s) for s in rows]  # the fit's own labels
+    assert list(ll["cell_item"].values) == [str(i) for i in cols]
+    post = idata.posterior
+    theta = post["ability"].values[:, :, rows]
+    a = post["discrimination"].values[:, :, cols]
+    b = post["difficulty"].values[:, :, cols]
+    ref = stats.bernoulli.logpmf(y[rows, cols], expit(a * (theta - b)))
+    np.testing.assert_allclose(ll.values, ref, rtol=1e-4, atol=1e-5)
+    loo = az.loo(idata, pointwise=True)
+    assert np.isfinite(loo["elpd_loo"]) and loo["n_data_points"] == 30 * 6 - 3
+    assert loo["elpd_loo"] == pytest.approx(float(np.sum(loo["loo_i"].values)))
+    assert np.isfinite(az.waic(idata)["elpd_waic"])
+    energy = idata.sample_stats["energy"]
+    assert energy.shape == (2, 200) and np.isfinite(energy.values).all()
+    bfmi = az.bfmi(idata)
+    assert bfmi.shape == (2,) and (bfmi > 0).all()
+    info = json.loads((tmp_path / "run" / "fit.json").read_text())
+    assert info["log_likelihood"] == {"cells": 177, "draws_per_chain": 200,
+                                      "of_draws_per_chain": 200,
+                                      "max_values": nuts.POINTWISE_MAX_VALUES}
+
+    # past the limit: evenly spaced draws of each chain, the posterior's own draws
+    constrained = {k: np.asarray(post[k].values) for k in post.data_vars}
+    thin = az.from_dict(posterior=constrained)
+    kept = nuts.add_pointwise(res.spec, thin, constrained, y, max_values=2 * 177 * 120)
+    assert kept["draws_per_chain"] == 120
+    draw = thin.log_likelihood["draw"].values
+    assert draw[0] == 0 and draw[-1] == 199 and np.all(np.diff(draw) > 0)
+    np.testing.assert_allclose(thin.log_likelihood["y"].values, ll.values[:, draw], rtol=1e-5,
+                               atol=1e-6)
+    none = az.from_dict(posterior=constrained)
+    left = nuts.add_pointwise(res.spec, none, constrained, y, max_values=2 * 177 * 99)
+    assert left["draws_per_chain"] == 0 and "az.loo needs the log_likelihood group" in left[
+        "omitted"]
+    assert "log_likelihood" not in none.groups() and "observed_data" in none.groups()
