@@ -111,7 +111,7 @@ def _restore(template, arrays: list[np.ndarray], what: str, path: Path):
     leaves, treedef = jax.tree.flatten(template)
     if len(leaves) != len(arrays) or any(np.shape(a) != np.shape(b) for a, b in zip(leaves, arrays)):
         raise SettingsError(f"{path}: the checkpointed {what} does not match this fit (different "
-                            f"model or data shape); pass --overwrite to start the fit over")
+                            f"model or data shape); pass --overwrite (resume=False in the library) to start the fit over")
     return jax.tree.unflatten(treedef, [np.asarray(a, dtype=np.asarray(b).dtype)
                                         for a, b in zip(arrays, leaves)])
 
@@ -198,13 +198,13 @@ class Checkpointer:
         if info.get("format_version") != FORMAT_VERSION:
             raise SettingsError(f"{path}: the checkpoint is in format {info.get('format_version')}"
                                 f", this version of irt-engine resumes format {FORMAT_VERSION}; "
-                                f"pass --overwrite to start the fit over")
+                                f"pass --overwrite (resume=False in the library) to start the fit over")
         if info.get("fingerprint") != self.fingerprint:
             saved, now = info.get("fingerprint", {}), self.fingerprint
             diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
             raise SettingsError(f"{path}: the checkpoint is of a different fit (differs in "
                                 f"{', '.join(diff)}); resume with the same data, model and "
-                                f"settings, or pass --overwrite to start over")
+                                f"settings, or pass --overwrite (resume=False in the library) to start over")
         with np.load(self._arrays(path, info), allow_pickle=False) as z:
             state = _restore(template, [z[k] for k in sorted(z.files) if k.startswith("state/")],
                              "fit state", path)
@@ -221,7 +221,7 @@ class Checkpointer:
         """The npz ``info`` names: a plain name in the directory, its size and
         SHA-256 as recorded (checkpoints written before those were recorded: unchecked)."""
         name = info.get("arrays")
-        fix = "pass --overwrite to start the fit over"
+        fix = "pass --overwrite (resume=False in the library) to start the fit over"
         if not isinstance(name, str) or not _ARRAYS.fullmatch(name):
             raise SettingsError(f"{path} names arrays {name!r}, not a checkpoint-<pass>.npz in "
                                 f"{self.directory}; {fix}")

@@ -45,13 +45,16 @@ class LMEvalHarness(LogFormat):
     def __init__(self):
         self._models: dict[Path, str] = {}
         self._filters: frozenset[str] | None = None  # None: every filter, each its own items
+        self._seen: set[str] = set()  # the filters the files carry (read where --filter is given)
 
     def ingest(self, inputs: Sequence[Path], out: Path, *, filters=None, **options):
         """``filters``: the lm-eval filters to keep (``--filter strict-match``) in a task
         scored under several (gsm8k's strict-match and flexible-extract), which otherwise
         gives one item per filter and document, counting each document once per filter. A
         task under one filter (or none) is read whole; a task under several none of which
-        is named is an error listing its filters. (A name no task carries is not checked.)"""
+        is named is an error listing its filters, and so is a name no task carries (a
+        misspelt filter), once every file has been read and before the store is written."""
+        self._seen = set()
         if filters is not None:
             names = filters.split(",") if isinstance(filters, str) else list(filters)
             self._filters = frozenset(n.strip() for n in names if n.strip())
@@ -144,6 +147,7 @@ class LMEvalHarness(LogFormat):
             return None
         present = {obj.get("filter", "none") for _, obj in json_lines(path)}
         named = {f for f in present if isinstance(f, str) and f != "none"}
+        self._seen |= named
         if len(named) <= 1:  # one scoring a document: nothing counted twice
             return None
         keep = named & self._filters
@@ -152,6 +156,16 @@ class LMEvalHarness(LogFormat):
                                   f"{', '.join(sorted(named))}, none of --filter "
                                   f"{','.join(sorted(self._filters))}; name one of them")
         return frozenset(keep | {"none"})
+
+    def finish(self, files: Sequence[Path]) -> None:
+        """After every file is read: a ``--filter`` name that no task carries is an error."""
+        unknown = sorted((self._filters or frozenset()) - self._seen)
+        if unknown:
+            where = files[0].parent if len(files) == 1 else f"the {len(files)} samples files"
+            raise SettingsError(
+                f"--filter {','.join(unknown)}: no task in {where} is scored under "
+                f"{'it' if len(unknown) == 1 else 'them'}; the filters present are "
+                f"{', '.join(sorted(self._seen)) or 'none (each task under one scoring)'}")
 
     def item_info(self, path: Path, lines) -> dict[int, dict]:
         """``doc_id``, ``doc_hash``, ``doc`` (the input) and the target and prompt/target

@@ -72,6 +72,8 @@ def ingest_logs(reader: LogReader, inputs: Sequence[str | Path], out: str | Path
         table = ItemTable(scratch / ITEM_INFO)
         try:
             subjects, items, groups = _spill(reader, files, metric, kind, bands, scratch, table)
+            if hasattr(reader, "finish"):  # checks that need every file read
+                reader.finish(files)
         finally:
             item_table = table.close()
         release_memory()  # what reading the logs freed, before the bands

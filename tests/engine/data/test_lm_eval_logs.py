@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from engine.data import ingest
-from engine.errors import DataFormatError
+from engine.errors import DataFormatError, SettingsError
 
 DATE = "2024-05-01T12-30-45.123456"
 
@@ -250,6 +250,15 @@ def test_filter_keeps_one_scoring_of_each_document(tmp_path, capsys):
                                               r"--filter strict_match; name one of them"):
         ingest(root, tmp_path / "typo.zarr", metric="exact_match,acc", filters="strict_match")
     assert not (tmp_path / "typo.zarr").exists()
+    # a name no task carries, beside one that a task does (a misspelt second filter): named,
+    # with the filters present, once every file is read, and no store written
+    with pytest.raises(SettingsError, match=r"--filter flexible_extract: no task in .* is scored "
+                                            r"under it; the filters present are flexible-extract, "
+                                            r"remove_whitespace, strict-match"):
+        ingest(root, tmp_path / "typo2.zarr", metric="exact_match,acc",
+               filters="strict-match,flexible_extract")
+    assert not (tmp_path / "typo2.zarr").exists()
+    assert not list(tmp_path.glob(".typo2*"))  # nor the reading's scratch
     wide = tmp_path / "wide.csv"
     wide.write_text("subject,q1\na,1\nb,0\n")
     capsys.readouterr()
