@@ -11,6 +11,7 @@ header is line 1) and ``row index N`` (0-based) for Parquet. The memory helpers
 from __future__ import annotations
 
 import csv
+import decimal
 import gzip
 import io
 import os
@@ -27,7 +28,7 @@ from engine.errors import DataFormatError
 from engine.memory import size_text
 
 __all__ = ["BadCell", "CELL_BYTES", "ID_BYTES", "LONG_COLS", "as_stored", "bad_value",
-           "cannot_read", "cell_text", "check_id_column_type", "check_id_text", "check_support",
+           "cannot_read", "cell_text", "check_id_column_type", "is_text_type", "check_id_text", "check_support",
            "check_unique", "container_of", "csv_rows", "default_budget", "delimiter_of",
            "expand_inputs", "fmt_value", "header_width", "long_column", "no_response_error",
            "open_text", "over_budget", "parse_cell", "parse_cells", "read_header", "size_text",
@@ -175,8 +176,8 @@ def parse_cell(value: object) -> float:
         if text in _NULLS:
             return np.nan
         return float(text == "true") if text in ("true", "false") else float(text)
-    if isinstance(value, (bool, int, float, np.number)):
-        return float(value)
+    if isinstance(value, (bool, int, float, np.number, decimal.Decimal)):
+        return float(value)  # a Decimal as its nearest float, as text is read
     raise TypeError(f"not a number: {value!r}")
 
 
@@ -201,7 +202,7 @@ def to_float(col: pa.ChunkedArray) -> np.ndarray:
         return np.full(len(col), np.nan, np.float64)
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return to_numbers(col)  # nulls -> NaN
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+    if is_text_type(kind) or pa.types.is_decimal(kind):  # text, or Parquet's DECIMAL
         return parse_cells(col.to_pylist())
     if pa.types.is_dictionary(kind):  # pandas' categoricals: their values, cell by cell
         return to_float(col.cast(kind.value_type))
@@ -287,11 +288,16 @@ def bad_value(where: str, value: object) -> DataFormatError:
     return DataFormatError(f"{where}: got {value!r}; expected {_EXPECTED}")
 
 
+def is_text_type(kind: pa.DataType) -> bool:
+    """Whether an Arrow type holds text: string, large_string or string_view."""
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or \
+        pa.types.is_string_view(kind)
+
+
 def check_id_column_type(path: Path, name: str, kind: pa.DataType) -> None:
     """Raise unless an Arrow id column holds text or integers."""
     value = kind.value_type if pa.types.is_dictionary(kind) else kind
-    if not (pa.types.is_string(value) or pa.types.is_large_string(value)
-            or pa.types.is_integer(value) or pa.types.is_null(value)):
+    if not (is_text_type(value) or pa.types.is_integer(value) or pa.types.is_null(value)):
         raise DataFormatError(f'{path} column "{name}": ids of type {kind}; store ids as text '
                               f"(or integers), one per row")
 

@@ -195,3 +195,31 @@ def test_categorical_response_columns_read_their_values(tmp_path):
     with pytest.raises(DataFormatError, match=r"label\.parquet row index 2, column \"response\": "
                                               r"got 'M'; expected a number"):
         ingest(tmp_path / "label.parquet", tmp_path / "label.zarr", fmt="long")
+
+
+@pytest.mark.parametrize("fmt", ["long", "wide"])
+def test_decimal_cells_and_string_view_ids_are_read(tmp_path, fmt):
+    """Parquet DECIMAL responses are numbers (read as their nearest float, as text is) and
+    Arrow ``string_view`` columns are text, ids and cells alike; both had been refused. A
+    Decimal outside the kind is refused as any number is, naming its row and column."""
+    from decimal import Decimal
+
+    D = lambda *v: pa.array([None if x is None else Decimal(x) for x in v], pa.decimal128(4, 2))
+    sv = lambda *v: pa.array(list(v), pa.string_view())
+    if fmt == "long":
+        table = pa.table({"subject": sv("a", "a", "b", "b"), "item": sv("q1", "q2", "q1", "q2"),
+                          "response": D("0.50", "1.00", "0.25", None)})
+        bad = table.set_column(2, "response", D("0.50", "1.00", "1.25", None))
+    else:
+        table = pa.table({"subject": sv("a", "b"), "q1": D("0.50", "0.25"), "q2": sv("1", "")})
+        bad = table.set_column(1, "q1", D("0.50", "1.25"))
+    pq.write_table(table, tmp_path / "d.parquet")
+    store = ingest(tmp_path / "d.parquet", tmp_path / "d.zarr", fmt=fmt, kind="unit")
+    assert store.subjects.tolist() == ["a", "b"] and store.items.tolist() == ["q1", "q2"]
+    np.testing.assert_array_equal(store.load(), np.array([[0.5, 1.0], [0.25, np.nan]], np.float32))
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    where = r"row index 2, column \"response\"" if fmt == "long" else r"row index 1, column \"q1\""
+    with pytest.raises(DataFormatError, match=rf"bad\.parquet {where}: got 1\.25; expected a "
+                                              rf"score in \[0, 1\]"):
+        ingest(tmp_path / "bad.parquet", tmp_path / "bad.zarr", fmt=fmt, kind="unit")
+    assert not (tmp_path / "bad.zarr").exists()
