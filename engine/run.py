@@ -278,7 +278,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
     out = Path(out)
     seed = _fit_seed(res, seed)
     if out.exists() and not overwrite:
-        raise RunExistsError(f"run directory {out} exists; pass --overwrite (overwrite=True in the library) or choose another --out")
+        raise RunExistsError(f"run directory {out} exists; pass --overwrite (overwrite=True in "
+                             f"the library) or choose another --out")
     ability = res.spec.param("ability")
     draws, groups = _rank_draws_and_groups(res, num_draws, seed)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,8 @@ def has_checkpoint(directory: str | Path) -> bool:
     return (Path(directory) / CHECKPOINT_FILE).is_file()
 
 
+# the remedy for a checkpoint that cannot be resumed, in the command's and the library's words
+START_OVER = "pass --overwrite (resume=False in the library) to start the fit over"
 _ARRAYS = re.compile(r"checkpoint-\d{6}(-[0-9a-f]{8})?\.npz")  # unique per save since format 3
 _LEFTOVER = re.compile(r"\.(checkpoint-\d{6}(-[0-9a-f]{8})?\.npz|checkpoint\.json)\.tmp-[0-9a-f]{8}")
 
@@ -111,7 +113,7 @@ def _restore(template, arrays: list[np.ndarray], what: str, path: Path):
     leaves, treedef = jax.tree.flatten(template)
     if len(leaves) != len(arrays) or any(np.shape(a) != np.shape(b) for a, b in zip(leaves, arrays)):
         raise SettingsError(f"{path}: the checkpointed {what} does not match this fit (different "
-                            f"model or data shape); pass --overwrite (resume=False in the library) to start the fit over")
+                            f"model or data shape); {START_OVER}")
     return jax.tree.unflatten(treedef, [np.asarray(a, dtype=np.asarray(b).dtype)
                                         for a, b in zip(arrays, leaves)])
 
@@ -193,18 +195,17 @@ class Checkpointer:
             if not isinstance(info, dict):
                 raise ValueError("not a JSON object")
         except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise SettingsError(f"{path} is damaged ({err}); pass --overwrite to start the fit "
-                                f"over") from None
+            raise SettingsError(f"{path} is damaged ({err}); {START_OVER}") from None
         if info.get("format_version") != FORMAT_VERSION:
             raise SettingsError(f"{path}: the checkpoint is in format {info.get('format_version')}"
                                 f", this version of irt-engine resumes format {FORMAT_VERSION}; "
-                                f"pass --overwrite (resume=False in the library) to start the fit over")
+                                f"{START_OVER}")
         if info.get("fingerprint") != self.fingerprint:
             saved, now = info.get("fingerprint", {}), self.fingerprint
             diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
             raise SettingsError(f"{path}: the checkpoint is of a different fit (differs in "
                                 f"{', '.join(diff)}); resume with the same data, model and "
-                                f"settings, or pass --overwrite (resume=False in the library) to start over")
+                                f"settings, or {START_OVER}")
         with np.load(self._arrays(path, info), allow_pickle=False) as z:
             state = _restore(template, [z[k] for k in sorted(z.files) if k.startswith("state/")],
                              "fit state", path)
@@ -221,7 +222,7 @@ class Checkpointer:
         """The npz ``info`` names: a plain name in the directory, its size and
         SHA-256 as recorded (checkpoints written before those were recorded: unchecked)."""
         name = info.get("arrays")
-        fix = "pass --overwrite (resume=False in the library) to start the fit over"
+        fix = START_OVER
         if not isinstance(name, str) or not _ARRAYS.fullmatch(name):
             raise SettingsError(f"{path} names arrays {name!r}, not a checkpoint-<pass>.npz in "
                                 f"{self.directory}; {fix}")

@@ -51,6 +51,7 @@ SHRINKAGE_RESTART = 0.5  # an item block's mean shrinkage from which an unconver
 # cells, float32: 128 MiB), and the fewest draws per chain worth keeping
 POINTWISE_MAX_VALUES = 1 << 25
 POINTWISE_MIN_DRAWS = 100
+POINTWISE_CHUNK_VALUES = 1 << 20  # draw-cell log-likelihoods evaluated together
 
 
 _OPTION = {"num_chains": " (--chains)", "num_samples": " (--samples)", "num_warmup": " (--warmup)",
@@ -891,7 +892,9 @@ def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
     """Add ArviZ's ``observed_data`` and ``log_likelihood`` groups to ``idata``, so that
     ``az.loo`` and ``az.waic`` run on a sampler's draws; returns what was kept (fit.json).
 
-    ``observed_data.y`` is the matrix (subject, item), NaN where missing.
+    ``observed_data.y`` is the matrix ``y`` the draws condition on (subject, item), NaN
+    where missing (and for items a fit under fixed vague priors set aside: fit.json's
+    ``constant_items``).
     ``log_likelihood.y`` is ``log p(y_c | params)`` of each observed cell ``c`` (dim
     ``cell``, row-major, with its ``cell_subject`` and ``cell_item``) at each draw of
     ``constrained`` (the draws as sampled, those of ``posterior``): leave-one-out is then
@@ -925,11 +928,13 @@ def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
         return info
     keep = np.unique(np.linspace(0, samples - 1, per_chain).round().astype(int))
     lik = [p.name for p in spec.likelihood_params]
-    kw = dict(num_subjects=y.shape[0], num_items=y.shape[1])
     values = np.empty((chains, keep.size, cells), np.float32)
-    for c in range(chains):  # one chain at a time: its gathered draws are what is held
-        draws = {k: np.asarray(constrained[k][c, keep]) for k in lik}
-        values[c] = cell_loglik_draws(spec, draws, rows, cols, y[rows, cols], **kw)
+    draws = {k: np.asarray(constrained[k])[:, keep].reshape((-1,) + np.shape(constrained[k])[2:])
+             for k in lik}
+    # written into ``values`` a few draws at a time: float32, nothing of its size copied
+    cell_loglik_draws(spec, draws, rows, cols, y[rows, cols], num_subjects=y.shape[0],
+                      num_items=y.shape[1], out=values.reshape(chains * keep.size, cells),
+                      chunk_values=POINTWISE_CHUNK_VALUES)
     groups["log_likelihood"] = xr.Dataset(
         {"y": (("chain", "draw", "cell"), values)},
         coords={"chain": np.arange(chains), "draw": keep, "cell": np.arange(cells),

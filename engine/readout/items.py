@@ -140,12 +140,14 @@ def _open_recorded_store(run):
     tried = store_candidates(run)
     if not tried:
         raise StoreNotFoundError(f"{run.path / 'fit.json'} records no response store (the fit was "
-                                 f"on an in-memory array); pass the store with --store (store= in the library)")
+                                 f"on an in-memory array); pass the store with --store "
+                                 f"(store= in the library)")
     for path in tried:
         if path.exists():
             return open_store(path)
     raise StoreNotFoundError(f"the response store of run {run.path} was not found; tried "
-                             f"{', '.join(str(p) for p in tried)}: pass the store with --store (store= in the library)")
+                             f"{', '.join(str(p) for p in tried)}: pass the store with "
+                             f"--store (store= in the library)")
 
 
 def load_run_responses(run, store: str | Path | None = None) -> np.ndarray:
@@ -158,8 +160,8 @@ def load_run_responses(run, store: str | Path | None = None) -> np.ndarray:
         try:
             st = open_store(store)
         except StoreNotFoundError as err:
-            raise StoreNotFoundError(f"{err} (the path given with --store, or store=); pass the store the run "
-                                     f"{run.path} was fitted on") from err
+            raise StoreNotFoundError(f"{err} (the path given with --store, or store=); pass the "
+                                     f"store the run {run.path} was fitted on") from err
     else:
         st = _open_recorded_store(run)
     subjects = np.asarray([str(s) for s in st.subjects.tolist()], dtype=object)

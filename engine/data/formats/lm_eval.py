@@ -159,7 +159,7 @@ class LMEvalHarness(LogFormat):
 
     def finish(self, files: Sequence[Path]) -> None:
         """After every file is read: a ``--filter`` name that no task carries is an error."""
-        unknown = sorted((self._filters or frozenset()) - self._seen)
+        unknown = sorted((self._filters or frozenset()) - self._seen - {"none"})  # none: kept
         if unknown:
             where = files[0].parent if len(files) == 1 else f"the {len(files)} samples files"
             raise SettingsError(

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from engine.data.formats.validate import (LONG_COLS, BadCell, as_stored, bad_value, cannot_read,
                                           check_id_column_type, check_id_text, check_support,
+                                          is_text_type,
                                           container_of, csv_rows, delimiter_of, expand_inputs,
                                           fmt_value, long_column, no_response_error, open_text,
                                           read_header, to_float, to_numbers,
@@ -165,8 +166,7 @@ def _batches(files: list[Path], batch_rows: int) -> Iterator[tuple[int, int, pa.
 def _read(path: Path, names: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
     if container_of(path) == "parquet":
         schema = pq.read_schema(path)
-        text = [n for n in names[:2] if pa.types.is_string(schema.field(n).type)
-                or pa.types.is_large_string(schema.field(n).type)]
+        text = [n for n in names[:2] if is_text_type(schema.field(n).type)]
         with pq.ParquetFile(path, read_dictionary=text) as f:
             for group in range(f.num_row_groups):  # a reader per row group: one reader across
                 # row groups holds on to Arrow memory that grows with the file (137 MiB at 50 M rows)

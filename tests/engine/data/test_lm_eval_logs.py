@@ -259,6 +259,10 @@ def test_filter_keeps_one_scoring_of_each_document(tmp_path, capsys):
                filters="strict-match,flexible_extract")
     assert not (tmp_path / "typo2.zarr").exists()
     assert not list(tmp_path.glob(".typo2*"))  # nor the reading's scratch
+    # "none" names lm-eval's unfiltered lines, always kept: never unknown
+    kept = ingest(root, tmp_path / "none.zarr", metric="exact_match,acc",
+                  filters="strict-match,none")
+    assert sorted(kept.items) == sorted(one.items)
     wide = tmp_path / "wide.csv"
     wide.write_text("subject,q1\na,1\nb,0\n")
     capsys.readouterr()
