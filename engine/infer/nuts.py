@@ -846,9 +846,27 @@ def join_draws(first: NutsDraws, then: NutsDraws) -> NutsDraws:
 
 
 def constrain_draws(spec: ModelSpec, position: dict) -> dict[str, np.ndarray]:
-    """Constrained values of unconstrained draws, same shapes."""
-    return {p.name: np.asarray(p.constrain(jnp.asarray(position[p.name])), np.float32)
-            for p in spec.params}
+    """Constrained values of unconstrained draws, same shapes; an entry a constant masks
+    (``Constant.masks``: a loading the Q-matrix or the rotation pins) is its effective
+    value, 0, as the tables report it: its draws are the prior's, which the likelihood
+    never reads."""
+    out = {p.name: np.asarray(p.constrain(jnp.asarray(position[p.name])), np.float32)
+           for p in spec.params}
+    for name, free in free_entries(spec, out).items():
+        out[name] = np.where(free, out[name], np.float32(0.0))
+    return out
+
+
+def free_entries(spec: ModelSpec, values: dict) -> dict[str, np.ndarray]:
+    """``{block: bool (*full_shape)}``, False where a constant masks the entry, for the
+    blocks a constant masks; ``values`` holds draws ``(chains, samples, *full_shape)`` of
+    every block, from which the subject and item counts are read."""
+    declared = [c for c in spec.constants if c.masks]
+    if not declared:
+        return {}
+    count = lambda who: next((int(np.shape(values[p.name])[2]) for p in spec.by_owner(who)), 0)
+    consts = spec.constant_values(count("subject"), count("item"))
+    return {name: np.asarray(consts[c.name]) != 0 for c in declared for name in c.masks}
 
 
 def _dims(spec: ModelSpec, p) -> list[str]:
@@ -969,14 +987,16 @@ def diagnostics(spec: ModelSpec, idata, settings: NutsSettings,
         bulk = az.ess(idata, method="bulk")
         tail = az.ess(idata, method="tail")
     sds = idata.posterior.std(dim=("chain", "draw"))
+    free = free_entries(spec, {k: idata.posterior[k].values for k in idata.posterior.data_vars})
     blocks, worst = {}, 1.0
     for p in spec.params:
-        r = np.asarray(rhat[p.name].values, np.float64)
-        eb = np.asarray(bulk[p.name].values, np.float64)
-        et = np.asarray(tail[p.name].values, np.float64)
+        keep = free.get(p.name, Ellipsis)  # entries a constant masks (always 0) left out
+        r = np.asarray(rhat[p.name].values, np.float64)[keep]
+        eb = np.asarray(bulk[p.name].values, np.float64)[keep]
+        et = np.asarray(tail[p.name].values, np.float64)[keep]
         with np.errstate(divide="ignore", invalid="ignore"):
-            rel = sd_standard_error(np.asarray(idata.posterior[p.name].values)) / np.asarray(
-                sds[p.name].values, np.float64)
+            rel = (sd_standard_error(np.asarray(idata.posterior[p.name].values)) / np.asarray(
+                sds[p.name].values, np.float64))[keep]
         blocks[p.name] = {"rhat_max": float(np.max(r)) if np.isfinite(r).all() else float("nan"),
                           "ess_bulk_min": float(np.nanmin(eb)) if np.isfinite(eb).any() else 0.0,
                           "ess_tail_min": float(np.nanmin(et)) if np.isfinite(et).any() else 0.0,

@@ -894,3 +894,25 @@ def test_draws_nc_holds_what_arviz_loo_waic_and_bfmi_read(tmp_path):
     assert left["draws_per_chain"] == 0 and "az.loo needs the log_likelihood group" in left[
         "omitted"]
     assert "log_likelihood" not in none.groups() and "observed_data" in none.groups()
+
+
+def test_loadings_a_q_matrix_pins_are_zero_in_the_draws_and_left_out_of_the_diagnostics():
+    """A loading the Q-matrix sets to zero is never read by the likelihood, so its draws are
+    the prior's: draws.nc held them (sd 2 where the table says 0), and their R-hat and sd
+    error entered fit.json's diagnostics (a run told to raise --samples for them). They are
+    now 0 in every draw, as the tables report them, and the diagnostics read the free
+    loadings only."""
+    rng = np.random.default_rng(5)
+    y = (rng.random((40, 6)) < 0.6).astype(np.int8)
+    q = np.array([[1, 0], [1, 0], [1, 0], [0, 1], [0, 1], [1, 1]])
+    res = fit_nuts(y, "mirt-comp", FAST.replace(num_chains=2, num_warmup=100, num_samples=150),
+                   model_options={"q_matrix": q.tolist()})
+    loadings = res.extra["idata"].posterior["discrimination"].values  # (chain, draw, item, skill)
+    assert (loadings[..., q == 0] == 0).all()
+    assert (loadings[..., q == 1] > 0).all() and loadings[..., q == 1].std() > 0
+    np.testing.assert_array_equal(res.draws["discrimination"], loadings)
+    block = res.extra["diagnostics"]["blocks"]["discrimination"]
+    assert block["size"] == int(q.sum()) and np.isfinite(block["rhat_max"])
+    assert np.isfinite(block["mcse_sd_rel_max"])
+    ll = res.extra["idata"].log_likelihood["y"].values  # the likelihood never read them
+    assert np.isfinite(ll).all() and ll.shape[-1] == y.size
