@@ -24,7 +24,9 @@ from cluster.trials import ShuffleContext, TrialSpec, shuffle_batch, trial_seed
 from engine.api import default_memory_budget, fit, load_responses
 from engine.errors import SettingsError
 from engine.infer.settings import FitSettings
-from engine.readout.dimensions import (correlation_eigenvalues, count_above, dimensions_table,
+from engine.models.registry import get_model, resolve_prior
+from engine.readout.dimensions import (check_residual_model, correlation_eigenvalues,
+                                       count_above, dimensions_table,
                                        envelope, fitted_probabilities, residual_eigenvalues,
                                        residual_null_eigenvalues, residual_steps, scree_plot,
                                        suggest_n_factors)
@@ -96,6 +98,8 @@ def run_dimensions(data, out: str | Path, settings: DimensionsSettings = Dimensi
     y, _, _, info = load_responses(data)
     record = trial_record("dimensions", settings, None, y)
     check_model_fits(settings.model, settings.prior, y, info.get("kind"))
+    check_residual_model(get_model(settings.model,
+                                   prior=resolve_prior(settings.model, settings.prior)))
     check_or_record(out, record, ("shuffles.parquet",), write=False)
     with session_for(runner):  # Ray's processes start before JAX's threads
         check_or_record(out, record, ("shuffles.parquet",))

@@ -723,7 +723,7 @@ def _prior_option(p: argparse.ArgumentParser) -> None:
                         "vague for the others; vague and hierarchical are seed 003's")
 
 
-def _trial_model_options(p: argparse.ArgumentParser) -> None:
+def _trial_model_options(p: argparse.ArgumentParser, binary_only: bool = False) -> None:
     p.add_argument("store", help="response store: a path or an s3://, gs://, file:// URL")
     p.add_argument("--out", required=True, help="directory for the results (resumes if "
                    "present); a URL is written locally and uploaded at the end")
@@ -732,7 +732,9 @@ def _trial_model_options(p: argparse.ArgumentParser) -> None:
                         "memory); over it, stability and bootstrap trials read the items they "
                         "sample from the store, and dimensions refuses before reading")
     p.add_argument("--model", default="2pl",
-                   help="a one-ability model: 1pl, 2pl, 3pl, 4pl or feas (binary), beta, "
+                   help="a one-ability binary model: 1pl, 2pl, 3pl, 4pl or feas (the residual "
+                        "eigenvalues read its P(correct))" if binary_only else
+                        "a one-ability model: 1pl, 2pl, 3pl, 4pl or feas (binary), beta, "
                         "beta-1pl or beta3 (scores in [0, 1]), gamma (errors >= 0)")
     _prior_option(p)
 
@@ -1000,7 +1002,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bootstrap)
 
     p = sub.add_parser("dimensions", help="how many skills: parallel analysis + residuals (Ray)")
-    _trial_model_options(p)
+    _trial_model_options(p, binary_only=True)
     p.add_argument("--shuffles", type=_POSITIVE, default=200)
     p.add_argument("--num-eigenvalues", type=_POSITIVE, default=20)
     p.add_argument("--residual-simulations", type=_POSITIVE, default=60,

@@ -228,6 +228,17 @@ def _read_probabilities(p, shape) -> np.ndarray:
     return np.clip(p, _P_CLIP, 1.0 - _P_CLIP)
 
 
+def check_residual_model(spec) -> None:
+    """Raise unless ``spec`` is a one-skill binary model, whose P(correct) the residual
+    eigenvalues read (checked before an analysis writes anything)."""
+    ability = next((p for p in spec.by_owner("subject") if p.name == "ability"), None)
+    if spec.kind != "binary" or ability is None or ability.shape != ():
+        what = spec.kind if spec.kind != "binary" else "a multi-skill model"
+        raise ModelError(f"model {spec.name!r} is {what}; residual eigenvalues need a one-skill "
+                         "binary model's P(correct) (--model 1pl, 2pl, 3pl, 4pl or feas, on "
+                         "binary responses)")
+
+
 def residual_eigenvalues(y, p, k: int | None = None) -> np.ndarray:
     """Eigenvalues of the item-by-item correlation of standardised residuals (seed 000 11.4.1).
 
@@ -381,9 +392,7 @@ def fitted_probabilities(result, *, max_cells: int = 1 << 22) -> np.ndarray:
     from engine.readout.items import response_probabilities
 
     spec = result.spec
-    if spec.kind != "binary":
-        raise ModelError(f"model {spec.name!r} is {spec.kind}; residual eigenvalues need a "
-                         "binary model's P(correct); fit 1pl, 2pl, 3pl, 4pl or feas")
+    check_residual_model(spec)
     means = result.means()
     S, N = result.num_subjects, result.num_items
     rows = min(S, max(1, max_cells // max(N, 1)))

@@ -384,8 +384,8 @@ def _bins(values: np.ndarray) -> np.ndarray:
 def quartile_table(items: pd.DataFrame, subjects: pd.DataFrame, y: np.ndarray, chosen: np.ndarray,
                    expected: np.ndarray | None = None) -> pd.DataFrame:
     """Accuracy of ``chosen`` subjects per difficulty quartile and per discrimination
-    quartile (seed 002 figure 6); items with negative mean discrimination and items the fit
-    set aside (``constant_response``) are left out.
+    quartile (seed 002 figure 6); items with negative mean discrimination, items the fit
+    set aside (``constant_response``) and items every subject answered alike are left out.
 
     Parameters
     ----------
@@ -399,6 +399,9 @@ def quartile_table(items: pd.DataFrame, subjects: pd.DataFrame, y: np.ndarray, c
     keep = np.ones(len(items), bool)
     if "constant_response" in items:  # set aside by the fit: at the prior, no information
         keep &= ~items["constant_response"].to_numpy(bool)
+    if "mean_response" in items:  # every response alike: no information for a quartile either,
+        # also where the fit kept it with its data (NUTS under pooled priors), as review_items
+        keep &= ~np.isin(items["mean_response"].to_numpy(), (0.0, 1.0))
     blocks = [("difficulty", items["difficulty_mean"].to_numpy())]
     if "discrimination_mean" in items:
         disc = items["discrimination_mean"].to_numpy()

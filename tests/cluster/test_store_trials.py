@@ -111,3 +111,20 @@ def test_dimensions_over_the_budget_refuses_before_reading(matrix, tmp_path, mon
                        FitSettings(seed=0, memory_budget=need - 1))
     assert str(path) in str(err.value) and "16 x 40" in str(err.value)
     assert not (tmp_path / "d").exists()
+
+
+def test_dimensions_refuses_a_model_without_p_correct_before_any_work(tmp_path):
+    """``dimensions --model gamma`` on error data ran every shuffle and then failed in the
+    residual step, leaving shuffles.parquet and trials.json. It is refused first, naming
+    the models that work, with nothing written."""
+    from cluster.dimensions import run_dimensions
+    from cluster.settings import DimensionsSettings
+    from engine.errors import ModelError
+
+    rng = np.random.default_rng(0)
+    errors = rng.gamma(2.0, 1.0, size=(20, 12)).astype(np.float32)
+    with pytest.raises(ModelError, match=r"'gamma' is nonnegative; residual eigenvalues need a "
+                                         r"one-skill binary model's P\(correct\) \(--model 1pl"):
+        run_dimensions(errors, tmp_path / "g", DimensionsSettings(model="gamma", shuffles=2),
+                       INPROCESS, FitSettings(seed=0))
+    assert not (tmp_path / "g").exists()

@@ -107,6 +107,15 @@ def test_quartile_table_counts_accuracy_per_bin():
         for row in range(2):
             v = y[row, cols]
             assert t[f"difficulty:{label}"][row] == pytest.approx(v[v >= 0].mean())
+    # an item every subject answered alike is left out although the fit kept it (a NUTS
+    # run under pooled priors: constant_response False), as the review's set-aside list is
+    y[:, 5] = 1
+    items["mean_response"] = np.nanmean(np.where(y >= 0, y, np.nan), axis=0)
+    items["constant_response"] = False
+    t = quartile_table(items, subjects, y, np.array([0, 1]))
+    alike = np.isin(items["mean_response"], (0.0, 1.0))
+    assert alike[5] and 0 < alike.sum() < 8
+    assert t.attrs["num_items"] == int((~alike & (items["discrimination_mean"] >= 0)).sum())
 
 
 def test_run_responses_refuse_a_different_store(planted, planted_run, tmp_path):
