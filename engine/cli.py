@@ -226,9 +226,33 @@ def _skill_options(store_path, args) -> dict:
     return options
 
 
+# fit options one --method reads and the other does not: given to the other, an error
+_NUTS_ONLY = ("chains", "warmup", "samples", "extend", "target_accept", "low_rank")
+_VI_ONLY = ("optimizer", "max_passes", "tol", "mc_draws", "ability_factor",
+            "nuts_first_subjects", "checkpoint_every", "devices", "draws")
+
+
+def _check_method_options(args) -> None:
+    """Refuse options the chosen ``--method`` does not read (they had been ignored without a
+    word: ``--method nuts --max-passes 3`` sampled as usual), by their value differing from
+    the default."""
+    defaults = getattr(args, "method_defaults", None) or {}
+    method = getattr(args, "method", "vi")
+    other = "vi" if method == "nuts" else "nuts"
+    unused = _VI_ONLY if method == "nuts" else _NUTS_ONLY
+    given = ["--" + d.replace("_", "-") for d in unused
+             if d in defaults and getattr(args, d, defaults[d]) != defaults[d]]
+    if given:
+        raise SettingsError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to "
+                            f"--method {other} only, and this fit is --method {method}; drop "
+                            f"{'it' if len(given) == 1 else 'them'} or fit with --method {other}")
+
+
 def cmd_fit(args) -> int:
     from engine.atomic import exclusive_lock
     from engine.data.remote import is_url, no_store
+
+    _check_method_options(args)
 
     if not is_url(str(args.store)) and not Path(args.store).exists():
         raise no_store(args.store)  # at once, before the fit's imports (0.6 s)
@@ -931,7 +955,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "diagonal): for many items, where all abilities and difficulties "
                         "shift together (200 x 400: 4x the bulk ESS for 1.3x the CPU)")
     _fit_options(p)
-    p.set_defaults(func=cmd_fit)
+    p.set_defaults(func=cmd_fit, method_defaults={
+        dest: p.get_default(dest) for dest in (*_NUTS_ONLY, *_VI_ONLY)})
 
     p = sub.add_parser("leaderboard", help="print a run's leaderboard")
     p.add_argument("run")

@@ -324,9 +324,13 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
             "timings": {"wall_s": res.wall_time_s, "first_pass_with_compile_s": res.compile_time_s,
                         # JAX tracing, lowering and XLA compilation (or cache loads), apart
                         **({"compile": res.extra["compile"]} if "compile" in res.extra else {}),
-                        "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)},
+                        # passes over the data; a sampler makes none (None)
+                        "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)
+                        if res.num_passes else None},
             "elbo_trace": res.trace,
-            "readout": {"num_draws": num_draws, "top_k": top_k, "seed": seed,
+            # the draws the rank statistics read (a sampler's run: all of its own)
+            "readout": {"num_draws": num_draws if draws is None else int(np.shape(draws)[0]),
+                        "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",
                         "rank_draws": _rank_draws(res, ability.name, draws is not None),
                         # draws.nc: the draws as sampled (before 2026-12-06 it held them

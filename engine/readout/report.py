@@ -133,6 +133,16 @@ def _heatmap(p_beats: np.ndarray, board: pd.DataFrame, index: dict) -> bytes:
     return _png(fig)
 
 
+def _fit_status(info: dict) -> str:
+    """How the fit ended, in its own terms: a sampler's R-hat and draws, else the passes."""
+    state = "converged" if info.get("converged") else "NOT converged"
+    rhat = info.get("rhat_max")
+    if info.get("method") == "nuts" and isinstance(rhat, (int, float)):
+        return (f"NUTS {state} (largest R-hat {rhat:.3f}, bound {info.get('max_rhat', 1.01)}; "
+                f"{info.get('num_chains')} chains x {info.get('num_samples')} draws)")
+    return f"{state} after {info.get('num_passes')} passes"
+
+
 def _informative(run, flags: pd.DataFrame | None) -> np.ndarray:
     """Items with information: not set aside by the fit (nor, given responses, constant)."""
     keep = np.ones(len(run.items), bool)
@@ -524,8 +534,7 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
 <style>{_CSS}</style></head><body>
 <h1>irt-engine report: {html.escape(run.path.name)}</h1>
 <p>model <b>{html.escape(str(info.get("model")))}</b> ({html.escape(run.spec.description)}),
-{len(run.subjects)} subjects x {len(run.items)} items, {"converged" if info.get("converged") else "NOT converged"}
-after {info.get("num_passes")} passes.</p>
+{len(run.subjects)} subjects x {len(run.items)} items, {html.escape(_fit_status(info))}.</p>
 {"".join(f'<p class="note">{html.escape(n)}</p>' for n in fit_notes(info, convergence=False))}
 <h2 id="sec-leaderboard">Leaderboard</h2>{img("leaderboard")}{bars_note}
 <p class="note">click a column header to sort. {html.escape(_board_explained(board))}</p>

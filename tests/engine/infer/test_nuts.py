@@ -916,3 +916,23 @@ def test_loadings_a_q_matrix_pins_are_zero_in_the_draws_and_left_out_of_the_diag
     assert np.isfinite(block["mcse_sd_rel_max"])
     ll = res.extra["idata"].log_likelihood["y"].values  # the likelihood never read them
     assert np.isfinite(ll).all() and ll.shape[-1] == y.size
+
+
+def test_fit_refuses_options_its_method_does_not_read(tmp_path, capsys):
+    """``--method nuts --max-passes 3 --mc-draws 4`` had sampled as usual, the options
+    ignored without a word, and ``--chains 2`` on the variational fit likewise: each is
+    refused naming the options and the method that reads them, with nothing written; the
+    defaults given explicitly are not an error."""
+    out = tmp_path / "run"
+    assert main(["fit", str(tmp_path / "st.zarr"), "--out", str(out), "--method", "nuts",
+                 "--max-passes", "3", "--mc-draws", "4"]) == 2
+    err = capsys.readouterr().err
+    assert ("--max-passes, --mc-draws apply to --method vi only, and this fit is --method "
+            "nuts; drop them or fit with --method vi") in err
+    assert main(["fit", str(tmp_path / "st.zarr"), "--out", str(out), "--chains", "2"]) == 2
+    assert "--chains applies to --method nuts only" in capsys.readouterr().err
+    assert not out.exists()
+    # the defaults spelled out pass this check (and fail on the missing store instead)
+    assert main(["fit", str(tmp_path / "st.zarr"), "--out", str(out), "--method", "nuts",
+                 "--max-passes", "500", "--chains", "4"]) == 2
+    assert "apply to" not in capsys.readouterr().err

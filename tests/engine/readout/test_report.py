@@ -235,3 +235,15 @@ def test_report_refuses_a_compare_folder_without_its_table_and_makes_no_folder(r
     assert "no compare.parquet in it; pass the --out of irt-engine compare" in capsys.readouterr().err
     assert main(["report", str(run.path), "--out", str(out), "--stability", str(tmp_path / "empty")]) == 2
     assert not (tmp_path / "new").exists()  # the page's folder is made only once every check passed
+
+
+def test_the_page_says_how_a_sampler_ended_not_passes_it_never_made():
+    """A NUTS run's page had read "converged after 0 passes"; it gives the R-hat rule."""
+    from engine.readout.report import _fit_status
+
+    nuts = {"method": "nuts", "converged": False, "rhat_max": 1.0234, "max_rhat": 1.01,
+            "num_chains": 4, "num_samples": 1000, "num_passes": 0}
+    assert _fit_status(nuts) == ("NUTS NOT converged (largest R-hat 1.023, bound 1.01; 4 chains "
+                                 "x 1000 draws)")
+    assert _fit_status({"method": "vi", "converged": True, "num_passes": 21}) == \
+        "converged after 21 passes"
