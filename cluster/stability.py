@@ -89,6 +89,8 @@ def plot_stability(summary: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from engine.readout.report import log_size_axis
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     panels = (("tau_between", "sample to sample"), ("tau_full", "sample to full data"))
     labels = {"irt": "IRT ability", "accuracy": "accuracy"}
@@ -97,7 +99,7 @@ def plot_stability(summary: pd.DataFrame, path: Path) -> None:
             m = m.sort_values("size")
             ax.plot(m["size"], m[f"{col}_mean"], marker="o", label=labels.get(method, method))
             ax.fill_between(m["size"], m[f"{col}_q05"], m[f"{col}_q95"], alpha=0.2)
-        ax.set_xscale("log")
+        log_size_axis(ax, summary["size"])  # the sizes as ticks
         ax.set_xlabel("item sample size")
         ax.set_title(title)
         ax.grid(alpha=0.3)

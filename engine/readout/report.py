@@ -143,6 +143,19 @@ def _fit_status(info: dict) -> str:
     return f"{state} after {info.get('num_passes')} passes"
 
 
+def log_size_axis(ax, sizes) -> None:
+    """A log x axis whose ticks are ``sizes`` themselves, as plain numbers (with mathtext
+    off, the log scale's own labels print as "$\\mathdefault{10^{2}}$", and 3 x 10^1 where
+    a size is 30)."""
+    import matplotlib.ticker
+
+    sizes = np.unique(np.asarray(sizes, dtype=float))
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sizes))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([f"{v:g}" for v in sizes]))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
 def _informative(run, flags: pd.DataFrame | None) -> np.ndarray:
     """Items with information: not set aside by the fit (nor, given responses, constant)."""
     keep = np.ones(len(run.items), bool)
@@ -259,13 +272,7 @@ def _stability_plot(directory: Path) -> tuple[bytes | None, str]:
         for c in ycols:
             ax.plot(part[xcol], part[c], marker="o", label=f"{key}: {_TAU_LABELS.get(c, c)}"
                     if key != "" else _TAU_LABELS.get(c, c))
-    sizes = np.unique(df[xcol].to_numpy(dtype=float))
-    ax.set_xscale("log")
-    # the sizes themselves as ticks, as plain numbers (with mathtext off, the log scale's
-    # own labels print as "$\mathdefault{10^{2}}$")
-    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(sizes))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([f"{v:g}" for v in sizes]))
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    log_size_axis(ax, df[xcol])
     ax.set_xlabel("items sampled per trial")
     ax.set_ylabel("Kendall tau")
     ax.legend(fontsize=7)

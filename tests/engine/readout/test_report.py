@@ -247,3 +247,22 @@ def test_the_page_says_how_a_sampler_ended_not_passes_it_never_made():
                                  "x 1000 draws)")
     assert _fit_status({"method": "vi", "converged": True, "num_passes": 21}) == \
         "converged after 21 passes"
+
+
+def test_stability_plots_tick_the_sizes_as_numbers(tmp_path, monkeypatch):
+    """stability.png's x axis read 3 x 10^1 and $\\mathdefault{10^{2}}$ where the sizes
+    were 30 and 100; its ticks are now the sizes, as the report's stability plot has them."""
+    import cluster.stability as stability
+
+    seen = {}
+    monkeypatch.setattr(stability, "write_plot_atomic", lambda fig, path: seen.update(fig=fig))
+    rows = [{"method": m, "size": n, **{f"{c}_{s}": 0.5 for c in ("tau_between", "tau_full")
+                                         for s in ("mean", "q05", "q95")}}
+            for m in ("irt", "accuracy") for n in (30, 100, 300)]
+    stability.plot_stability(pd.DataFrame(rows), tmp_path / "stability.png")
+    for ax in seen["fig"].axes:
+        seen["fig"].canvas.draw()
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        assert labels == ["30", "100", "300"]
+        assert not ax.xaxis.get_minor_ticks() or not any(
+            t.label1.get_text() for t in ax.xaxis.get_minor_ticks())
