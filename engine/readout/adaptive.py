@@ -62,13 +62,16 @@ class AdaptiveTrialSpec:
         object.__setattr__(self, "checkpoints", tuple(sorted({int(c) for c in self.checkpoints})))
         bad = [s for s in self.strategies if s not in STRATEGIES]
         if bad or not self.strategies:
-            raise SettingsError(f"strategies {list(self.strategies)}: use some of {', '.join(STRATEGIES)}")
+            raise SettingsError(f"strategies {list(self.strategies)} (--strategies): use some of "
+                                f"{','.join(STRATEGIES)}, comma-separated")
         if not self.checkpoints or self.checkpoints[0] < 1:
-            raise SettingsError(f"checkpoints {self.checkpoints}: need item counts >= 1")
+            raise SettingsError(f"checkpoints {self.checkpoints} (--checkpoints): need item counts "
+                                f">= 1, comma-separated, e.g. 1,2,5,10")
         if not 0.0 < self.holdout_fraction < 1.0:
-            raise SettingsError(f"holdout_fraction {self.holdout_fraction}: need a share in (0, 1)")
+            raise SettingsError(f"holdout_fraction {self.holdout_fraction} (--holdout): need a share "
+                                f"in (0, 1)")
         if self.pool_size is not None and self.pool_size < 1:
-            raise SettingsError(f"pool_size {self.pool_size}: need >= 1 or None")
+            raise SettingsError(f"pool_size {self.pool_size} (--pool-size): need >= 1 or None")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

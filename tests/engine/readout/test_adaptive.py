@@ -72,9 +72,10 @@ def test_a_share_holding_out_fewer_than_two_subjects_is_refused(trial_run):
     assert num_heldout(suggested, S) >= 2
 
 
-@pytest.mark.parametrize("bad, match", [({"strategies": ("best",)}, "strategies"),
-                                        ({"checkpoints": (0, 5)}, "checkpoints"),
-                                        ({"holdout_fraction": 1.0}, "holdout_fraction"),
+@pytest.mark.parametrize("bad, match", [({"strategies": ("best",)}, r"\(--strategies\): use some "
+                                                                  r"of fisher,discrimination"),
+                                        ({"checkpoints": (0, 5)}, r"\(--checkpoints\): need item"),
+                                        ({"holdout_fraction": 1.0}, r"\(--holdout\): need a share"),
                                         ({"speed": 1}, "unknown adaptive")])
 def test_bad_trial_specs_are_settings_errors(bad, match):
     with pytest.raises(SettingsError, match=match):
