@@ -352,6 +352,23 @@ def _check_id_memory(path, shape: tuple[int, int]) -> None:
             f"that large, use a machine with more memory")
 
 
+def _not_a_store(path, err: Exception, remote: bool) -> Exception:
+    """Why ``path`` could not be opened as a store, in a user's terms: a file or a folder
+    that is no store at all, a zarr group of something else, or a damaged ``zarr.json``
+    (refused as damaged: restore or ingest again, not "run ingest")."""
+    if not remote and Path(path).is_file():
+        return StoreNotFoundError(f"{path}: a file, not an irt-engine response store (a folder "
+                                  f"that ingest writes); {STORE_HINT}")
+    if not remote and not (Path(path) / "zarr.json").exists():
+        return StoreNotFoundError(f"{path}: a folder without zarr.json, not an irt-engine "
+                                  f"response store; {STORE_HINT}")
+    if isinstance(err, KeyError):  # a zarr group without the store's attributes
+        return StoreNotFoundError(f"{path}: a zarr group, not an irt-engine response store (no "
+                                  f"{_ATTR!r} attribute); {STORE_HINT}")
+    return DataFormatError(f"{path / 'zarr.json'}: damaged, not readable zarr metadata "
+                           f"({_brief(err)}); restore the store from a copy or ingest it again")
+
+
 def open_store(path: str | Path, *, verify: bool = False) -> Store:
     """Open a response store written by ``ingest`` or ``write_store``.
 
@@ -386,8 +403,7 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
         group = zarr.open_group(zarr_store(path) if remote else path, mode="r", zarr_format=3)
         meta = group.attrs[_ATTR]
     except Exception as err:  # zarr raises several types for "not a group"
-        raise StoreNotFoundError(f"{path}: not an irt-engine response store ({_brief(err)}); "
-                                 f"{STORE_HINT}") from None
+        raise _not_a_store(path, err, remote) from None
     meta = _check_meta(path, dict(meta) if isinstance(meta, dict) else meta)
     integrity = meta.get("integrity") == INTEGRITY
     shape = (meta["num_subjects"], meta["num_items"])

@@ -102,11 +102,23 @@ def test_open_missing_store(tmp_path):
 
 def test_open_not_a_store(tmp_path):
     (tmp_path / "plain").mkdir()
-    with pytest.raises(StoreNotFoundError, match="plain: not an irt-engine response store"):
+    with pytest.raises(StoreNotFoundError, match="plain: a folder without zarr.json, not an "
+                                                 "irt-engine response store"):
         open_store(tmp_path / "plain")
     zarr.open_group(tmp_path / "group.zarr", mode="w", zarr_format=3)
-    with pytest.raises(StoreNotFoundError, match="group.zarr: not an irt-engine"):
+    with pytest.raises(StoreNotFoundError, match="group.zarr: a zarr group, not an irt-engine"):
         open_store(tmp_path / "group.zarr")
+    (tmp_path / "file.txt").write_text("hello")
+    with pytest.raises(StoreNotFoundError, match=r"file\.txt: a file, not an irt-engine response "
+                                                 r"store .*irt-engine ingest") as err:
+        open_store(tmp_path / "file.txt")
+    assert "PosixPath" not in str(err.value)
+    # a store whose zarr.json is damaged is refused as damaged, not sent to ingest
+    store = write_store(_matrix(), _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr")
+    (store.path / "zarr.json").write_text("")
+    with pytest.raises(DataFormatError, match=r"x\.zarr/zarr\.json: damaged, not readable zarr "
+                                              r"metadata .*restore the store from a copy"):
+        open_store(store.path)
 
 
 def test_open_newer_format(tmp_path):
