@@ -47,12 +47,16 @@ def _bootstrap_diff(diff: np.ndarray, num: int, rng: np.random.Generator) -> tup
     """Percentile interval (5%, 95%) of the mean difference and its two-sided p-value, from
     trials resampled with replacement; the null distribution is the bootstrap centred at zero
     (seed 002, appendix D.2). Under two trials there is no spread to resample (one trial's
-    bootstrap is that trial every time, and read p = 0): NaN."""
+    bootstrap is that trial every time, and read p = 0): NaN. The p-value is at least
+    ``1 / (num + 1)``."""
     if diff.size < 2:
         return np.nan, np.nan, np.nan
     boot = diff[rng.integers(0, diff.size, (num, diff.size))].mean(axis=1)
     observed = diff.mean()
-    p = float(np.mean(np.abs(boot - boot.mean()) >= abs(observed)))
+    # (k + 1) / (B + 1) (Davison & Hinkley 1997, 4.4): the observed difference counts among
+    # the resampled ones, so p is never 0 (5 trials had printed 0.000 from 2,000 resamples)
+    k = int(np.sum(np.abs(boot - boot.mean()) >= abs(observed)))
+    p = (k + 1) / (num + 1)
     lo, hi = np.quantile(boot, [0.05, 0.95])
     return float(lo), float(hi), p
 

@@ -162,4 +162,9 @@ def test_stability_difference_needs_two_trials_for_its_interval_and_p_value():
     assert np.isnan(one["diff_q05"]) and np.isnan(one["diff_q95"]) and np.isnan(one["diff_p_value"])
     two = summary.loc[(5, "irt")]
     assert two["diff_q05"] <= two["diff_mean"] <= two["diff_q95"]
-    assert 0.0 <= two["diff_p_value"] <= 1.0
+    assert 0.0 < two["diff_p_value"] <= 1.0
+    # a difference far outside every resample's spread: p is 1 / (B + 1), never 0
+    far = rows.assign(tau_between=[0.9, 0.1, 0.91, 0.1, 0.6, 0.7])
+    p = summarize_stability(far, bootstrap=500).set_index(["size", "method"]).loc[
+        (5, "irt"), "diff_p_value"]
+    assert p == pytest.approx(1 / 501)
