@@ -600,6 +600,13 @@ def suggest_n_factors(observed, residual, env_mean, env_q95, *, residual_envelop
     n_factors = upper if lower is None else min(lower, upper)
     reading["n_factors"] = n_factors
     reading["text"] = _explain(n_factors, pa, lower, capped=reading.get("capped_at_upper_bound", False))
+    stopped = steps[found] if steps and found < len(steps) else None
+    if stopped is not None and stopped.statistic > stopped.null_q95:  # over the 95th, not counted
+        reading["text"] += (f"; the residual step after {stopped.skills} skill(s) is over its "
+                            f"null's 95th percentile ({stopped.statistic:.2f} > "
+                            f"{stopped.null_q95:.2f}) but within min_excess {min_excess:g} of "
+                            f"the null's mean ({stopped.null_mean:.2f}): under one item's worth "
+                            f"of shared variance, not counted as a skill")
     if reading.get("residual_steps_cut_short"):
         reading["text"] += (f"; every residual step found a further skill, so {lower} is a "
                             "floor: run more steps (up to the upper bound)")

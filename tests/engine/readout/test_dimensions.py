@@ -245,6 +245,15 @@ def test_suggest_caps_residual_count_by_parallel_analysis():
              ResidualStep(3, 2.4, 2.0, 2.4, False)]
     n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95, steps=ended)
     assert n == 3 and not reading["capped_at_upper_bound"] and "the two agree" in reading["text"]
+    # a step over its null's 95th percentile but within min_excess of its mean: the reading
+    # says why it is not a skill (summary.json had shown above: false with no word on it)
+    near = [ResidualStep(1, 9.0, 2.0, 2.4, True), ResidualStep(2, 2.9, 2.0, 2.4, False)]
+    n, reading = suggest_n_factors(observed, [9, 9, 9, 9, 9], env_mean, env_q95, steps=near)
+    assert n == 2 and ("the residual step after 2 skill(s) is over its null's 95th percentile "
+                       "(2.90 > 2.40) but within min_excess 1 of the null's mean (2.00)") in \
+        reading["text"]
+    assert "95th percentile" not in suggest_n_factors(observed, [9] * 5, env_mean, env_q95,
+                                                      steps=ended)[1]["text"]
 
 
 def test_table_and_scree_plot(tmp_path):
