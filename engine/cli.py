@@ -345,9 +345,15 @@ def cmd_leaderboard(args) -> int:
     run = load_run(args.run)
     vector = run.spec.param("ability").shape != ()
     if getattr(args, "by", None) is not None:
-        if args.by != "group" or not vector or args.rank is not None:
-            raise SettingsError(f"--by {args.by}: per-group leaderboards need --by group, no "
-                                f"--rank, and a run fitted with fit --q-matrix-from group")
+        if args.by != "group":
+            raise SettingsError(f"--by {args.by}: the one per-group board is --by group")
+        if args.rank is not None:
+            raise SettingsError("--by group gives one board per group, each ranked by its own "
+                                "skill: drop --rank")
+        if not vector:
+            raise SettingsError(f"--by group: run {run.path} has one ability for all items "
+                                f"(model {run.info.get('model')}); per-group boards need a run "
+                                f"fitted with fit --q-matrix-from group")
         for skill in run.spec.skills:
             print(f"== {skill} ==")
             args.rank = f"skill={skill}"

@@ -44,6 +44,12 @@ def test_items_command_prints_review_and_quartiles(lsat_run, capsys):
     np.testing.assert_allclose(flags["mean_response"], [expect[i] for i in flags["item"]])
     assert main(["items", str(lsat_run / "r"), "--subjects", "nobody"]) == 2
     assert "nobody" in capsys.readouterr().err
+    # per-group boards of a one-ability run: the reason is the run, not the flag
+    assert main(["leaderboard", str(lsat_run / "r"), "--by", "group"]) == 2
+    err = capsys.readouterr().err
+    assert "has one ability for all items (model 2pl)" in err and "--q-matrix-from group" in err
+    assert main(["leaderboard", str(lsat_run / "r"), "--by", "skill"]) == 2
+    assert "the one per-group board is --by group" in capsys.readouterr().err
 
 
 @needs_data
