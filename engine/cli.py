@@ -229,7 +229,7 @@ def _skill_options(store_path, args) -> dict:
 # fit options one --method reads and the other does not: given to the other, an error
 _NUTS_ONLY = ("chains", "warmup", "samples", "extend", "target_accept", "low_rank")
 _VI_ONLY = ("optimizer", "max_passes", "tol", "mc_draws", "ability_factor",
-            "nuts_first_subjects", "checkpoint_every", "devices", "draws")
+            "nuts_first_subjects", "checkpoint_every", "devices")
 
 
 def _check_method_options(args) -> None:
@@ -284,7 +284,10 @@ def _nuts_and_save(args) -> None:
     res = fit_nuts(args.store, model=args.model, settings=settings, prior=args.prior,
                    signed_discrimination=args.signed_discrimination,
                    model_options=_skill_options(args.store, args))
-    run = save_run(res, out, top_k=args.top_k, seed=args.seed, overwrite=args.overwrite)
+    # --draws: the rank draws of a model ranked by its expected score (drawn from the guide);
+    # one ranked by ability reads all of the sampler's own draws
+    run = save_run(res, out, num_draws=args.draws, top_k=args.top_k, seed=args.seed,
+                   overwrite=args.overwrite)
     print(_nuts_status(args.model, res, "--warmup/--samples or --extend"))
     print(f"wrote {run.path} (draws in draws.nc, ArviZ)")
     _print_fit_notes(run)  # e.g. divergent transitions

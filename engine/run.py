@@ -328,7 +328,8 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
                         "cells_per_s": res.num_observed * res.num_passes / max(res.wall_time_s, 1e-9)
                         if res.num_passes else None},
             "elbo_trace": res.trace,
-            # the draws the rank statistics read (a sampler's run: all of its own)
+            # the draws the rank statistics read (a sampler's run ranked by ability: all of
+            # its own)
             "readout": {"num_draws": num_draws if draws is None else int(np.shape(draws)[0]),
                         "top_k": top_k, "seed": seed,
                         "rank_by": "ability" if res.spec.score is None else "expected score",

@@ -353,20 +353,27 @@ def _check_id_memory(path, shape: tuple[int, int]) -> None:
 
 
 def _not_a_store(path, err: Exception, remote: bool) -> Exception:
-    """Why ``path`` could not be opened as a store, in a user's terms: a file or a folder
-    that is no store at all, a zarr group of something else, or a damaged ``zarr.json``
-    (refused as damaged: restore or ingest again, not "run ingest")."""
+    """Why ``path`` could not be opened as a zarr group, in a user's terms: a file, a folder
+    without ``zarr.json``, a zarr array (one of a store's own, say), or a ``zarr.json`` that
+    does not parse (refused as damaged). Anything else keeps zarr's reason."""
+    from zarr.errors import ContainsArrayError
+
     if not remote and Path(path).is_file():
         return StoreNotFoundError(f"{path}: a file, not an irt-engine response store (a folder "
                                   f"that ingest writes); {STORE_HINT}")
     if not remote and not (Path(path) / "zarr.json").exists():
         return StoreNotFoundError(f"{path}: a folder without zarr.json, not an irt-engine "
                                   f"response store; {STORE_HINT}")
-    if isinstance(err, KeyError):  # a zarr group without the store's attributes
-        return StoreNotFoundError(f"{path}: a zarr group, not an irt-engine response store (no "
-                                  f"{_ATTR!r} attribute); {STORE_HINT}")
-    return DataFormatError(f"{path / 'zarr.json'}: damaged, not readable zarr metadata "
-                           f"({_brief(err)}); restore the store from a copy or ingest it again")
+    if isinstance(err, ContainsArrayError):
+        return StoreNotFoundError(f"{path}: a zarr array, not an irt-engine response store; "
+                                  f"pass the store's own folder (the one holding subjects/, "
+                                  f"items/ and responses/)")
+    if isinstance(err, (ValueError, TypeError, KeyError)):  # JSON or metadata that does not parse
+        return DataFormatError(f"{path / 'zarr.json'}: damaged, not readable zarr metadata "
+                               f"({_brief(err)}); restore the store from a copy, or remove "
+                               f"the folder and ingest the responses again")
+    return StoreNotFoundError(f"{path}: cannot be opened as an irt-engine response store "
+                              f"({_brief(err)}); {STORE_HINT}")
 
 
 def open_store(path: str | Path, *, verify: bool = False) -> Store:
@@ -401,9 +408,19 @@ def open_store(path: str | Path, *, verify: bool = False) -> Store:
     stamp = _stamp(path)
     try:
         group = zarr.open_group(zarr_store(path) if remote else path, mode="r", zarr_format=3)
-        meta = group.attrs[_ATTR]
     except Exception as err:  # zarr raises several types for "not a group"
         raise _not_a_store(path, err, remote) from None
+    try:
+        meta = group.attrs[_ATTR]
+    except KeyError:  # a zarr group without the store's attributes: damaged where it holds
+        # the store's arrays (its zarr.json rewritten), else a group of something else
+        if not remote and all((Path(path) / n).is_dir() for n in ("subjects", "items",
+                                                                   "responses")):
+            raise DataFormatError(f"{path / 'zarr.json'}: damaged, the store's attributes are "
+                                  f"gone; restore the store from a copy, or remove the folder "
+                                  f"and ingest the responses again") from None
+        raise StoreNotFoundError(f"{path}: a zarr group, not an irt-engine response store (no "
+                                 f"{_ATTR!r} attribute); {STORE_HINT}") from None
     meta = _check_meta(path, dict(meta) if isinstance(meta, dict) else meta)
     integrity = meta.get("integrity") == INTEGRITY
     shape = (meta["num_subjects"], meta["num_items"])

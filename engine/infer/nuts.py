@@ -1024,6 +1024,7 @@ def shrinkage(spec: ModelSpec, draws: NutsDraws) -> dict[str, float]:
     data give ``I_i``, so near 1 where the draws are mostly the pool's prior (the funnel
     that standardising removes) and near 0 where the data decide the item."""
     out = {}
+    free = free_entries(spec, draws.position)  # a pinned loading's draws are its prior's
     for name, (_, precision) in poolable_blocks(spec).items():
         if spec.param(name).owner != "item":
             continue
@@ -1031,7 +1032,8 @@ def shrinkage(spec: ModelSpec, draws: NutsDraws) -> dict[str, float]:
         u = np.asarray(spec.param(precision).constrain(jnp.asarray(draws.position[precision])),
                        np.float64)
         # within each chain: an unconverged run's chains that disagree do not widen it
-        out[name] = float(np.mean(u.mean() * x.var(axis=1).mean(axis=0)))
+        kappa = u.mean() * x.var(axis=1).mean(axis=0)
+        out[name] = float(np.mean(kappa[free[name]] if name in free else kappa))
     return out
 
 

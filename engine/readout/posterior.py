@@ -269,6 +269,9 @@ def draw_summary_columns(spec: ModelSpec, draws: dict, owner: str) -> dict[str, 
         stats = {"mean": d.mean(axis=0), "sd": d.std(axis=0, ddof=1), "q05": q05, "q95": q95,
                  "rhat": split_rhat(chained), "ess": effective_draws(chained),
                  "mcse_sd": sd_standard_error(chained * masks.get(p.name, 1.0))}
+        if p.name in masks:  # a pinned entry (0 in every draw) was not sampled: no diagnostics
+            for stat in ("rhat", "ess", "mcse_sd"):
+                stats[stat] = np.where(masks[p.name] != 0, stats[stat], np.nan)
         labels = [""] if p.shape == () else [
             f"_{s}" for s in (spec.skills if len(spec.skills) == p.shape[0] else range(p.shape[0]))]
         for k, label in enumerate(labels):

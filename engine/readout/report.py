@@ -16,6 +16,7 @@ import base64
 import html
 import io
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -138,8 +139,10 @@ def _fit_status(info: dict) -> str:
     state = "converged" if info.get("converged") else "NOT converged"
     rhat = info.get("rhat_max")
     if info.get("method") == "nuts" and isinstance(rhat, (int, float)):
-        return (f"NUTS {state} (largest R-hat {rhat:.3f}, bound {info.get('max_rhat', 1.01)}; "
-                f"{info.get('num_chains')} chains x {info.get('num_samples')} draws)")
+        said = (f"largest R-hat {rhat:.3f}, bound {info.get('max_rhat', 1.01)}"
+                if math.isfinite(rhat) else "R-hat undefined: one chain")
+        return (f"NUTS {state} ({said}; {info.get('num_chains')} chains x "
+                f"{info.get('num_samples')} draws)")
     return f"{state} after {info.get('num_passes')} passes"
 
 

@@ -116,8 +116,15 @@ def test_open_not_a_store(tmp_path):
     # a store whose zarr.json is damaged is refused as damaged, not sent to ingest
     store = write_store(_matrix(), _ids("s", 7), _ids("i", 11), tmp_path / "x.zarr")
     (store.path / "zarr.json").write_text("")
+    with pytest.raises(StoreNotFoundError, match=r"responses: a zarr array, not an irt-engine "
+                                                 r"response store; pass the store's own folder"):
+        open_store(store.path / "responses")  # one of the store's arrays, not the store
+    (store.path / "zarr.json").write_text("")
     with pytest.raises(DataFormatError, match=r"x\.zarr/zarr\.json: damaged, not readable zarr "
                                               r"metadata .*restore the store from a copy"):
+        open_store(store.path)
+    (store.path / "zarr.json").write_text("{}")  # parses, but is no zarr metadata
+    with pytest.raises(DataFormatError, match=r"zarr\.json: damaged"):
         open_store(store.path)
 
 

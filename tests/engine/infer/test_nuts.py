@@ -916,6 +916,14 @@ def test_loadings_a_q_matrix_pins_are_zero_in_the_draws_and_left_out_of_the_diag
     assert np.isfinite(block["mcse_sd_rel_max"])
     ll = res.extra["idata"].log_likelihood["y"].values  # the likelihood never read them
     assert np.isfinite(ll).all() and ll.shape[-1] == y.size
+    # the items table: value 0, no diagnostics for a value never sampled (R-hat had read 1.0)
+    from engine.readout.posterior import draw_summary_columns
+    cols = draw_summary_columns(res.spec, res.draws, "item")
+    second = f"discrimination_{res.spec.skills[1]}"
+    pinned = q[:, 1] == 0
+    assert (cols[f"{second}_mean"][pinned] == 0).all()
+    assert np.isnan(cols[f"{second}_rhat"][pinned]).all()
+    assert np.isfinite(cols[f"{second}_rhat"][~pinned]).all()
 
 
 def test_fit_refuses_options_its_method_does_not_read(tmp_path, capsys):
@@ -936,3 +944,7 @@ def test_fit_refuses_options_its_method_does_not_read(tmp_path, capsys):
     assert main(["fit", str(tmp_path / "st.zarr"), "--out", str(out), "--method", "nuts",
                  "--max-passes", "500", "--chains", "4"]) == 2
     assert "apply to" not in capsys.readouterr().err
+    # --draws sets the rank draws of a model ranked by its expected score, under NUTS too
+    assert main(["fit", str(tmp_path / "st.zarr"), "--out", str(out), "--method", "nuts",
+                 "--draws", "200"]) == 2
+    assert "appl" not in capsys.readouterr().err
