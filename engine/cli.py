@@ -329,7 +329,8 @@ def _print_board(board, info) -> None:
     """The leaderboard's table, then what its fit.json says a reader should know."""
     from engine.readout.leaderboard import fit_notes, format_leaderboard
 
-    print("\n".join([format_leaderboard(board), *fit_notes(info)]))
+    kind = ((info or {}).get("data") or {}).get("kind")  # the mean response's name
+    print("\n".join([format_leaderboard(board, kind), *fit_notes(info)]))
 
 
 def cmd_leaderboard(args) -> int:
@@ -502,7 +503,7 @@ def cmd_score(args) -> int:
         how += f"; {known} sheet(s) the run's own: the run's read-outs"
     print(f"scored {len(new)} new subject(s) against frozen items in {time.perf_counter() - t0:.1f} s "
           f"({how})")
-    print(format_leaderboard(lb if args.all else new))
+    print(format_leaderboard(lb if args.all else new, res.spec.kind))
     if args.out:
         _write_table(lb, args.out)
     return 0

@@ -126,9 +126,15 @@ def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFram
     return _like(subjects, board)
 
 
-def format_leaderboard(board: pd.DataFrame) -> str:
+# the subjects table's ``accuracy`` (the mean response) named for the responses' kind
+MEAN_RESPONSE_LABEL = {"binary": "accuracy", "unit": "mean", "nonnegative": "mean err"}
+
+
+def format_leaderboard(board: pd.DataFrame, kind: str | None = None) -> str:
     """Plain-text table: rank, tie group, subject, ability (or expected score) [90% interval],
-    rank interval, P(top-1). Takes any kind of board :func:`leaderboard` returns."""
+    rank interval, P(top-1), and the mean response, headed by ``kind`` (accuracy for binary
+    responses, the mean score or mean error otherwise; accuracy where unknown). Takes any
+    kind of board :func:`leaderboard` returns."""
     cols = table_columns(board)
     key = _rank_key(cols)
     names = [escape_controls(str(v)) for v in cols["subject"]]
@@ -136,7 +142,7 @@ def format_leaderboard(board: pd.DataFrame) -> str:
     ptop = [c for c in cols if c.startswith("p_top") and c != "p_top1"]
     head = (f"{'rank':>4} {'tie':>3}  {'subject':<{name_w}} {key:>8} {'90% interval':>17} "
             f"{'rank 90%':>9} {'P(top1)':>7}" + (f" {ptop[0].replace('p_', 'P('):>7})" if ptop else "")
-            + f" {'accuracy':>8} {'n':>7}")
+            + f" {MEAN_RESPONSE_LABEL.get(kind, 'accuracy'):>8} {'n':>7}")
     lines = [head, "-" * len(head)]
     nan = np.full(len(names), np.nan)
     p_top1 = cols.get("p_top1", nan)

@@ -475,6 +475,11 @@ def test_subject_boundary_shares_recovered_and_ranked(tmp_path):
     assert kendalltau(np.arange(len(order)), share[order])[0] < -0.85  # rank 1 = largest share
     text = format_leaderboard(board)
     assert "score" in text.splitlines()[0] and "expected score averaged over the items" in text
+    # the mean response is named for the kind: a mean error is no accuracy
+    assert "accuracy" in text.splitlines()[0]  # kind unknown: as before
+    head = format_leaderboard(board, "nonnegative").splitlines()[0]
+    assert "mean err" in head and "accuracy" not in head
+    assert "accuracy" not in format_leaderboard(board, "unit").splitlines()[0]
 
 
 @pytest.mark.parametrize("model", ["beta", "beta-1pl", "beta3", "gamma"])
