@@ -858,15 +858,10 @@ def constrain_draws(spec: ModelSpec, position: dict) -> dict[str, np.ndarray]:
 
 
 def free_entries(spec: ModelSpec, values: dict) -> dict[str, np.ndarray]:
-    """``{block: bool (*full_shape)}``, False where a constant masks the entry, for the
-    blocks a constant masks; ``values`` holds draws ``(chains, samples, *full_shape)`` of
-    every block, from which the subject and item counts are read."""
-    declared = [c for c in spec.constants if c.masks]
-    if not declared:
-        return {}
-    count = lambda who: next((int(np.shape(values[p.name])[2]) for p in spec.by_owner(who)), 0)
-    consts = spec.constant_values(count("subject"), count("item"))
-    return {name: np.asarray(consts[c.name]) != 0 for c in declared for name in c.masks}
+    """``{block: bool (*full_shape)}``, False where a constant masks the entry
+    (:meth:`ModelSpec.mask_values`); ``values`` holds draws ``(chains, samples, *full_shape)``
+    of every block, from which the subject and item counts are read."""
+    return {name: m != 0 for name, m in spec.mask_values(*spec.counts(values, axis=2)).items()}
 
 
 def _dims(spec: ModelSpec, p) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Union
+from typing import Any, Callable, Literal, Mapping, Union
 
 import numpy as np
 
@@ -307,6 +307,26 @@ class ModelSpec:
                     f"data has {want} {c.owner}s; give one row per {c.owner}")
             out[c.name] = v
         return out
+
+    def mask_values(self, num_subjects: int, num_items: int,
+                    owner: Owner | None = None) -> dict[str, np.ndarray]:
+        """``{block: mask}`` (float32, the block's full shape) for the blocks a constant
+        masks (``Constant.masks``: a loading the Q-matrix or the rotation pins), of
+        ``owner`` where given: the block's effective value is zero where its mask is."""
+        declared = [c for c in self.constants if c.masks and owner in (None, c.owner)]
+        if not declared:
+            return {}
+        values = self.constant_values(num_subjects, num_items)
+        return {name: np.asarray(values[c.name], np.float32) for c in declared for name in c.masks}
+
+    def counts(self, values: Mapping[str, Any], axis: int = 0) -> tuple[int, int]:
+        """``(num_subjects, num_items)`` read from ``values``' blocks along ``axis`` (0 for
+        a guide's values, 2 for draws ``(chains, draws, ...)``); 0 for an owner without a
+        block there."""
+        def count(who):
+            return next((int(np.shape(values[p.name])[axis]) for p in self.by_owner(who)
+                         if p.name in values), 0)
+        return count("subject"), count("item")
 
     def to_dict(self) -> dict:
         return {

@@ -205,7 +205,7 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
     unconstrained value, ``(2, ...)``) a block's quantiles are those, where finite.
     """
     cols = {}
-    masks = _read_out_masks(spec, guide, owner)
+    masks = spec.mask_values(*spec.counts(guide.loc), owner=owner)
     marginal = within_owner_scales(spec, guide, owner, cross) if cross else {}
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:
@@ -258,8 +258,7 @@ def draw_summary_columns(spec: ModelSpec, draws: dict, owner: str) -> dict[str, 
     from engine.infer.sampler import effective_draws, sd_standard_error, split_rhat
 
     cols = {}
-    guide = GuideState({k: np.asarray(v)[0, 0] for k, v in draws.items()}, {})
-    masks = _read_out_masks(spec, guide, owner)
+    masks = spec.mask_values(*spec.counts(draws, axis=2), owner=owner)
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:
             continue
@@ -278,13 +277,3 @@ def draw_summary_columns(spec: ModelSpec, draws: dict, owner: str) -> dict[str, 
             for stat, v in stats.items():
                 cols[f"{p.name}{label}_{stat}"] = (v if p.shape == () else v[:, k]).astype(np.float32)
     return cols
-
-
-def _read_out_masks(spec: ModelSpec, guide: GuideState, owner: str) -> dict[str, np.ndarray]:
-    """``{block: constant}`` for blocks of ``owner`` that a constant masks (``Constant.masks``)."""
-    declared = [c for c in spec.constants if c.owner == owner and c.masks]
-    if not declared:
-        return {}
-    count = lambda who: next((int(np.shape(guide.loc[p.name])[0]) for p in spec.by_owner(who)), 0)
-    values = spec.constant_values(count("subject"), count("item"))
-    return {name: np.asarray(values[c.name], np.float32) for c in declared for name in c.masks}

@@ -158,6 +158,24 @@ def test_model_declarations_and_errors():
         fit(y, model="mirt-comp", model_options={"q_matrix": [[1, 0], [0, 1]]})
 
 
+
+def test_mask_values_name_the_pinned_loadings_and_counts_read_either_layout():
+    q = [[1, 0], [0, 1], [1, 1]]
+    spec = get_model("mirt-comp", q_matrix=q)
+    masks = spec.mask_values(4, 3)
+    assert set(masks) == {"discrimination"} and masks["discrimination"].dtype == np.float32
+    np.testing.assert_array_equal(masks["discrimination"], np.asarray(q, np.float32))
+    assert spec.mask_values(4, 3, owner="item").keys() == masks.keys()
+    assert spec.mask_values(4, 3, owner="subject") == {}
+    assert get_model("irt-vec", q_matrix=q).mask_values(4, 3) == {}  # its mask is in the likelihood
+    with pytest.raises(ModelError, match="skill_mask has 3 rows but the data has 5 items"):
+        spec.mask_values(4, 5)
+    guide_values = {"ability": np.zeros((4, 2)), "discrimination": np.zeros((3, 2))}
+    assert spec.counts(guide_values) == (4, 3)
+    draws = {k: np.zeros((2, 7) + v.shape) for k, v in guide_values.items()}
+    assert spec.counts(draws, axis=2) == (4, 3)
+    assert spec.counts({"ability": np.zeros((4, 2))}) == (4, 0)
+
 def test_read_q_matrix(tmp_path):
     f = tmp_path / "q.csv"
     f.write_text("item,syntax,semantics\nb,0,1\na,1,0\nc,1,1\n")
