@@ -34,7 +34,7 @@ __all__ = ["NutsSettings", "NutsDraws", "make_log_density", "make_log_joint", "m
            "poolable_blocks", "pooled_blocks", "shrinkage", "shrinkage_restart",
            "sample_nuts", "pool_identical_rows", "nuts_fit_result",
            "nuts_memory_bytes", "check_nuts_memory", "diagnostics", "to_inference_data",
-           "add_pointwise", "observed_cells",
+           "add_pointwise", "replicate_binary", "observed_cells",
            "NUTS_CELL_FACTOR"]
 
 # Bytes per response cell and chain that a NUTS gradient holds (the cell's parameters,
@@ -47,8 +47,9 @@ NONCENTRED_SUBJECTS = 30  # item blocks standardised where fewer subjects answer
 VAGUE_LOCATION_VARIANCE = 100.0
 ANCHOR_ITEMS = 50  # items from which the shift and scale are taken up by the abilities (NutsSettings.anchor)
 SHRINKAGE_RESTART = 0.5  # an item block's mean shrinkage from which an unconverged run restarts standardised
-# ArviZ's log_likelihood group (add_pointwise): values kept at most (chains x draws x observed
-# cells, float32: 128 MiB), and the fewest draws per chain worth keeping
+# ArviZ's log_likelihood and posterior_predictive groups (add_pointwise): values kept at
+# most in each (chains x draws x observed cells; float32 and int8: 160 MiB together), and
+# the fewest draws per chain worth keeping
 POINTWISE_MAX_VALUES = 1 << 25
 POINTWISE_MIN_DRAWS = 100
 POINTWISE_CHUNK_VALUES = 1 << 20  # draw-cell log-likelihoods evaluated together
@@ -517,11 +518,12 @@ def nuts_memory_bytes(spec: ModelSpec, num_subjects: int, num_items: int,
                       settings: NutsSettings) -> int:
     """Bytes NUTS needs: per-cell gradient temporaries for every chain, plus the draws kept
     (unconstrained and constrained, float32), the observed matrix and pointwise
-    log-likelihood of ArviZ's groups (:func:`add_pointwise`)."""
+    log-likelihood (float32) and replicated responses (int8) of ArviZ's groups
+    (:func:`add_pointwise`)."""
     cells = num_subjects * num_items
     size = sum(int(np.prod(p.full_shape(num_subjects, num_items))) for p in spec.params)
     kept = settings.num_chains * settings.num_samples * (1 + settings.extend)
-    pointwise = 4 * (cells + min(POINTWISE_MAX_VALUES, cells * kept))
+    pointwise = 4 * cells + 5 * min(POINTWISE_MAX_VALUES, cells * kept)
     return cells * 4 + cells * NUTS_CELL_FACTOR * settings.num_chains + 2 * 4 * size * kept \
         + pointwise
 
@@ -901,20 +903,27 @@ def observed_cells(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
-                  max_values: int = POINTWISE_MAX_VALUES) -> dict:
-    """Add ArviZ's ``observed_data`` and ``log_likelihood`` groups to ``idata``, so that
-    ``az.loo`` and ``az.waic`` run on a sampler's draws; returns what was kept (fit.json).
+                  max_values: int = POINTWISE_MAX_VALUES, seed: int = 0) -> dict:
+    """Add ArviZ's ``observed_data``, ``log_likelihood`` and (binary responses)
+    ``posterior_predictive`` groups to ``idata``, so that ``az.loo``, ``az.waic``,
+    ``az.loo_pit`` and ``az.plot_ppc`` run on a sampler's draws; returns what was kept
+    (fit.json).
 
-    ``observed_data.y`` is the matrix ``y`` the draws condition on (subject, item), NaN
-    where missing (and for items a fit under fixed vague priors set aside: fit.json's
-    ``constant_items``).
-    ``log_likelihood.y`` is ``log p(y_c | params)`` of each observed cell ``c`` (dim
-    ``cell``, row-major, with its ``cell_subject`` and ``cell_item``) at each draw of
-    ``constrained`` (the draws as sampled, those of ``posterior``): leave-one-out is then
-    over responses, the unit of an IRT matrix. At most ``max_values`` values are kept:
-    where chains x draws x cells is more, evenly spaced draws of each chain are kept (the
-    ``draw`` coordinate names them, as in ``posterior``), and none where fewer than
-    :data:`POINTWISE_MIN_DRAWS` per chain would fit."""
+    All three are over the observed cells (dim ``cell``, row-major, with its
+    ``cell_subject`` and ``cell_item``): leave-one-out is then over responses, the unit of an
+    IRT matrix. Missing cells, and items a fit under fixed vague priors set aside (fit.json's
+    ``constant_items``), are not cells.
+    ``observed_data.y`` is each cell's response, the data the draws condition on.
+    ``log_likelihood.y`` is ``log p(y_c | params)`` at each draw of ``constrained`` (the
+    draws as sampled, those of ``posterior``).
+    ``posterior_predictive.y`` is a replicated response of each cell at each of those draws
+    (int8), drawn with probability ``exp`` of the log-likelihood of a 1, which the model's own
+    likelihood gives: no second definition of it. Responses of other kinds (proportions,
+    scores) are not replicated; fit.json says so.
+    At most ``max_values`` values of each are kept: where chains x draws x cells is more,
+    evenly spaced draws of each chain are kept (the ``draw`` coordinate names them, as in
+    ``posterior``), and none where fewer than :data:`POINTWISE_MIN_DRAWS` per chain would
+    fit. ``seed`` draws the replicated responses."""
     import xarray as xr
 
     y = np.asarray(y)
@@ -923,20 +932,25 @@ def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
     chains, samples = first.shape[:2]
     cells = int(rows.size)
     per_chain = min(samples, max_values // max(1, chains * cells))
-    matrix = np.full(y.shape, np.nan, np.float32)
-    matrix[rows, cols] = y[rows, cols]
+    observed = y[rows, cols]
     sub = idata.posterior.coords.get("subject")
     it = idata.posterior.coords.get("item")
     names = {"subject": np.asarray(sub.values) if sub is not None else np.arange(y.shape[0]),
              "item": np.asarray(it.values) if it is not None else np.arange(y.shape[1])}
-    groups = {"observed_data": xr.Dataset({"y": (("subject", "item"), matrix)}, coords=names)}
+    by_cell = {"cell": np.arange(cells), "cell_subject": ("cell", names["subject"][rows]),
+               "cell_item": ("cell", names["item"][cols])}
+    groups = {"observed_data": xr.Dataset({"y": (("cell",), observed)}, coords=by_cell)}
     info = {"cells": cells, "draws_per_chain": int(per_chain), "of_draws_per_chain": int(samples),
-            "max_values": int(max_values)}
+            "max_values": int(max_values), "posterior_predictive": False}
+    if spec.kind != "binary":
+        info["posterior_predictive_omitted"] = (
+            f"{spec.kind} responses are not replicated: only binary responses' distribution "
+            f"is read from the model's likelihood")
     if per_chain < min(samples, POINTWISE_MIN_DRAWS):
         info = {**info, "draws_per_chain": 0, "omitted": (
             f"{chains} chains x {min(samples, POINTWISE_MIN_DRAWS)} draws x {cells:,} observed "
             f"cells is over the {max_values:,} values kept; az.loo needs the log_likelihood "
-            f"group, which this run leaves out")}
+            f"group, which this run leaves out (and posterior_predictive with it)")}
         idata.add_groups(groups)
         return info
     keep = np.unique(np.linspace(0, samples - 1, per_chain).round().astype(int))
@@ -945,16 +959,35 @@ def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
     draws = {k: np.asarray(constrained[k])[:, keep].reshape((-1,) + np.shape(constrained[k])[2:])
              for k in lik}
     # written into ``values`` a few draws at a time: float32, nothing of its size copied
-    cell_loglik_draws(spec, draws, rows, cols, y[rows, cols], num_subjects=y.shape[0],
+    cell_loglik_draws(spec, draws, rows, cols, observed, num_subjects=y.shape[0],
                       num_items=y.shape[1], out=values.reshape(chains * keep.size, cells),
                       chunk_values=POINTWISE_CHUNK_VALUES)
-    groups["log_likelihood"] = xr.Dataset(
-        {"y": (("chain", "draw", "cell"), values)},
-        coords={"chain": np.arange(chains), "draw": keep, "cell": np.arange(cells),
-                "cell_subject": ("cell", names["subject"][rows]),
-                "cell_item": ("cell", names["item"][cols])})
+    per_draw = {"chain": np.arange(chains), "draw": keep, **by_cell}
+    groups["log_likelihood"] = xr.Dataset({"y": (("chain", "draw", "cell"), values)},
+                                          coords=per_draw)
+    if spec.kind == "binary":
+        groups["posterior_predictive"] = xr.Dataset(
+            {"y": (("chain", "draw", "cell"), replicate_binary(values, observed, seed))},
+            coords=per_draw)
+        info["posterior_predictive"] = True
     idata.add_groups(groups)
     return {**info, "draws_per_chain": int(keep.size)}
+
+
+def replicate_binary(loglik: np.ndarray, observed: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Replicated binary responses, int8 of ``loglik``'s shape ``(chains, draws, cells)``:
+    each is 1 with probability ``P(y_c = 1 | draw)``, read from the log-likelihood of the
+    observed response ``observed[c]`` (``exp(l)`` where it is 1, ``-expm1(l)`` where it is 0,
+    accurate where ``l`` is near 0). One chain at a time, so that no float copy of the
+    whole is held."""
+    rng = np.random.default_rng((int(seed) % 2**32, 0x5050))  # a stream of its own
+    out = np.empty(loglik.shape, np.int8)
+    one = np.asarray(observed) == 1
+    for c in range(loglik.shape[0]):
+        l = np.asarray(loglik[c], np.float32)
+        p = np.where(one, np.exp(l), -np.expm1(l))
+        out[c] = rng.random(l.shape, dtype=np.float32) < p
+    return out
 
 
 def _arviz():
@@ -1131,7 +1164,8 @@ def nuts_fit_result(spec: ModelSpec, y: np.ndarray, settings: NutsSettings, *,
         timings["wall_s"] += t["wall_s"]
         timings["compile_s"] += t["compile_s"]
         constrained, idata, diag = read(draws, settings)
-    diag["log_likelihood"] = add_pointwise(spec, idata, constrained, y)  # as sampled
+    diag["log_likelihood"] = add_pointwise(spec, idata, constrained, y,  # as sampled
+                                           seed=settings.seed)
     draws, pooled = pool_identical_rows(spec, y, draws)
     if pooled:  # the tables read the pooled draws; idata (draws.nc) keeps them as sampled,
         # each twin's own, for the rank read-outs (independent abilities) and the boards

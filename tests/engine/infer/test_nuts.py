@@ -754,6 +754,10 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
     save_run(res, tmp_path / "run")
     info = json.loads((tmp_path / "run" / "fit.json").read_text())
     assert info["method"] == "nuts" and info["num_chains"] == 2 and info["num_samples"] == 150
+    # binary responses are replicated from the likelihood; other kinds say why they are not
+    assert info["log_likelihood"]["posterior_predictive"] is (kind == "binary")
+    assert (kind == "binary") != ("not replicated" in info["log_likelihood"].get(
+        "posterior_predictive_omitted", ""))
     subjects = pd.read_parquet(tmp_path / "run" / "subjects.parquet")
     items = pd.read_parquet(tmp_path / "run" / "items.parquet")
     twins = subjects.iloc[3:6].drop(columns="subject")
@@ -833,12 +837,14 @@ def test_nuts_samples_the_other_kinds_of_model_and_writes_their_run(model, tmp_p
 
 
 def test_draws_nc_holds_what_arviz_loo_waic_and_bfmi_read(tmp_path):
-    """draws.nc carries ArviZ's ``observed_data`` (the matrix, NaN where missing),
+    """draws.nc carries ArviZ's ``observed_data`` (each observed cell's response),
     ``log_likelihood`` (each observed cell's log-likelihood at each draw, checked against
-    scipy's Bernoulli at the posterior's own draws) and ``energy`` in ``sample_stats``, so
-    ``az.loo``, ``az.waic`` and ``az.bfmi`` run on a NUTS run as on any numpyro fit. Past
-    the size limit the draws are thinned evenly (the ``draw`` coordinate names them), and
-    left out, with the reason in fit.json, where too few would fit."""
+    scipy's Bernoulli at the posterior's own draws), ``posterior_predictive`` (replicated
+    responses, as often 1 as the model's probability at each draw says) and ``energy`` in
+    ``sample_stats``, so ``az.loo``, ``az.waic``, ``az.loo_pit``, ``az.plot_ppc`` and
+    ``az.bfmi`` run on a NUTS run as on any numpyro fit. Past the size limit the draws are
+    thinned evenly (the ``draw`` coordinate names them), and left out, with the reason in
+    fit.json, where too few would fit."""
     from scipy.special import expit
 
     from engine.infer import nuts
@@ -852,25 +858,39 @@ def test_draws_nc_holds_what_arviz_loo_waic_and_bfmi_read(tmp_path):
         warnings.simplefilter("ignore")
         import arviz as az
     idata = az.from_netcdf(tmp_path / "run" / "draws.nc")
+    rows, cols = np.nonzero(y >= 0)
     observed = idata.observed_data["y"]
-    assert observed.dims == ("subject", "item") and observed.shape == (30, 6)
-    want = np.where(y >= 0, y, np.nan)
-    np.testing.assert_array_equal(observed.values, want)
+    assert observed.dims == ("cell",) and observed.shape == (30 * 6 - 3,)
+    np.testing.assert_array_equal(observed.values, y[rows, cols])
     ll = idata.log_likelihood["y"]
     assert ll.dims == ("chain", "draw", "cell") and ll.shape == (2, 200, 30 * 6 - 3)
-    rows, cols = np.nonzero(y >= 0)
-    assert list(ll["cell_subject"].values) == [str(s) for s in rows]  # the fit's own labels
-    assert list(ll["cell_item"].values) == [str(i) for i in cols]
+    for group in (observed, ll):
+        assert list(group["cell_subject"].values) == [str(s) for s in rows]  # the fit's labels
+        assert list(group["cell_item"].values) == [str(i) for i in cols]
     post = idata.posterior
     theta = post["ability"].values[:, :, rows]
     a = post["discrimination"].values[:, :, cols]
     b = post["difficulty"].values[:, :, cols]
-    ref = stats.bernoulli.logpmf(y[rows, cols], expit(a * (theta - b)))
+    p = expit(a * (theta - b))
+    ref = stats.bernoulli.logpmf(y[rows, cols], p)
     np.testing.assert_allclose(ll.values, ref, rtol=1e-4, atol=1e-5)
     loo = az.loo(idata, pointwise=True)
     assert np.isfinite(loo["elpd_loo"]) and loo["n_data_points"] == 30 * 6 - 3
     assert loo["elpd_loo"] == pytest.approx(float(np.sum(loo["loo_i"].values)))
     assert np.isfinite(az.waic(idata)["elpd_waic"])
+    # replicated responses: 0 / 1 at each draw, a 1 as often as the draw's probability says
+    rep = idata.posterior_predictive["y"]
+    assert rep.dims == ("chain", "draw", "cell") and rep.dtype == np.int8
+    assert set(np.unique(rep.values)) == {0, 1}
+    z = (rep.values - p).sum(axis=(0, 1)) / np.sqrt((p * (1 - p)).sum(axis=(0, 1)))
+    assert np.abs(z).max() < 5 and abs(z.mean()) < 5 / np.sqrt(z.size)  # binomial error
+    rate = (rep.values == 1).mean()
+    assert rate == pytest.approx(p.mean(), abs=0.02)
+    pit = az.loo_pit(idata, y="y")
+    assert pit.shape == (30 * 6 - 3,) and np.all((pit >= 0) & (pit <= 1))
+    import matplotlib
+    matplotlib.use("Agg")
+    assert az.plot_ppc(idata, num_pp_samples=20, random_seed=0) is not None
     energy = idata.sample_stats["energy"]
     assert energy.shape == (2, 200) and np.isfinite(energy.values).all()
     bfmi = az.bfmi(idata)
@@ -878,7 +898,8 @@ def test_draws_nc_holds_what_arviz_loo_waic_and_bfmi_read(tmp_path):
     info = json.loads((tmp_path / "run" / "fit.json").read_text())
     assert info["log_likelihood"] == {"cells": 177, "draws_per_chain": 200,
                                       "of_draws_per_chain": 200,
-                                      "max_values": nuts.POINTWISE_MAX_VALUES}
+                                      "max_values": nuts.POINTWISE_MAX_VALUES,
+                                      "posterior_predictive": True}
 
     # past the limit: evenly spaced draws of each chain, the posterior's own draws
     constrained = {k: np.asarray(post[k].values) for k in post.data_vars}
@@ -889,11 +910,14 @@ def test_draws_nc_holds_what_arviz_loo_waic_and_bfmi_read(tmp_path):
     assert draw[0] == 0 and draw[-1] == 199 and np.all(np.diff(draw) > 0)
     np.testing.assert_allclose(thin.log_likelihood["y"].values, ll.values[:, draw], rtol=1e-5,
                                atol=1e-6)
+    assert thin.posterior_predictive["y"].shape == (2, 120, 177)
+    np.testing.assert_array_equal(thin.posterior_predictive["draw"].values, draw)
     none = az.from_dict(posterior=constrained)
     left = nuts.add_pointwise(res.spec, none, constrained, y, max_values=2 * 177 * 99)
     assert left["draws_per_chain"] == 0 and "az.loo needs the log_likelihood group" in left[
         "omitted"]
     assert "log_likelihood" not in none.groups() and "observed_data" in none.groups()
+    assert "posterior_predictive" not in none.groups() and not left["posterior_predictive"]
 
 
 def test_loadings_a_q_matrix_pins_are_zero_in_the_draws_and_left_out_of_the_diagnostics():
