@@ -263,6 +263,9 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
     drop, index_ids = [], None
     if parquet and id_column is None and header:  # pandas' index: the ids, or dropped
         id_column, drop, index_ids = _index_reading(path, header)
+    elif parquet and header and id_column != NO_ID_COLUMN:  # the ids named: an index stored
+        drop = [c for c in _pandas_index(path)[0]  # as a column (a filtered frame's) is no item
+                if c in header and c != id_column.strip()]
     if parquet:
         idc = _id_index(path, [h for h in header if h not in drop], id_column)
         header, raw, values, where = _wide_parquet(path, budget, idc, drop)

@@ -259,6 +259,16 @@ def test_parquet_id_column_beside_a_pandas_index_keeps_its_ids(tmp_path, ids):
         assert list(store.subjects) == kept["subject"].tolist(), k
         assert list(store.items) == ["q1", "q2"], k
         np.testing.assert_array_equal(store.load(), kept[["q1", "q2"]].to_numpy())
+        # the same with the id column named (--id-column): the stored index is still no item
+        named = ingest(tmp_path / f"f{k}.parquet", tmp_path / f"n{k}.zarr", id_column="subject")
+        assert list(named.subjects) == kept["subject"].tolist(), k
+        assert list(named.items) == ["q1", "q2"], k
+    # --id-column naming the stored index itself: the index holds the ids, the rest are items
+    frame[["q1", "q2"]].set_axis(pd.Index(["r1", "r2", "r3", "r4"], name="row")).to_parquet(
+        tmp_path / "by_row.parquet")
+    by_row = ingest(tmp_path / "by_row.parquet", tmp_path / "by_row.zarr", id_column="row")
+    assert list(by_row.subjects) == ["r1", "r2", "r3", "r4"]
+    assert list(by_row.items) == ["q1", "q2"]
 
 
 def test_wide_conflict_across_files(tmp_path):
