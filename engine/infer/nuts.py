@@ -517,13 +517,15 @@ def make_log_joint(spec: ModelSpec, y: np.ndarray) -> Callable:
 def nuts_memory_bytes(spec: ModelSpec, num_subjects: int, num_items: int,
                       settings: NutsSettings) -> int:
     """Bytes NUTS needs: per-cell gradient temporaries for every chain, plus the draws kept
-    (unconstrained and constrained, float32), the observed matrix and pointwise
-    log-likelihood (float32) and replicated responses (int8) of ArviZ's groups
+    (unconstrained and constrained, float32), the responses, and the observed cells,
+    pointwise log-likelihood (float32) and replicated responses (int8) of ArviZ's groups
     (:func:`add_pointwise`)."""
     cells = num_subjects * num_items
     size = sum(int(np.prod(p.full_shape(num_subjects, num_items))) for p in spec.params)
     kept = settings.num_chains * settings.num_samples * (1 + settings.extend)
-    pointwise = 4 * cells + 5 * min(POINTWISE_MAX_VALUES, cells * kept)
+    # the groups' per-cell coordinates (cell, subject_index, item_index: 16 bytes in each
+    # of three) and observed values, then float32 log-likelihoods and int8 replicates
+    pointwise = 52 * cells + 5 * min(POINTWISE_MAX_VALUES, cells * kept)
     return cells * 4 + cells * NUTS_CELL_FACTOR * settings.num_chains + 2 * 4 * size * kept \
         + pointwise
 
@@ -909,9 +911,9 @@ def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
     ``az.loo_pit`` and ``az.plot_ppc`` run on a sampler's draws; returns what was kept
     (fit.json).
 
-    All three are over the observed cells (dim ``cell``, row-major, with its
-    ``cell_subject`` and ``cell_item``): leave-one-out is then over responses, the unit of an
-    IRT matrix. Missing cells, and items a fit under fixed vague priors set aside (fit.json's
+    All three are over the observed cells (dim ``cell``, row-major, with each cell's
+    ``subject_index`` and ``item_index``, its positions on ``posterior``'s ``subject`` and
+    ``item``): leave-one-out is then over responses, the unit of an IRT matrix. Missing cells, and items a fit under fixed vague priors set aside (fit.json's
     ``constant_items``), are not cells.
     ``observed_data.y`` is each cell's response, the data the draws condition on.
     ``log_likelihood.y`` is ``log p(y_c | params)`` at each draw of ``constrained`` (the
@@ -933,12 +935,10 @@ def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
     cells = int(rows.size)
     per_chain = min(samples, max_values // max(1, chains * cells))
     observed = y[rows, cols]
-    sub = idata.posterior.coords.get("subject")
-    it = idata.posterior.coords.get("item")
-    names = {"subject": np.asarray(sub.values) if sub is not None else np.arange(y.shape[0]),
-             "item": np.asarray(it.values) if it is not None else np.arange(y.shape[1])}
-    by_cell = {"cell": np.arange(cells), "cell_subject": ("cell", names["subject"][rows]),
-               "cell_item": ("cell", names["item"][cols])}
+    # each cell's subject and item as positions on posterior's subject / item dims: ids as
+    # text, one per cell in each group, would outweigh the draws (80 MB at 10^6 cells)
+    by_cell = {"cell": np.arange(cells), "subject_index": ("cell", rows.astype(np.int32)),
+               "item_index": ("cell", cols.astype(np.int32))}
     groups = {"observed_data": xr.Dataset({"y": (("cell",), observed)}, coords=by_cell)}
     info = {"cells": cells, "draws_per_chain": int(per_chain), "of_draws_per_chain": int(samples),
             "max_values": int(max_values), "posterior_predictive": False}
@@ -974,19 +974,25 @@ def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
     return {**info, "draws_per_chain": int(keep.size)}
 
 
-def replicate_binary(loglik: np.ndarray, observed: np.ndarray, seed: int = 0) -> np.ndarray:
+def replicate_binary(loglik: np.ndarray, observed: np.ndarray, seed: int = 0,
+                     chunk_values: int = POINTWISE_CHUNK_VALUES) -> np.ndarray:
     """Replicated binary responses, int8 of ``loglik``'s shape ``(chains, draws, cells)``:
     each is 1 with probability ``P(y_c = 1 | draw)``, read from the log-likelihood of the
     observed response ``observed[c]`` (``exp(l)`` where it is 1, ``-expm1(l)`` where it is 0,
-    accurate where ``l`` is near 0). One chain at a time, so that no float copy of the
-    whole is held."""
+    accurate where ``l`` is near 0). A few draws at a time (about ``chunk_values`` values),
+    so that the float temporaries stay small; the uniforms are drawn in order, so the result
+    does not depend on ``chunk_values``."""
     rng = np.random.default_rng((int(seed) % 2**32, 0x5050))  # a stream of its own
     out = np.empty(loglik.shape, np.int8)
     one = np.asarray(observed) == 1
-    for c in range(loglik.shape[0]):
-        l = np.asarray(loglik[c], np.float32)
-        p = np.where(one, np.exp(l), -np.expm1(l))
-        out[c] = rng.random(l.shape, dtype=np.float32) < p
+    flat, dest = loglik.reshape(-1, one.size), out.reshape(-1, one.size)
+    step = max(1, chunk_values // max(1, one.size))
+    for k in range(0, flat.shape[0], step):
+        l = np.array(flat[k:k + step], np.float32)  # a copy: loglik is left as it is
+        p = np.exp(l)
+        np.negative(np.expm1(l, out=l), out=l)  # 1 - exp(l), in place
+        np.copyto(p, l, where=~one)
+        dest[k:k + step] = rng.random(l.shape, dtype=np.float32) < p
     return out
 
 

@@ -319,14 +319,33 @@ class ModelSpec:
         values = self.constant_values(num_subjects, num_items)
         return {name: np.asarray(values[c.name], np.float32) for c in declared for name in c.masks}
 
-    def counts(self, values: Mapping[str, Any], axis: int = 0) -> tuple[int, int]:
+    def counts(self, values: Mapping[str, Any], *, axis: int) -> tuple[int, int]:
         """``(num_subjects, num_items)`` read from ``values``' blocks along ``axis`` (0 for
-        a guide's values, 2 for draws ``(chains, draws, ...)``); 0 for an owner without a
-        block there."""
-        def count(who):
-            return next((int(np.shape(values[p.name])[axis]) for p in self.by_owner(who)
-                         if p.name in values), 0)
-        return count("subject"), count("item")
+        a guide's values, 2 for draws ``(chains, draws, ...)``); 0 for an owner the model
+        has no block of. Every block of an owner there must agree, with ``axis`` leading
+        dimensions before it and the block's own shape after; an owner whose blocks are all
+        missing from ``values`` is an error, never a count of 0."""
+        out = []
+        for who in ("subject", "item"):
+            blocks = self.by_owner(who)
+            found = {}
+            for p in blocks:
+                if p.name not in values:
+                    continue
+                shape = np.shape(values[p.name])
+                if len(shape) != axis + 1 + len(p.shape):
+                    raise ModelError(
+                        f"model {self.name!r}: {p.name} has shape {shape}; expected {axis} "
+                        f"leading dimensions, then one per {who}, then {p.shape}")
+                found[p.name] = int(shape[axis])
+            if blocks and not found:
+                raise ModelError(f"model {self.name!r}: none of its {who} blocks "
+                                 f"({', '.join(p.name for p in blocks)}) is given")
+            if len(set(found.values())) > 1:
+                raise ModelError(f"model {self.name!r}: its {who} blocks disagree on the "
+                                 f"number of {who}s: {found}")
+            out.append(next(iter(found.values()), 0))
+        return out[0], out[1]
 
     def to_dict(self) -> dict:
         return {

@@ -34,11 +34,6 @@ __all__ = ["score_draws", "score_summary"]
 _CELLS = 1 << 22  # draws x subjects x items evaluated together
 
 
-def _counts(spec: ModelSpec, guide: GuideState) -> tuple[int, int]:
-    size = lambda owner: next(int(np.shape(guide.loc[p.name])[0]) for p in spec.by_owner(owner))
-    return size("subject"), size("item")
-
-
 def score_draws(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key) -> np.ndarray:
     """Per-draw expected score of every subject, ``(num_draws, S)``: subject blocks drawn,
     item blocks at their point estimates (module docstring).
@@ -49,7 +44,7 @@ def score_draws(spec: ModelSpec, guide: GuideState, num_draws: int, *, rng_key) 
     """
     if spec.score is None:
         raise ValueError(f"model {spec.name!r} declares no score; rank by ability")
-    num_subjects, num_items = _counts(spec, guide)
+    num_subjects, num_items = spec.counts(guide.loc, axis=0)
     lik = spec.likelihood_params
     drawn = tuple(p.name for p in lik if p.owner != "item")
     draws = draw_posterior(spec, guide, num_draws, rng_key=rng_key, names=drawn)

@@ -205,7 +205,7 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
     unconstrained value, ``(2, ...)``) a block's quantiles are those, where finite.
     """
     cols = {}
-    masks = spec.mask_values(*spec.counts(guide.loc), owner=owner)
+    masks = spec.mask_values(*spec.counts(guide.loc, axis=0), owner=owner)
     marginal = within_owner_scales(spec, guide, owner, cross) if cross else {}
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:

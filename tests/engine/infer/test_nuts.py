@@ -865,8 +865,8 @@ def test_draws_nc_holds_what_arviz_loo_waic_and_bfmi_read(tmp_path):
     ll = idata.log_likelihood["y"]
     assert ll.dims == ("chain", "draw", "cell") and ll.shape == (2, 200, 30 * 6 - 3)
     for group in (observed, ll):
-        assert list(group["cell_subject"].values) == [str(s) for s in rows]  # the fit's labels
-        assert list(group["cell_item"].values) == [str(i) for i in cols]
+        np.testing.assert_array_equal(group["subject_index"].values, rows)  # positions on
+        np.testing.assert_array_equal(group["item_index"].values, cols)  # the posterior's dims
     post = idata.posterior
     theta = post["ability"].values[:, :, rows]
     a = post["discrimination"].values[:, :, cols]
@@ -911,6 +911,14 @@ def test_draws_nc_holds_what_arviz_loo_waic_and_bfmi_read(tmp_path):
     np.testing.assert_allclose(thin.log_likelihood["y"].values, ll.values[:, draw], rtol=1e-5,
                                atol=1e-6)
     assert thin.posterior_predictive["y"].shape == (2, 120, 177)
+    # drawn a few draws at a time: the same replicates whatever the chunk, loglik untouched
+    values = thin.log_likelihood["y"].values
+    before = values.copy()
+    whole = nuts.replicate_binary(values, y[rows, cols], seed=5, chunk_values=10 ** 9)
+    for chunk in (1, 177 * 7, 177 * 7 + 50):
+        np.testing.assert_array_equal(
+            nuts.replicate_binary(values, y[rows, cols], seed=5, chunk_values=chunk), whole)
+    np.testing.assert_array_equal(values, before)
     np.testing.assert_array_equal(thin.posterior_predictive["draw"].values, draw)
     none = az.from_dict(posterior=constrained)
     left = nuts.add_pointwise(res.spec, none, constrained, y, max_values=2 * 177 * 99)

@@ -171,10 +171,18 @@ def test_mask_values_name_the_pinned_loadings_and_counts_read_either_layout():
     with pytest.raises(ModelError, match="skill_mask has 3 rows but the data has 5 items"):
         spec.mask_values(4, 5)
     guide_values = {"ability": np.zeros((4, 2)), "discrimination": np.zeros((3, 2))}
-    assert spec.counts(guide_values) == (4, 3)
+    assert spec.counts(guide_values, axis=0) == (4, 3)
     draws = {k: np.zeros((2, 7) + v.shape) for k, v in guide_values.items()}
     assert spec.counts(draws, axis=2) == (4, 3)
-    assert spec.counts({"ability": np.zeros((4, 2))}) == (4, 0)
+    # never a silent wrong count: a missing owner, a wrong layout, blocks that disagree
+    with pytest.raises(ModelError, match="none of its item blocks"):
+        spec.counts({"ability": np.zeros((4, 2))}, axis=0)
+    with pytest.raises(ModelError, match=r"ability has shape \(2, 7, 4, 2\); expected 0 leading"):
+        spec.counts(draws, axis=0)
+    with pytest.raises(ModelError, match="item blocks disagree"):
+        spec.counts({**guide_values, "difficulty": np.zeros(5)}, axis=0)
+    assert get_model("2pl").counts({"ability": np.zeros(4), "difficulty": np.zeros(3)},
+                                   axis=0) == (4, 3)
 
 def test_read_q_matrix(tmp_path):
     f = tmp_path / "q.csv"
