@@ -31,7 +31,8 @@ from engine.atomic import atomic_write  # noqa: E402
 from engine.errors import SettingsError  # noqa: E402
 from engine.readout.items import (FLAG_THRESHOLD, SET_ASIDE_NOTE, item_bank, item_flags,  # noqa: E402
                                   item_readouts_unavailable, review_order)
-from engine.readout.leaderboard import fallback_notes, fit_notes, leaderboard  # noqa: E402
+from engine.readout.leaderboard import (MEAN_RESPONSE_LABEL, fallback_notes, fit_notes,  # noqa: E402
+                                        leaderboard, rank_key)
 from engine.readout.vector_rank import board_note, run_vector_board  # noqa: E402
 
 __all__ = ["write_report", "report_plots"]
@@ -68,15 +69,20 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+_KEY_LABEL = {"ability": "ability", "score": "expected score"}  # what a board ranks by
+
+
 @_literal
 def _leaderboard_plot(board: pd.DataFrame) -> bytes:
+    key = rank_key(board)  # ability, or the expected score of a model ranked by it
     b = board.head(MAX_BARS).iloc[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.22 * len(b) + 1.2))
     y = np.arange(len(b))
-    ax.errorbar(b["ability_mean"], y, xerr=[b["ability_mean"] - b["ability_q05"], b["ability_q95"] - b["ability_mean"]],
+    mean = b[f"{key}_mean"]
+    ax.errorbar(mean, y, xerr=[mean - b[f"{key}_q05"], b[f"{key}_q95"] - mean],
                 fmt="o", ms=3, lw=1, capsize=2)
     ax.set_yticks(y, [plot_label(s, 32) for s in b["subject"]], fontsize=7)
-    ax.set_xlabel("ability (posterior mean, 90% interval)")
+    ax.set_xlabel(f"{_KEY_LABEL[key]} (posterior mean, 90% interval)")
     shown = (f"first {len(b)} of {len(board)}" if _cut_in_tie(board, len(b))
              else f"top {len(b)} of {len(board)}")  # a cut among equal ranks: not "the best"
     ax.set_title(f"leaderboard ({shown})")
@@ -435,17 +441,22 @@ _SORT_JS = """document.querySelectorAll('#leaderboard th').forEach(function (th,
 
 def _board_explained(board: pd.DataFrame) -> str:
     if "ability_mean" in board:
-        return ("rank: subjects of equal ability share one. tie: subjects share a group while "
-                "their 90% ability intervals overlap the group leader's.")
+        what = _KEY_LABEL[rank_key(board)]
+        return (f"rank: subjects of equal {what} share one. tie: subjects share a group while "
+                f"their 90% {what} intervals overlap the group leader's.")
     return f"{board.attrs.get('rank', '')} board: {board_note(board)}."
 
 
-def _board_table(board: pd.DataFrame) -> str:
+def _board_table(board: pd.DataFrame, kind: str | None = None) -> str:
+    """The sortable table: ranked by the board's key (ability or expected score), with
+    the mean response headed by the responses' ``kind`` (:data:`MEAN_RESPONSE_LABEL`)."""
+    key = rank_key(board) if "ability_mean" in board else "ability"
     cols = [("rank", "rank", "{}"), ("tie_group", "tie", "{}"), ("subject", "subject", "{}"),
-            ("ability_mean", "ability", "{:+.3f}"), ("ability_q05", "q05", "{:+.3f}"),
-            ("ability_q95", "q95", "{:+.3f}"), ("rank_q05", "rank q05", "{:.0f}"),
+            (f"{key}_mean", _KEY_LABEL[key], "{:+.3f}"), (f"{key}_q05", "q05", "{:+.3f}"),
+            (f"{key}_q95", "q95", "{:+.3f}"), ("rank_q05", "rank q05", "{:.0f}"),
             ("rank_q95", "rank q95", "{:.0f}"), ("p_top1", "P(top1)", "{:.3f}"),
-            ("accuracy", "accuracy", "{:.3f}"), ("n_responses", "n", "{}")]
+            ("accuracy", MEAN_RESPONSE_LABEL.get(kind, "accuracy"), "{:.3f}"),
+            ("n_responses", "n", "{}")]
     if "ability_mean" not in board:  # a board of several skills: its own columns
         cols = [(c, c, "{}" if pd.api.types.is_integer_dtype(board[c]) or c == "subject"
                  else "{:.3f}") for c in board.columns]
@@ -548,7 +559,7 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
 {"".join(f'<p class="note">{html.escape(n)}</p>' for n in fit_notes(info, convergence=False))}
 <h2 id="sec-leaderboard">Leaderboard</h2>{img("leaderboard")}{bars_note}
 <p class="note">click a column header to sort. {html.escape(_board_explained(board))}</p>
-{_board_table(board)}
+{_board_table(board, run.spec.kind)}
 <h2 id="sec-p-beats">P(beats)</h2>{img("p_beats")}{heat_note}
 <h2 id="sec-items">Items for review</h2>{review}
 <h2 id="sec-item-curves">Item characteristic curves</h2>{img("item_curves")}

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from engine.cli import main
+from engine.readout.leaderboard import rank_key
 from engine.readout.items import FLAG_THRESHOLD, item_flags
 from engine.readout.report import (MAX_HEAT, _cut_note, _heatmap, _leaderboard_plot, plot_label,
                                    spread_items, write_report)
@@ -225,6 +226,44 @@ def test_report_of_a_continuous_response_run_leaves_the_item_read_outs_out(tmp_p
     assert set(written) == {"html", "leaderboard", "p_beats"}
     assert "items not reviewed: model &#x27;beta&#x27;" in page and page.count("leaderboard-row") == 25
     assert "not drawn: model &#x27;beta&#x27;" in page
+    # the mean response is headed by the responses' kind: a mean score, not an accuracy
+    head = page[page.index('<table id="leaderboard">'):page.index("</thead>")]
+    assert ">mean</th>" in head and ">accuracy</th>" not in head and ">ability</th>" in head
+
+
+def test_a_board_ranked_by_expected_score_is_labelled_so_in_the_report(monkeypatch):
+    """Models ranked by expected score (gamma with inflation, beta3): the page's table, its
+    note and the plot read the score columns, and the mean error is headed as one."""
+    from engine.readout.leaderboard import leaderboard
+    from engine.readout.report import _board_explained, _board_table
+
+    rng = np.random.default_rng(0)
+    ability = rng.normal(size=6)
+    score = np.array([0.2, 0.9, 0.5, 0.1, 0.7, 0.3])  # an order the abilities do not share
+    subjects = pd.DataFrame({
+        "subject": [f"s{k}" for k in range(6)], "ability_mean": ability,
+        "ability_q05": ability - 1, "ability_q95": ability + 1, "score_mean": score,
+        "score_q05": score - 0.05, "score_q95": score + 0.05, "accuracy": score * 2,
+        "n_responses": 10})
+    board = leaderboard(subjects)
+    assert rank_key(board) == "score" and board["subject"].iloc[0] == "s1"
+    table = _board_table(board, "nonnegative")
+    head = table[:table.index("</thead>")]
+    assert ">expected score</th>" in head and ">mean err</th>" in head
+    assert ">ability</th>" not in head and ">accuracy</th>" not in head
+    first = table[table.index('class="leaderboard-row"'):]
+    assert 'data-value="0.9"' in first[:first.index("</tr>")]  # the best score's row, its score
+    assert "subjects of equal expected score share one" in _board_explained(board)
+    assert "90% expected score intervals" in _board_explained(board)
+    import engine.readout.report as report
+
+    drawn = {}
+    monkeypatch.setattr(report, "_png", lambda fig: drawn.setdefault("ax", fig.axes[0]) and b"")
+    _leaderboard_plot(board)
+    ax = drawn["ax"]
+    assert ax.get_xlabel() == "expected score (posterior mean, 90% interval)"
+    top = ax.lines[0].get_xdata()[-1]  # drawn bottom-up: the last point is the best row's
+    assert top == pytest.approx(0.9)
 
 
 def test_report_refuses_a_compare_folder_without_its_table_and_makes_no_folder(run_dir, tmp_path, capsys):
