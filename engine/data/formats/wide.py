@@ -160,11 +160,17 @@ def _wide_parquet(path: Path, budget: int, idc: int, drop: Sequence[str] = ()
     return header, raw, values, where
 
 
-def _wide_csv(path: Path, budget: int, idc: int) -> tuple[list[str], list, np.ndarray, Callable]:
+def _wide_csv(path: Path, budget: int, idc: int, skip_first: bool = False
+              ) -> tuple[list[str], list, np.ndarray, Callable]:
+    """``(header, ids, values, where)`` of a wide CSV whose column ``idc`` holds the ids;
+    ``skip_first``: without its first column (a pandas index the ids are not read from;
+    ``idc`` counts after it)."""
     raw, rows, lines = [], [], []
     try:
         with open_text(path) as f:
             records = csv_rows(path, f)
+            if skip_first:
+                records = ((line, cells[1:]) for line, cells in records)
             header = next(records, (0, None))[1]
             if not header:
                 raise DataFormatError(f"{path}: file is empty; expected a header line")
@@ -186,6 +192,18 @@ def _wide_csv(path: Path, budget: int, idc: int) -> tuple[list[str], list, np.nd
     values = np.stack(rows) if rows else np.empty((0, len(header) - 1), np.float64)
     where = lambda r: f"{path} line {lines[r]}"  # noqa: E731
     return header, raw, values, where
+
+
+def _csv_pandas_index(header: list, id_column: str | None) -> bool:
+    """Whether a wide CSV's first column is a pandas index (``DataFrame.to_csv``'s default:
+    an unnamed first column) that the ids are not read from: ``--id-column`` names another
+    column, or, unnamed, the second column has an id name (``subject_id``)."""
+    names = [str(h).strip() for h in header]
+    if len(names) < 2 or names[0] != "" or id_column == NO_ID_COLUMN:
+        return False
+    if id_column is not None:
+        return id_column.strip() != ""
+    return names[1].lower() in ID_NAMES
 
 
 def _id_index(path: Path, header: list[str], id_column: str | None) -> int:
@@ -271,8 +289,11 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
         header, raw, values, where = _wide_parquet(path, budget, idc, drop)
     else:
         with_header = read_header(path)
-        idc = _id_index(path, with_header, id_column)
-        header, raw, values, where = _wide_csv(path, budget, idc)
+        skip = _csv_pandas_index(with_header, id_column)
+        if skip and id_column is None:  # pandas' index, then an id column: the ids are there
+            id_column = str(with_header[1]).strip()
+        idc = _id_index(path, with_header[1:] if skip else with_header, id_column)
+        header, raw, values, where = _wide_csv(path, budget, idc, skip_first=skip)
     if not raw:
         raise DataFormatError(f"{path}: no rows; expected a header and one row per subject")
     header = [str(name).strip() for name in header]

@@ -206,6 +206,22 @@ def test_bad_input(tmp_path, name, text, match):
     assert not (tmp_path / "out.zarr").exists() and _leftovers(tmp_path) == []
 
 
+def test_csv_written_with_the_pandas_index_beside_an_id_column(tmp_path):
+    """``DataFrame.to_csv`` keeps the index as an unnamed first column. Beside an id column
+    (a filtered frame of ``subject_id`` and items), the id column holds the ids, with
+    ``--id-column`` or found by its name, and the index is no item."""
+    frame = pd.DataFrame({"subject_id": [7, 8, 9, 10], "q1": [1, 0, 1, 1], "q2": [0, 1, 1, 0]})
+    kept = frame[frame["subject_id"] != 8]  # index 0, 2, 3: a filtered frame
+    kept.to_csv(tmp_path / "f.csv")
+    for k, option in enumerate([{}, {"id_column": "subject_id"}]):
+        store = ingest(tmp_path / "f.csv", tmp_path / f"f{k}.zarr", **option)
+        assert list(store.subjects) == ["7", "9", "10"] and list(store.items) == ["q1", "q2"]
+        np.testing.assert_array_equal(store.load(), kept[["q1", "q2"]].to_numpy())
+    # an unnamed first column before items only: still the ids (the index), as before
+    frame[["q1", "q2"]].set_axis(["a", "b", "c", "d"]).to_csv(tmp_path / "ids.csv")
+    assert list(ingest(tmp_path / "ids.csv", tmp_path / "ids.zarr").subjects) == ["a", "b", "c", "d"]
+
+
 def test_unnamed_index_column_and_bad_encoding(tmp_path):
     src = tmp_path / "w.csv"
     pd.DataFrame({"q1": [1, 0], "q2": [0, 1]}, index=["m1", "m2"]).to_csv(src)
