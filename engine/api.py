@@ -10,7 +10,8 @@ import numpy as np
 from engine.memory import default_memory_budget
 from engine.compile_cache import count_compiles, use_compilation_cache
 from engine.data.blocks import BlockSource, InMemorySource
-from engine.data.kinds import READS, as_responses, boundary_counts, detect_kind, source_for
+from engine.data.kinds import (KIND_MEANING, READS, as_responses, boundary_counts, detect_kind,
+                               source_for)
 from engine.data.sparse import SparseSource
 from engine.data.store import Store, open_store
 from engine.data.tally import tally
@@ -228,7 +229,8 @@ def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | N
     kind = kind or detect_kind(y)
     if kind not in READS.get(spec.kind, (spec.kind,)):
         raise ModelError(f"model {model!r} reads {spec.kind} responses but the data is {kind}; "
-                         f"choose a model for {kind} responses ({_models_reading(kind)})"
+                         f"choose a model for {kind} responses ({_models_reading(kind)}: each "
+                         f"response {KIND_MEANING.get(kind, kind)})"
                          + ("; if the data should be 0/1, `irt-engine ingest --kind binary` "
                             "names the first cell that is not" if spec.kind == "binary" else ""))
     if spec.adapt is not None and y is not None:

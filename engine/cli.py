@@ -117,6 +117,8 @@ def cmd_ingest(args) -> int:
     print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
           f"{store.num_observed} observed ({store.density:.1%}), kind {store.kind}, "
           f"layout {store.layout}")
+    for note in store.notes:
+        print(f"note: {note}")
     return 0
 
 

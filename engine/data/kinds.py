@@ -15,7 +15,7 @@ from engine.data.blocks import InMemorySource
 from engine.data.tally import observed
 from engine.errors import DataFormatError
 
-__all__ = ["KINDS", "detect_kind", "check_kind", "as_responses", "FloatInMemorySource",
+__all__ = ["KINDS", "detect_kind", "kind_note", "check_kind", "as_responses", "FloatInMemorySource",
            "source_for", "boundary_counts"]
 
 KINDS = ("binary", "unit", "nonnegative")
@@ -33,6 +33,55 @@ def detect_kind(y: np.ndarray) -> str:
     if values.min() >= 0 and values.max() <= 1:
         return "unit"
     return "nonnegative"
+
+
+# what a kind means to a model that reads it, for notes and errors
+KIND_MEANING = {"binary": "0/1, 1 = right", "unit": "a score in [0, 1], higher is better",
+                "nonnegative": "an error >= 0, lower is better"}
+
+
+def kind_note(y: np.ndarray, items, kind: str) -> str | None:
+    """A note where the values suggest that ``kind`` (not binary) is not what the data
+    mean, or None: most item columns hold only 0/1 and a few others hold other values (a
+    demographic or count column read as an item), or every response is a whole number of a
+    small range (ratings, chosen options or 1/2 codes, which the non-negative kind would
+    read as errors). ``y``: float, NaN missing; ``items``: the column names."""
+    if kind == "binary" or y.size == 0:
+        return None
+    obs = ~np.isnan(y)
+    binary = np.where(obs, np.isin(y, (0, 1)), True).all(axis=0)
+    n = y.shape[1]
+    if 0 < (~binary).sum() <= n / 2:
+        other = [str(items[j]) for j in np.flatnonzero(~binary)]
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        j = int(np.flatnonzero(~binary)[0])
+        example = y[obs[:, j] & ~np.isin(y[:, j], (0, 1)), j][0]
+        return (f"kind {kind}: {int(binary.sum())} of {n} item columns hold only 0/1, and "
+                f"{shown} {'holds' if len(other) == 1 else 'hold'} other values (e.g. "
+                f"{example:g} in {other[0]}); if {'it is' if len(other) == 1 else 'they are'} "
+                f"not an item (a demographic, a count), drop it and ingest again: the "
+                f"responses are then binary")
+    values = y[obs]
+    if kind != "nonnegative" or not np.all(values == np.round(values)):
+        return None
+    columns = [np.unique(y[obs[:, j], j]) for j in range(n)]
+    small = np.array([c.size <= 12 for c in columns])
+    if small.sum() < n / 2:
+        return None
+    lo = min(c[0] for c, k in zip(columns, small) if k and c.size)
+    hi = max(c[-1] for c, k in zip(columns, small) if k and c.size)
+    note = (f"kind {kind}: every response is a whole number, and {int(small.sum())} of {n} item "
+            f"columns hold at most 12 values (from {lo:g} to {hi:g}), which a model of this kind "
+            f"reads as {KIND_MEANING[kind]}; if they are ratings, chosen options or 1/2 codes, "
+            f"recode them to 0/1 (e.g. 1/2 to 0/1, or agree = 1) and ingest again")
+    wide = [str(items[j]) for j in np.flatnonzero(~small)]
+    if wide:
+        j = int(np.flatnonzero(~small)[0])
+        note += (f"; {', '.join(wide[:5])}{f' and {len(wide) - 5} more' if len(wide) > 5 else ''}"
+                 f" {'holds' if len(wide) == 1 else 'hold'} a wider range (up to "
+                 f"{columns[j][-1]:g} in {wide[0]}): if {'it is' if len(wide) == 1 else 'they are'}"
+                 f" not an item (a demographic, a count), drop it")
+    return note
 
 
 def _first_bad(bad: np.ndarray, y: np.ndarray, what: str, name: str, fix: str) -> DataFormatError:

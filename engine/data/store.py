@@ -178,6 +178,7 @@ class Store:
     meta: dict[str, Any] = field(repr=False)
     arrays: dict[str, CheckedArray] = field(default_factory=dict, repr=False)
     stamp: tuple = field(default=(), repr=False)
+    notes: tuple[str, ...] = field(default=(), repr=False)  # what ingest noticed (not stored)
 
     @cached_property
     def _array(self) -> CheckedArray:

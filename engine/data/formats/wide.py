@@ -13,6 +13,7 @@ error naming its size and the streaming long format.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from engine.data.formats.validate import (BadCell, as_stored, bad_value, cannot_
                                           no_response_error, open_text, over_budget, parse_cell,
                                           parse_cells, read_header, table_need, to_float,
                                           where_row)
-from engine.data.kinds import detect_kind
+from engine.data.kinds import detect_kind, kind_note
 from engine.data.store import Store, write_store
 from engine.errors import DataFormatError, SettingsError
 
@@ -82,9 +83,11 @@ def write_tables(parts: list[Parsed], files: list[Path], out, *, kind: str | Non
     parsed = merge_tables(parts)
     check_nonempty(parsed)
     kind = kind or detect_kind(parsed.responses)
-    return write_store(as_stored(parsed.responses, kind), parsed.subjects, parsed.items, out,
-                       kind=kind, source=[str(p) for p in files], input_format=input_format,
-                       chunks=chunks, overwrite=overwrite, layout=layout)
+    store = write_store(as_stored(parsed.responses, kind), parsed.subjects, parsed.items, out,
+                        kind=kind, source=[str(p) for p in files], input_format=input_format,
+                        chunks=chunks, overwrite=overwrite, layout=layout)
+    note = kind_note(parsed.responses, parsed.items, kind)
+    return dataclasses.replace(store, notes=(note,)) if note else store
 
 
 @dataclass

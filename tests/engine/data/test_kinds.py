@@ -162,6 +162,36 @@ def test_cli_kind(tmp_path, capsys):
     assert not (tmp_path / "b.zarr").exists() and _leftovers(tmp_path) == []
 
 
+def test_ingest_names_columns_and_codes_that_make_the_data_non_binary(tmp_path, capsys):
+    """Where a few columns (a demographic, a count) keep 0/1 items from being binary, or
+    every response is a small whole number (ratings, chosen options, 1/2 codes), ingest
+    says so with the fix; data whose kind is what it means get no note."""
+    from engine.data.kinds import kind_note
+
+    rng = np.random.default_rng(0)
+    items = rng.integers(0, 2, (40, 5)).astype(float)
+    age = rng.integers(18, 80, (40, 1)).astype(float)
+    frame = pd.DataFrame(np.hstack([items, age]), columns=[f"q{k}" for k in range(5)] + ["age"])
+    frame.insert(0, "subject", [f"s{k}" for k in range(40)])
+    frame.to_csv(tmp_path / "w.csv", index=False)
+    assert main(["ingest", str(tmp_path / "w.csv"), "--out", str(tmp_path / "w.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert "kind nonnegative" in out
+    assert "note: kind nonnegative: 5 of 6 item columns hold only 0/1, and age holds other " \
+           "values" in out and "drop it and ingest again: the responses are then binary" in out
+    likert = rng.integers(1, 7, (40, 8)).astype(float)
+    likert[3, 2] = np.nan
+    note = kind_note(np.hstack([likert, age]), [f"q{k}" for k in range(8)] + ["age"],
+                     "nonnegative")
+    assert "8 of 9 item columns hold at most 12 values (from 1 to 6)" in note
+    assert "recode them to 0/1" in note and "age holds a wider range" in note
+    assert kind_note(items, list("abcde"), "binary") is None
+    errors = rng.gamma(2.0, 1.0, (40, 8))  # real errors: no note
+    assert kind_note(errors, list("abcdefgh"), "nonnegative") is None
+    scores = rng.uniform(0, 1, (40, 8))
+    assert kind_note(scores, list("abcdefgh"), "unit") is None
+
+
 def test_float_checksums(tmp_path):
     store = write_store(UNIT, SUBJECTS, ITEMS, tmp_path / "d.zarr", kind="unit")
     again = UNIT.copy()

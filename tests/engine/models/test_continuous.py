@@ -320,7 +320,8 @@ def test_data_kind_errors_name_the_cell():
     y = np.full((3, 4), 0.5, np.float32)
     y[2, 1] = 1.7
     with pytest.raises(ModelError, match=r"reads unit responses but the data is nonnegative; "
-                                          r"choose a model for nonnegative responses \(gamma\)$"):
+                                          r"choose a model for nonnegative responses \(gamma: each response "
+                                          r"an error >= 0, lower is better\)$"):
         fit(y, model="beta")
     y[2, 1] = -0.2
     with pytest.raises(DataFormatError, match=r"row 2, column 1: got .*-0.2.*non-negative"):
@@ -329,7 +330,8 @@ def test_data_kind_errors_name_the_cell():
     with pytest.raises(DataFormatError, match=r"row 2, column 1: .*finite number or NaN"):
         fit(y, model="beta")
     with pytest.raises(ModelError, match=r"'2pl' reads binary responses but the data is unit; "
-                       r"choose a model for unit responses \(beta, beta-1pl, gamma, beta3\); if the data "
+                       r"choose a model for unit responses \(beta, beta-1pl, gamma, beta3: each response a "
+                       r"score in \[0, 1\], higher is better\); if the data "
                        r"should be 0/1, `irt-engine ingest --kind binary` names the first cell"):
         fit(np.full((3, 4), 0.25, np.float32), model="2pl")
     with pytest.raises(IRTError, match="row 0, column 0: got -3"):
