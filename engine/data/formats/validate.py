@@ -302,12 +302,14 @@ def check_id_column_type(path: Path, name: str, kind: pa.DataType) -> None:
                               f"(or integers), one per row")
 
 
-def check_unique(ids: list[str], what: str, where: Callable[[int], str]) -> None:
+def check_unique(ids: list[str], what: str, where: Callable[[int], str], hint: str = "") -> None:
+    """Refuse a repeated id, naming both places; ``hint`` ends the message."""
     seen: dict[str, int] = {}
     for k, key in enumerate(ids):
         if key in seen:
             raise DataFormatError(f"{where(k)}: duplicate {what} {key!r} (first at "
-                                  f"{where(seen[key])}); ids must be unique, merge or rename them")
+                                  f"{where(seen[key])}); ids must be unique, merge or rename "
+                                  f"them{hint}")
         seen[key] = k
 
 
@@ -316,7 +318,9 @@ def long_column(path: Path, header: list[str], role: str) -> str:
         if name.strip().lower() in LONG_COLS[role]:
             return name
     raise DataFormatError(f"{path}: no {role} column (looked for {list(LONG_COLS[role])}, "
-                          f"found {header[:10]}); long format needs subject, item, response")
+                          f"found {header[:10]}); long format needs subject, item and response "
+                          f"columns: rename the columns that hold them (pandas: "
+                          f"df.rename(columns={{...}}))")
 
 
 def header_width(path: Path) -> int:

@@ -314,7 +314,9 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
                 f"column is an item (subjects are then numbered by row)")
     if has_ids:
         subjects = _id_list(raw, "subject", where)
-        check_unique(subjects, "subject", where)
+        check_unique(subjects, "subject", where,
+                     hint=" (a table of one row per response is long format: name its columns "
+                          "subject, item and response and pass --format long)")
         names = header[:idc] + header[idc + 1:]
     else:
         try:
