@@ -111,6 +111,7 @@ def exclusive_lock(target: str | Path, *, what: str = "--out"):
     from engine.errors import RunExistsError
 
     target = Path(target)
+    made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = target.parent / f".{target.name}.lock"
     while True:
@@ -133,6 +134,12 @@ def exclusive_lock(target: str | Path, *, what: str = "--out"):
     finally:
         lock.unlink(missing_ok=True)  # still held: a waiter that opened it retries on a new file
         os.close(fd)
+        if not target.exists():  # nothing written: the folders made for it go too, while empty
+            for folder in made:
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
 
 
 def remove_leftovers(target: str | Path) -> list[Path]:

@@ -52,6 +52,24 @@ def test_failed_write_leaves_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["t.csv"] and (tmp_path / "t.csv").read_text() == "old"
 
 
+def test_a_refused_command_leaves_no_folder_it_made_for_out(tmp_path, capsys):
+    """ingest and fit make --out's missing parent folders; where they then fail, those
+    folders go too (only the ones they made, and only while empty)."""
+    (tmp_path / "dup.csv").write_text("model,q1\na,1\na,0\n")
+    out = tmp_path / "new" / "deeper" / "out.zarr"
+    assert main(["ingest", str(tmp_path / "dup.csv"), "--out", str(out)]) == 2
+    assert "duplicate subject 'a'" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()  # a folder that was there stays
+    (tmp_path / "kept" / "mine.txt").write_text("keep me")
+    assert main(["ingest", str(tmp_path / "dup.csv"), "--out",
+                 str(tmp_path / "kept" / "sub" / "out.zarr")]) == 2
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["mine.txt"]
+    (tmp_path / "ok.csv").write_text("model,q1,q2\na,1,0\nb,0,1\n")
+    assert main(["ingest", str(tmp_path / "ok.csv"), "--out", str(out)]) == 0  # made and kept
+    assert (out / "zarr.json").is_file()
+
+
 def test_private_dir_refuses_symlinks_and_outside_paths(tmp_path):
     outside = _victim(tmp_path)
     home = tmp_path / "home"
