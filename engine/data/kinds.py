@@ -43,45 +43,64 @@ KIND_MEANING = {"binary": "0/1, 1 = right", "unit": "a score in [0, 1], higher i
 def kind_note(y: np.ndarray, items, kind: str) -> str | None:
     """A note where the values suggest that ``kind`` (not binary) is not what the data
     mean, or None: most item columns hold only 0/1 and a few others hold other values (a
-    demographic or count column read as an item), or every response is a whole number of a
-    small range (ratings, chosen options or 1/2 codes, which the non-negative kind would
-    read as errors). ``y``: float, NaN missing; ``items``: the column names."""
+    demographic or count column read as an item), or every response is a whole number and
+    most columns hold a few values (ratings, chosen options or 1/2 codes, which the
+    non-negative kind would read as errors). ``y``: float, NaN missing; ``items``: the
+    column names. Read a block of columns at a time (no copy of ``y`` is held)."""
     if kind == "binary" or y.size == 0:
         return None
-    obs = ~np.isnan(y)
-    binary = np.where(obs, np.isin(y, (0, 1)), True).all(axis=0)
+    binary, whole, distinct, low, high = _columns(y)
     n = y.shape[1]
     if 0 < (~binary).sum() <= n / 2:
-        other = [str(items[j]) for j in np.flatnonzero(~binary)]
-        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
-        j = int(np.flatnonzero(~binary)[0])
-        example = y[obs[:, j] & ~np.isin(y[:, j], (0, 1)), j][0]
+        other = np.flatnonzero(~binary)
+        names = [str(items[j]) for j in other]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        column = y[:, other[0]]
+        example = column[~np.isnan(column) & ~np.isin(column, (0, 1))][0]
         return (f"kind {kind}: {int(binary.sum())} of {n} item columns hold only 0/1, and "
-                f"{shown} {'holds' if len(other) == 1 else 'hold'} other values (e.g. "
-                f"{example:g} in {other[0]}); if {'it is' if len(other) == 1 else 'they are'} "
+                f"{shown} {'holds' if len(names) == 1 else 'hold'} other values (e.g. "
+                f"{example:g} in {names[0]}); if {'it is' if len(names) == 1 else 'they are'} "
                 f"not an item (a demographic, a count), drop it and ingest again: the "
                 f"responses are then binary")
-    values = y[obs]
-    if kind != "nonnegative" or not np.all(values == np.round(values)):
+    small = (distinct <= 12) & (distinct > 0)
+    if kind != "nonnegative" or not whole.all() or small.sum() < n / 2:
         return None
-    columns = [np.unique(y[obs[:, j], j]) for j in range(n)]
-    small = np.array([c.size <= 12 for c in columns])
-    if small.sum() < n / 2:
-        return None
-    lo = min(c[0] for c, k in zip(columns, small) if k and c.size)
-    hi = max(c[-1] for c, k in zip(columns, small) if k and c.size)
     note = (f"kind {kind}: every response is a whole number, and {int(small.sum())} of {n} item "
-            f"columns hold at most 12 values (from {lo:g} to {hi:g}), which a model of this kind "
-            f"reads as {KIND_MEANING[kind]}; if they are ratings, chosen options or 1/2 codes, "
-            f"recode them to 0/1 (e.g. 1/2 to 0/1, or agree = 1) and ingest again")
-    wide = [str(items[j]) for j in np.flatnonzero(~small)]
-    if wide:
-        j = int(np.flatnonzero(~small)[0])
-        note += (f"; {', '.join(wide[:5])}{f' and {len(wide) - 5} more' if len(wide) > 5 else ''}"
-                 f" {'holds' if len(wide) == 1 else 'hold'} a wider range (up to "
-                 f"{columns[j][-1]:g} in {wide[0]}): if {'it is' if len(wide) == 1 else 'they are'}"
+            f"columns hold at most 12 values (from {low[small].min():g} to "
+            f"{high[small].max():g}), which a model of this kind reads as "
+            f"{KIND_MEANING[kind]}; if they are ratings, chosen options or 1/2 codes, recode "
+            f"them to 0/1 (e.g. 1/2 to 0/1, or agree = 1) and ingest again")
+    wide = np.flatnonzero(distinct > 12)
+    if wide.size:
+        names = [str(items[j]) for j in wide]
+        note += (f"; {', '.join(names[:5])}{f' and {len(names) - 5} more' if len(names) > 5 else ''}"
+                 f" {'holds' if len(names) == 1 else 'hold'} a wider range (up to "
+                 f"{high[wide[0]]:g} in {names[0]}): if {'it is' if len(names) == 1 else 'they are'}"
                  f" not an item (a demographic, a count), drop it")
     return note
+
+
+def _columns(y: np.ndarray, block: int = 4096) -> tuple[np.ndarray, ...]:
+    """Per column of ``y`` (float, NaN missing): whether every observed value is 0 or 1,
+    whether every one is a whole number, the number of distinct observed values, and the
+    smallest and largest (NaN where none); a block of columns sorted at a time."""
+    n = y.shape[1]
+    binary, whole = np.ones(n, bool), np.ones(n, bool)
+    distinct = np.zeros(n, np.int64)
+    low, high = np.full(n, np.nan), np.full(n, np.nan)
+    for j in range(0, n, block):
+        part = np.sort(y[:, j:j + block], axis=0)  # NaN last
+        seen = ~np.isnan(part)
+        count = seen.sum(axis=0)
+        some = count > 0
+        cols = slice(j, j + part.shape[1])
+        binary[cols] = np.where(seen, (part == 0) | (part == 1), True).all(axis=0)
+        whole[cols] = np.where(seen, part == np.round(part), True).all(axis=0)
+        distinct[cols] = np.where(some, np.sum(np.diff(part, axis=0) > 0, axis=0) + 1, 0)
+        low[cols] = np.where(some, part[0], np.nan)
+        high[cols] = np.where(some, part[np.maximum(count - 1, 0), np.arange(part.shape[1])],
+                              np.nan)
+    return binary, whole, distinct, low, high
 
 
 def _first_bad(bad: np.ndarray, y: np.ndarray, what: str, name: str, fix: str) -> DataFormatError:
