@@ -201,11 +201,16 @@ _UNFINGERPRINTED = ("progress", "memory_budget", "prefetch", "checkpoint_every",
 
 
 def _models_reading(kind: str) -> str:
-    """The registered models that read ``kind`` responses, for an error message."""
+    """The registered models that read ``kind`` responses, for an error message, grouped
+    by what each reads a response as (a model of errors reads scores as errors)."""
     from engine.models.registry import models_by_default
 
-    return ", ".join(name for name, spec in models_by_default().items()
-                     if kind in READS.get(spec.kind, ())) or "none registered"
+    groups: dict[str, list[str]] = {}
+    for name, spec in models_by_default().items():
+        if kind in READS.get(spec.kind, ()):
+            groups.setdefault(spec.kind, []).append(name)
+    return "; ".join(f"{', '.join(names)}: each response {KIND_MEANING.get(own, own)}"
+                     for own, names in groups.items()) or "none registered"
 
 
 def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | None = None,
@@ -229,8 +234,7 @@ def resolve_model(model: str, options: dict, y: np.ndarray | None, kind: str | N
     kind = kind or detect_kind(y)
     if kind not in READS.get(spec.kind, (spec.kind,)):
         raise ModelError(f"model {model!r} reads {spec.kind} responses but the data is {kind}; "
-                         f"choose a model for {kind} responses ({_models_reading(kind)}: each "
-                         f"response {KIND_MEANING.get(kind, kind)})"
+                         f"choose a model for {kind} responses ({_models_reading(kind)})"
                          + ("; if the data should be 0/1, `irt-engine ingest --kind binary` "
                             "names the first cell that is not" if spec.kind == "binary" else ""))
     if spec.adapt is not None and y is not None:

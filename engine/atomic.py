@@ -104,15 +104,61 @@ def exclusive_lock(target: str | Path, *, what: str = "--out"):
     both writing it. The lock is the kernel's (``flock``): it ends with the process, so a
     killed writer never leaves a stale lock behind, only the empty lock file (a writer that
     finishes removes it). Once the lock is held, what a killed writer left beside ``target``
-    is cleaned up (:func:`remove_leftovers`).
+    is cleaned up (:func:`remove_leftovers`). Folders made for ``target`` are removed again
+    where nothing was written (a refused command leaves none behind).
     """
+    target = Path(target)
+    made: list[Path] = []  # the folders this call made for target, outermost first
+    try:
+        _make_parents(target.parent, made)
+        fd = _lock_fd(target, what)
+    except BaseException:
+        _remove_made(made)
+        raise
+    lock = target.parent / f".{target.name}.lock"
+    try:
+        remove_leftovers(target)  # a killed writer's: no live one exists while we hold the lock
+        yield
+    finally:
+        lock.unlink(missing_ok=True)  # still held: a waiter that opened it retries on a new file
+        os.close(fd)
+        if not target.exists():  # nothing written: the folders made for it go too, while empty
+            _remove_made(made)
+
+
+def _make_parents(folder: Path, made: list[Path]) -> None:
+    """Make ``folder`` and its missing parents one level at a time, appending to ``made``
+    exactly those this call created (so a ``..`` in the path or a folder another process
+    makes meanwhile is never counted as ours)."""
+    parts = folder.parts
+    for k in range(1, len(parts) + 1):
+        step = Path(*parts[:k])
+        try:
+            os.mkdir(step)
+        except FileExistsError:
+            continue
+        except OSError:
+            if step.is_dir():  # e.g. a read-only parent that already holds it
+                continue
+            raise
+        made.append(step)
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove the folders :func:`_make_parents` made, innermost first, while each is empty."""
+    for folder in reversed(made):
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def _lock_fd(target: Path, what: str) -> int:
+    """Open and ``flock`` ``target``'s lock file (``.NAME.lock`` beside it); its descriptor."""
     import fcntl
 
     from engine.errors import RunExistsError
 
-    target = Path(target)
-    made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
-    target.parent.mkdir(parents=True, exist_ok=True)
     lock = target.parent / f".{target.name}.lock"
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -124,22 +170,10 @@ def exclusive_lock(target: str | Path, *, what: str = "--out"):
                                  f"{lock}); wait for it to finish or choose another {what}") from None
         try:  # the file locked is still the one named (a finishing holder unlinks it)
             if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                break
+                return fd
         except FileNotFoundError:
             pass
         os.close(fd)
-    try:
-        remove_leftovers(target)  # a killed writer's: no live one exists while we hold the lock
-        yield
-    finally:
-        lock.unlink(missing_ok=True)  # still held: a waiter that opened it retries on a new file
-        os.close(fd)
-        if not target.exists():  # nothing written: the folders made for it go too, while empty
-            for folder in made:
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
 
 
 def remove_leftovers(target: str | Path) -> list[Path]:

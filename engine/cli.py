@@ -329,10 +329,9 @@ def _scalar_subjects(run_dir):
 
 def _print_board(board, info) -> None:
     """The leaderboard's table, then what its fit.json says a reader should know."""
-    from engine.readout.leaderboard import fit_notes, format_leaderboard
+    from engine.readout.leaderboard import fit_notes, format_leaderboard, response_kind
 
-    kind = ((info or {}).get("data") or {}).get("kind")  # the mean response's name
-    print("\n".join([format_leaderboard(board, kind), *fit_notes(info)]))
+    print("\n".join([format_leaderboard(board, response_kind(info)), *fit_notes(info)]))
 
 
 def cmd_leaderboard(args) -> int:

@@ -51,6 +51,8 @@ def kind_note(y: np.ndarray, items, kind: str) -> str | None:
         return None
     binary, whole, distinct, low, high = _columns(y)
     n = y.shape[1]
+    if binary.all():  # 0/1 data given another kind (--kind): the kind is the user's word
+        return None
     if 0 < (~binary).sum() <= n / 2:
         other = np.flatnonzero(~binary)
         names = [str(items[j]) for j in other]

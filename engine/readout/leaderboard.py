@@ -130,6 +130,12 @@ def leaderboard(subjects: pd.DataFrame, top_k: int | None = None) -> pd.DataFram
 MEAN_RESPONSE_LABEL = {"binary": "accuracy", "unit": "mean", "nonnegative": "mean err"}
 
 
+def response_kind(info: dict | None) -> str | None:
+    """The kind of the responses a run was fitted to (fit.json's ``data.kind``: 0/1 data
+    fitted by a model of scores is still binary), or None where fit.json does not say."""
+    return ((info or {}).get("data") or {}).get("kind")
+
+
 def format_leaderboard(board: pd.DataFrame, kind: str | None = None) -> str:
     """Plain-text table: rank, tie group, subject, ability (or expected score) [90% interval],
     rank interval, P(top-1), and the mean response, headed by ``kind`` (accuracy for binary

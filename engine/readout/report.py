@@ -32,7 +32,7 @@ from engine.errors import SettingsError  # noqa: E402
 from engine.readout.items import (FLAG_THRESHOLD, SET_ASIDE_NOTE, item_bank, item_flags,  # noqa: E402
                                   item_readouts_unavailable, review_order)
 from engine.readout.leaderboard import (MEAN_RESPONSE_LABEL, fallback_notes, fit_notes,  # noqa: E402
-                                        leaderboard, rank_key)
+                                        leaderboard, rank_key, response_kind)
 from engine.readout.vector_rank import board_note, run_vector_board  # noqa: E402
 
 __all__ = ["write_report", "report_plots"]
@@ -108,7 +108,7 @@ def _cut_note(board: pd.DataFrame, k: int, what: str) -> str:
     text = f"the {what} draws the first {k} of {len(board)} subjects"
     if _cut_in_tie(board, k):
         tied = int((ranks == ranks[k - 1]).sum())
-        text += (f"; the cut falls among {tied} subjects of equal ability (rank "
+        text += (f"; the cut falls among {tied} subjects of equal {_KEY_LABEL[rank_key(board)]} (rank "
                  f"{ranks[k - 1]}), of whom the first {int((ranks[:k] == ranks[k - 1]).sum())} in "
                  f"table order are drawn")
     return text + "."
@@ -559,7 +559,7 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
 {"".join(f'<p class="note">{html.escape(n)}</p>' for n in fit_notes(info, convergence=False))}
 <h2 id="sec-leaderboard">Leaderboard</h2>{img("leaderboard")}{bars_note}
 <p class="note">click a column header to sort. {html.escape(_board_explained(board))}</p>
-{_board_table(board, run.spec.kind)}
+{_board_table(board, response_kind(info) or run.spec.kind)}
 <h2 id="sec-p-beats">P(beats)</h2>{img("p_beats")}{heat_note}
 <h2 id="sec-items">Items for review</h2>{review}
 <h2 id="sec-item-curves">Item characteristic curves</h2>{img("item_curves")}

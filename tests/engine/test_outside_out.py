@@ -65,6 +65,10 @@ def test_a_refused_command_leaves_no_folder_it_made_for_out(tmp_path, capsys):
     assert main(["ingest", str(tmp_path / "dup.csv"), "--out",
                  str(tmp_path / "kept" / "sub" / "out.zarr")]) == 2
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["mine.txt"]
+    (tmp_path / "was_there").mkdir()  # reached through a folder made for it: only that goes
+    assert main(["ingest", str(tmp_path / "dup.csv"), "--out",
+                 str(tmp_path / "made" / ".." / "was_there" / "out.zarr")]) == 2
+    assert (tmp_path / "was_there").is_dir() and not (tmp_path / "made").exists()
     (tmp_path / "ok.csv").write_text("model,q1,q2\na,1,0\nb,0,1\n")
     assert main(["ingest", str(tmp_path / "ok.csv"), "--out", str(out)]) == 0  # made and kept
     assert (out / "zarr.json").is_file()

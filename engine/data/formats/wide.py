@@ -1,7 +1,9 @@
 """Wide tables (CSV, TSV, Parquet): a row per subject, a column per item.
 
 A wide table's first column holds subject ids when its name is a known id name
-(``ID_NAMES``) or empty (a pandas index) or every cell in it is text; a numeric first column
+(``ID_NAMES``) or empty (a pandas index) or every cell in it is text, unless it is a
+pandas index of row numbers beside an id column (by name, or ``id_column``), which is then
+dropped; a numeric first column
 under another name is ambiguous and an error until ``id_column`` names the id column (or
 ``"none"``: every column is an item, subjects numbered by row). Several files are merged by
 subject and item id; a (subject, item) answered differently in two files is an error.
@@ -83,10 +85,10 @@ def write_tables(parts: list[Parsed], files: list[Path], out, *, kind: str | Non
     parsed = merge_tables(parts)
     check_nonempty(parsed)
     kind = kind or detect_kind(parsed.responses)
+    note = kind_note(parsed.responses, parsed.items, kind)  # before anything is written
     store = write_store(as_stored(parsed.responses, kind), parsed.subjects, parsed.items, out,
                         kind=kind, source=[str(p) for p in files], input_format=input_format,
                         chunks=chunks, overwrite=overwrite, layout=layout)
-    note = kind_note(parsed.responses, parsed.items, kind)
     return dataclasses.replace(store, notes=(note,)) if note else store
 
 
@@ -197,16 +199,26 @@ def _wide_csv(path: Path, budget: int, idc: int, skip_first: bool = False
     return header, raw, values, where
 
 
-def _csv_pandas_index(header: list, id_column: str | None) -> bool:
+def _csv_pandas_index(path: Path, header: list, id_column: str | None) -> bool:
     """Whether a wide CSV's first column is a pandas index (``DataFrame.to_csv``'s default:
-    an unnamed first column) that the ids are not read from: ``--id-column`` names another
-    column, or, unnamed, the second column has an id name (``subject_id``)."""
+    an unnamed first column of row numbers) that the ids are not read from: it is unnamed,
+    every cell in it is a whole number, and ``--id-column`` names another column or,
+    unnamed, the second column has an id name (``subject_id``). An unnamed first column of
+    text holds the ids, whatever follows it."""
     names = [str(h).strip() for h in header]
     if len(names) < 2 or names[0] != "" or id_column == NO_ID_COLUMN:
         return False
-    if id_column is not None:
-        return id_column.strip() != ""
-    return names[1].lower() in ID_NAMES
+    if id_column is not None and id_column.strip() == "":
+        return False
+    if id_column is None and names[1].lower() not in ID_NAMES:
+        return False
+    try:
+        with open_text(path) as f:
+            rows = csv_rows(path, f)
+            next(rows, None)  # the header
+            return all(cells and cells[0].strip().isdigit() for _, cells in rows)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
+        raise cannot_read(path, err) from None
 
 
 def _id_index(path: Path, header: list[str], id_column: str | None) -> int:
@@ -281,18 +293,18 @@ def _index_reading(path: Path, header: list[str]) -> tuple[str | None, list[str]
 def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None) -> Parsed:
     parquet = container_of(path) == "parquet"
     header = [str(h) for h in read_header(path)] if parquet else None
-    drop, index_ids = [], None
+    drop, index_ids, skip = [], None, False
     if parquet and id_column is None and header:  # pandas' index: the ids, or dropped
         id_column, drop, index_ids = _index_reading(path, header)
-    elif parquet and header and id_column != NO_ID_COLUMN:  # the ids named: an index stored
-        drop = [c for c in _pandas_index(path)[0]  # as a column (a filtered frame's) is no item
-                if c in header and c != id_column.strip()]
+    elif parquet and header:  # the ids named (or none): an index stored as a column (a
+        drop = [c for c in _pandas_index(path)[0]  # filtered frame's) is no item
+                if c in header and (id_column == NO_ID_COLUMN or c != id_column.strip())]
     if parquet:
         idc = _id_index(path, [h for h in header if h not in drop], id_column)
         header, raw, values, where = _wide_parquet(path, budget, idc, drop)
     else:
         with_header = read_header(path)
-        skip = _csv_pandas_index(with_header, id_column)
+        skip = _csv_pandas_index(path, with_header, id_column)
         if skip and id_column is None:  # pandas' index, then an id column: the ids are there
             id_column = str(with_header[1]).strip()
         idc = _id_index(path, with_header[1:] if skip else with_header, id_column)
@@ -331,7 +343,7 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
             subjects = index_ids
     if not names:
         raise DataFormatError(f"{path}: no item columns; expected one column per item")
-    position = [k for k in range(len(header)) if not (has_ids and k == idc)]
+    position = [k + skip for k in range(len(header)) if not (has_ids and k == idc)]
     column = lambda c: f"{path} column {position[c] + 1}"  # noqa: E731
     if "" in names:
         raise DataFormatError(f"{column(names.index(''))}: empty column name; name every item "

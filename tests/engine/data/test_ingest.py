@@ -223,6 +223,18 @@ def test_csv_written_with_the_pandas_index_beside_an_id_column(tmp_path):
     # an unnamed first column before items only: still the ids (the index), as before
     frame[["q1", "q2"]].set_axis(["a", "b", "c", "d"]).to_csv(tmp_path / "ids.csv")
     assert list(ingest(tmp_path / "ids.csv", tmp_path / "ids.zarr").subjects) == ["a", "b", "c", "d"]
+    # an unnamed first column of text holds the ids, whatever the next column is named
+    for k, text in enumerate([",model,q1\nalice,1,0\nbob,0,1\n", ",id,q1\nm1,1,0\nm2,0,1\n",
+                              ",id\nm1,1\nm2,0\n"]):
+        (tmp_path / f"t{k}.csv").write_text(text)
+        store = ingest(tmp_path / f"t{k}.csv", tmp_path / f"t{k}.zarr")
+        assert list(store.subjects) == text.split("\n")[1].split(",")[:1] + \
+            text.split("\n")[2].split(",")[:1], k
+        assert list(store.items) == text.split("\n")[0].split(",")[1:], k
+    # a skipped index column still counts in the column numbers errors give
+    (tmp_path / "gap.csv").write_text(",subject_id,q1,\n0,a,1,\n1,b,0,\n")
+    with pytest.raises(DataFormatError, match=r"gap\.csv column 4: empty column name"):
+        ingest(tmp_path / "gap.csv", tmp_path / "gap.zarr")
 
 
 def test_unnamed_index_column_and_bad_encoding(tmp_path):
@@ -282,6 +294,10 @@ def test_parquet_id_column_beside_a_pandas_index_keeps_its_ids(tmp_path, ids):
         named = ingest(tmp_path / f"f{k}.parquet", tmp_path / f"n{k}.zarr", id_column="subject")
         assert list(named.subjects) == kept["subject"].tolist(), k
         assert list(named.items) == ["q1", "q2"], k
+    # --id-column none: every column an item, the stored index no item (rows numbered)
+    frame[frame["q1"] >= 0].iloc[[0, 2, 1, 3]][["q1", "q2"]].to_parquet(tmp_path / "none.parquet")
+    rows = ingest(tmp_path / "none.parquet", tmp_path / "none.zarr", id_column="none")
+    assert list(rows.items) == ["q1", "q2"] and rows.kind == "binary"
     # --id-column naming the stored index itself: the index holds the ids, the rest are items
     frame[["q1", "q2"]].set_axis(pd.Index(["r1", "r2", "r3", "r4"], name="row")).to_parquet(
         tmp_path / "by_row.parquet")

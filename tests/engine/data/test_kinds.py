@@ -186,6 +186,8 @@ def test_ingest_names_columns_and_codes_that_make_the_data_non_binary(tmp_path, 
     assert "8 of 9 item columns hold at most 12 values (from 1 to 6)" in note
     assert "recode them to 0/1" in note and "age holds a wider range" in note
     assert kind_note(items, list("abcde"), "binary") is None
+    assert kind_note(items, list("abcde"), "nonnegative") is None  # 0/1 under --kind: no advice
+    assert kind_note(np.full((3, 2), np.nan), ["a", "b"], "nonnegative") is None
     errors = rng.gamma(2.0, 1.0, (40, 8))  # real errors: no note
     assert kind_note(errors, list("abcdefgh"), "nonnegative") is None
     scores = rng.uniform(0, 1, (40, 8))

@@ -330,8 +330,9 @@ def test_data_kind_errors_name_the_cell():
     with pytest.raises(DataFormatError, match=r"row 2, column 1: .*finite number or NaN"):
         fit(y, model="beta")
     with pytest.raises(ModelError, match=r"'2pl' reads binary responses but the data is unit; "
-                       r"choose a model for unit responses \(beta, beta-1pl, gamma, beta3: each response a "
-                       r"score in \[0, 1\], higher is better\); if the data "
+                       r"choose a model for unit responses \(beta, beta-1pl, beta3: each response a "
+                       r"score in \[0, 1\], higher is better; gamma: each response an error >= 0, "
+                       r"lower is better\); if the data "
                        r"should be 0/1, `irt-engine ingest --kind binary` names the first cell"):
         fit(np.full((3, 4), 0.25, np.float32), model="2pl")
     with pytest.raises(IRTError, match="row 0, column 0: got -3"):

@@ -255,6 +255,8 @@ def test_a_board_ranked_by_expected_score_is_labelled_so_in_the_report(monkeypat
     assert 'data-value="0.9"' in first[:first.index("</tr>")]  # the best score's row, its score
     assert "subjects of equal expected score share one" in _board_explained(board)
     assert "90% expected score intervals" in _board_explained(board)
+    tied = leaderboard(subjects.assign(score_mean=0.5))  # one rank: a cut among equal scores
+    assert "subjects of equal expected score (rank 1)" in _cut_note(tied, 3, "plot")
     import engine.readout.report as report
 
     drawn = {}
