@@ -865,7 +865,7 @@ def free_entries(spec: ModelSpec, values: dict) -> dict[str, np.ndarray]:
     """``{block: bool (*full_shape)}``, False where a constant masks the entry
     (:meth:`ModelSpec.mask_values`); ``values`` holds draws ``(chains, samples, *full_shape)``
     of every block, from which the subject and item counts are read."""
-    return {name: m != 0 for name, m in spec.mask_values(*spec.counts(values, axis=2)).items()}
+    return {name: m != 0 for name, m in spec.masks_of(values, axis=2).items()}
 
 
 def _dims(spec: ModelSpec, p) -> list[str]:

@@ -319,6 +319,15 @@ class ModelSpec:
         values = self.constant_values(num_subjects, num_items)
         return {name: np.asarray(values[c.name], np.float32) for c in declared for name in c.masks}
 
+    def masks_of(self, values: Mapping[str, Any], *, axis: int,
+                 owner: Owner | None = None) -> dict[str, np.ndarray]:
+        """:meth:`mask_values` at the counts ``values`` hold (:meth:`counts`, ``axis`` as
+        there); ``{}`` for a model without a constant that masks (of ``owner``), whatever
+        ``values`` hold (an item bank's guide has no subject block)."""
+        if not any(c.masks and owner in (None, c.owner) for c in self.constants):
+            return {}
+        return self.mask_values(*self.counts(values, axis=axis), owner=owner)
+
     def counts(self, values: Mapping[str, Any], *, axis: int) -> tuple[int, int]:
         """``(num_subjects, num_items)`` read from ``values``' blocks along ``axis`` (0 for
         a guide's values, 2 for draws ``(chains, draws, ...)``); 0 for an owner the model

@@ -205,7 +205,7 @@ def summary_columns(spec: ModelSpec, guide: GuideState, owner: str,
     unconstrained value, ``(2, ...)``) a block's quantiles are those, where finite.
     """
     cols = {}
-    masks = spec.mask_values(*spec.counts(guide.loc, axis=0), owner=owner)
+    masks = spec.masks_of(guide.loc, axis=0, owner=owner)
     marginal = within_owner_scales(spec, guide, owner, cross) if cross else {}
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:
@@ -258,7 +258,7 @@ def draw_summary_columns(spec: ModelSpec, draws: dict, owner: str) -> dict[str, 
     from engine.infer.sampler import effective_draws, sd_standard_error, split_rhat
 
     cols = {}
-    masks = spec.mask_values(*spec.counts(draws, axis=2), owner=owner)
+    masks = spec.masks_of(draws, axis=2, owner=owner)
     for p in spec.by_owner(owner):
         if len(p.shape) > 1:
             continue

@@ -183,6 +183,11 @@ def test_mask_values_name_the_pinned_loadings_and_counts_read_either_layout():
         spec.counts({**guide_values, "difficulty": np.zeros(5)}, axis=0)
     assert get_model("2pl").counts({"ability": np.zeros(4), "difficulty": np.zeros(3)},
                                    axis=0) == (4, 3)
+    # masks_of: the masks at the counts the values hold; none for a model without one,
+    # whatever the values hold (an item bank's guide has no subject block)
+    np.testing.assert_array_equal(spec.masks_of(draws, axis=2)["discrimination"], masks[
+        "discrimination"])
+    assert get_model("3pl").masks_of({"difficulty": np.zeros(3)}, axis=0) == {}
 
 def test_read_q_matrix(tmp_path):
     f = tmp_path / "q.csv"
