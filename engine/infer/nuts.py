@@ -913,7 +913,8 @@ def add_pointwise(spec: ModelSpec, idata, constrained: dict, y: np.ndarray, *,
 
     All three are over the observed cells (dim ``cell``, row-major, with each cell's
     ``subject_index`` and ``item_index``, its positions on ``posterior``'s ``subject`` and
-    ``item``): leave-one-out is then over responses, the unit of an IRT matrix. Missing cells, and items a fit under fixed vague priors set aside (fit.json's
+    ``item``): leave-one-out is then over responses, the unit of an IRT matrix. Missing
+    cells, and items a fit under fixed vague priors set aside (fit.json's
     ``constant_items``), are not cells.
     ``observed_data.y`` is each cell's response, the data the draws condition on.
     ``log_likelihood.y`` is ``log p(y_c | params)`` at each draw of ``constrained`` (the
