@@ -100,6 +100,22 @@ def _progress(enabled: bool, max_passes: int):
     return update, bars
 
 
+def _long_columns(text: str | None) -> dict[str, str] | None:
+    """``--columns subject=A,item=B,response=C`` as a dict (checked by ``ingest``)."""
+    if text is None:
+        return None
+    out = {}
+    for part in text.split(","):
+        role, eq, name = part.partition("=")
+        if not eq or not role.strip():
+            raise SettingsError(f"--columns {text}: {part!r} is not ROLE=NAME; e.g. --columns "
+                                f"subject=system,item=seg_id,response=score")
+        if role.strip() in out:
+            raise SettingsError(f"--columns {text}: {role.strip()} is named twice")
+        out[role.strip()] = name
+    return out
+
+
 def cmd_ingest(args) -> int:
     from engine.atomic import exclusive_lock
     from engine.data import ingest
@@ -111,8 +127,8 @@ def cmd_ingest(args) -> int:
         store = ingest(args.inputs, args.out, fmt=args.format, overwrite=args.overwrite,
                        layout=args.layout, memory_budget=budget, kind=args.kind,
                        id_column=args.id_column, metric=args.metric, keep=args.keep,
-                       filters=args.filter)
-    if args.format is None:
+                       filters=args.filter, columns=_long_columns(args.columns))
+    if args.format is None and args.columns is None:  # --columns: long, not detected
         print(f"detected format {store.meta.get('input_format')}")
     print(f"wrote {store.path}: {store.num_subjects} subjects x {store.num_items} items, "
           f"{store.num_observed} observed ({store.density:.1%}), kind {store.kind}, "
@@ -936,6 +952,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-column", default=None, metavar="NAME",
                    help="wide input: the column holding subject ids, or 'none' when every "
                         "column is an item; needed when the first column holds numbers")
+    p.add_argument("--columns", default=None, metavar="ROLE=NAME[,...]",
+                   help="long input whose columns are not named subject, item and response: "
+                        "the ones that hold them, e.g. subject=system,item=seg_id,"
+                        "response=score (implies --format long)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_ingest)
 

@@ -51,7 +51,8 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
            overwrite: bool = False, layout: str = "auto",
            memory_budget: int | None = None, id_column: str | None = None,
            metric: Sequence[str] | None = None, keep: str | None = None,
-           filters: str | Sequence[str] | None = None) -> Store:
+           filters: str | Sequence[str] | None = None,
+           columns: dict[str, str] | None = None) -> Store:
     """Read response files of one format and write them as a zarr v3 response store.
 
     Parameters
@@ -88,6 +89,11 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
     filters : optional
         lm-eval logs only: the filters to keep (e.g. ``"strict-match"``); by default each
         filter's scoring of a document is its own item.
+    columns : dict, optional
+        Long input: the columns that hold the roles whose columns are not named ``subject``
+        / ``subject_id``, ``item`` / ``item_id`` and ``response``, e.g.
+        ``{"subject": "system", "item": "seg_id", "response": "score"}``; given, the input
+        is read as long.
 
     Returns
     -------
@@ -120,9 +126,13 @@ def ingest(inputs: str | Path | Sequence[str | Path], out: str | Path, *, fmt: s
         raise SettingsError(f"chunks must be two positive integers (rows, items), got {chunks}")
     if memory_budget is not None and int(memory_budget) < 1:
         raise SettingsError(f"memory_budget={memory_budget!r}: give a positive number of bytes")
+    if columns is not None:
+        columns = check_long_columns(columns)
+        fmt = fmt or "long"  # naming a long table's columns says it is one
     inputs = _paths(inputs)
     check_writable(out, overwrite)
-    given = {"id_column": id_column, "metric": metric, "keep": keep, "filters": filters}
+    given = {"id_column": id_column, "metric": metric, "keep": keep, "filters": filters,
+             "columns": columns}
     given = {k: v for k, v in given.items() if v is not None and v != [] and v != ()}
     if fmt not in LOG_FORMATS:  # before any header is parsed: 10M columns are 10M strings
         check_widths(_table_files(inputs), int(memory_budget or default_budget()))
@@ -161,7 +171,35 @@ def _table_files(inputs: list) -> list[Path]:
     return files
 
 
+def check_long_columns(columns) -> dict[str, str]:
+    """``columns`` (role -> column name) checked: roles among subject, item and response,
+    each a non-empty name, no column named for two roles."""
+    roles = ("subject", "item", "response")
+    if not isinstance(columns, dict):
+        raise SettingsError(f"columns={columns!r}: give a dict of role -> column name, roles "
+                            f"{', '.join(roles)} (--columns subject=NAME,item=NAME,...)")
+    unknown = sorted(set(columns) - set(roles))
+    if unknown:
+        raise SettingsError(f"--columns: unknown role(s) {unknown}; the roles are "
+                            f"{', '.join(roles)}, e.g. --columns subject=system,item=seg_id")
+    out = {}
+    for role, name in columns.items():
+        if not isinstance(name, str) or not name.strip():
+            raise SettingsError(f"--columns {role}=: give the name of the column that holds "
+                                f"the {role}s")
+        out[role] = name.strip()
+    twice = sorted({n for n in out.values() if list(out.values()).count(n) > 1})
+    if twice:
+        raise SettingsError(f"--columns: column {twice[0]!r} is named for two roles; each "
+                            f"role needs its own column")
+    return out
+
+
 def _option_error(extra: list[str], name: str) -> SettingsError:
+    if "columns" in extra:
+        return SettingsError(f"columns (--columns) applies to long input only; this input is "
+                             f"{name}: drop the option, or pass --format long if it is a long "
+                             f"table")
     if "id_column" in extra:
         return SettingsError(f"id_column (--id-column) applies to wide input only; this input "
                              f"is {name}: drop the option")

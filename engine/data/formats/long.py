@@ -18,7 +18,7 @@ import ctypes
 import secrets
 import shutil
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +83,7 @@ class LongTable:
     """Reader of long tables: CSV/TSV/Parquet files with subject, item and response columns."""
 
     name = "long"
-    options = frozenset()
+    options = frozenset({"columns"})
 
     def detect(self, path: Path) -> bool:
         """Whether ``path`` is a table whose header has subject, item and response columns;
@@ -136,11 +136,13 @@ class _Ids:
         return list(self.code)
 
 
-def _batches(files: list[Path], batch_rows: int) -> Iterator[tuple[int, int, pa.RecordBatch, str]]:
-    """``(file index, first row in file, batch of [subject, item, response], response name)``."""
+def _batches(files: list[Path], batch_rows: int, columns: Mapping[str, str] | None = None
+             ) -> Iterator[tuple[int, int, pa.RecordBatch, str]]:
+    """``(file index, first row in file, batch of [subject, item, response], response name)``;
+    ``columns`` names a role's column where its name is not a known one."""
     for k, path in enumerate(files):
         header = read_header(path)
-        names = [long_column(path, header, role) for role in LONG_COLS]
+        names = [long_column(path, header, role, (columns or {}).get(role)) for role in LONG_COLS]
         if container_of(path) == "parquet":
             schema = pq.read_schema(path)
             for name in names[:2]:
@@ -213,8 +215,12 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
                 layout: str = "auto", memory_budget: int | None = None,
                 batch_rows: int = 1 << 20, source: Sequence[str] | None = None,
                 input_format: str = "long", item_groups: dict[str, str] | None = None,
-                side_files: dict[str, Path] | None = None) -> Store:
+                side_files: dict[str, Path] | None = None,
+                columns: Mapping[str, str] | None = None) -> Store:
     """Ingest long-format files (CSV/Parquet) into a store, streaming; see the module doc.
+
+    ``columns`` (role -> column name, roles ``subject``, ``item``, ``response``) names the
+    columns whose names are not the known ones (``LONG_COLS``).
 
     ``side_files`` (store file name -> path) are moved into the store before it is committed,
     so they appear with it or not at all (``item_info.parquet`` from evaluation logs).
@@ -234,7 +240,7 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
     file_rows, num_observed, detected = [0] * len(files), 0, _KindSeen()
 
     # pass 1: validate, collect ids, count
-    for k, offset, batch, name in _batches(files, batch_rows):
+    for k, offset, batch, name in _batches(files, batch_rows, columns):
         at = lambda r, k=k, offset=offset: where_row(files[k], offset + r)  # noqa: E731
         row0 = sum(file_rows[:k]) + offset
         subjects.encode(batch.column(0), row0, at, learn=True)
@@ -260,7 +266,7 @@ def ingest_long(files: Sequence[Path], out: str | Path, *, kind: str | None = No
     scratch = out.parent / f".{out.name}.spill-{secrets.token_hex(6)}"
     scratch.mkdir(parents=True)
     try:
-        _spill(files, batch_rows, subjects, items, starts, band_rows, scratch, kind)
+        _spill(files, batch_rows, subjects, items, starts, band_rows, scratch, kind, columns)
         release_memory()
         common = dict(kind=kind, source=[str(p) for p in (source or files)],
                       input_format=input_format, overwrite=overwrite,
@@ -296,12 +302,12 @@ def _band_rows(layout: str, S: int, N: int, num_observed: int, budget: int,
 
 
 def _spill(files, batch_rows, subjects: _Ids, items: _Ids, starts, band_rows: int,
-           scratch: Path, kind) -> None:
+           scratch: Path, kind, columns: Mapping[str, str] | None = None) -> None:
     """Pass 2: append each observation to its band's scratch file."""
     handles: dict[int, object] = {}
     spill = _spill_dtype(kind)
     try:
-        for k, offset, batch, name in _batches(files, batch_rows):
+        for k, offset, batch, name in _batches(files, batch_rows, columns):
             at = lambda r, k=k, offset=offset: where_row(files[k], offset + r)  # noqa: E731
             s = subjects.encode(batch.column(0), 0, at, learn=False)
             i = items.encode(batch.column(1), 0, at, learn=False)

@@ -313,14 +313,23 @@ def check_unique(ids: list[str], what: str, where: Callable[[int], str], hint: s
         seen[key] = k
 
 
-def long_column(path: Path, header: list[str], role: str) -> str:
+def long_column(path: Path, header: list[str], role: str, named: str | None = None) -> str:
+    """The column of ``header`` that holds ``role`` (subject, item or response) in a long
+    table: ``named`` where given (``--columns``), else the first with a known name."""
+    if named is not None:
+        for name in header:
+            if name.strip() == named.strip():
+                return name
+        raise DataFormatError(f"{path}: no column {named!r} (--columns {role}={named}); its "
+                              f"header has {[str(h) for h in header[:10]]}"
+                              f"{' ...' if len(header) > 10 else ''}")
     for name in header:
         if name.strip().lower() in LONG_COLS[role]:
             return name
     raise DataFormatError(f"{path}: no {role} column (looked for {list(LONG_COLS[role])}, "
                           f"found {header[:10]}); long format needs subject, item and response "
-                          f"columns: rename the columns that hold them (pandas: "
-                          f"df.rename(columns={{...}}))")
+                          f"columns: name the ones that hold them with --columns "
+                          f"subject=NAME,item=NAME,response=NAME (library: columns={{...}})")
 
 
 def header_width(path: Path) -> int:

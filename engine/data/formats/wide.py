@@ -327,8 +327,9 @@ def _read_wide(path: Path, kind: str | None, budget: int, id_column: str | None)
     if has_ids:
         subjects = _id_list(raw, "subject", where)
         check_unique(subjects, "subject", where,
-                     hint=" (a table of one row per response is long format: name its columns "
-                          "subject, item and response and pass --format long)")
+                     hint=" (a table of one row per response is long format: pass --format "
+                          "long, and --columns subject=NAME,item=NAME,response=NAME where its "
+                          "columns have other names)")
         names = header[:idc] + header[idc + 1:]
     else:
         try:

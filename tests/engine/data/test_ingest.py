@@ -169,8 +169,9 @@ BAD_INPUTS = [
     ("v.csv", "model,q1,q2\na,1,0\nb,1\n", r"v\.csv line 3: 2 fields, but the header has 3"),
     ("v.csv", "model,q1,q2\na,1,0\nb,1,1\na,0,0\n",
      r"v\.csv line 4: duplicate subject 'a' \(first at .*v\.csv line 2\); ids must be unique, "
-     r"merge or rename them \(a table of one row per response is long format: name its columns "
-     r"subject, item and response and pass --format long\)"),
+     r"merge or rename them \(a table of one row per response is long format: pass --format "
+     r"long, and --columns subject=NAME,item=NAME,response=NAME where its columns have other "
+     r"names\)"),
     ("v.csv", "model,q1,q2\na,1,0\nb,,\n", r"v\.csv line 3: subject 'b' has no observed.*drop"),
     ("v.csv", "model,q1,q2\na,1,\nb,0,\n", r"v\.csv column \"q2\": item 'q2' has no observed"),
     ("v.csv", "model,q1,q1\na,1,0\n", r"v\.csv column 3: duplicate item column 'q1'"),
@@ -183,8 +184,8 @@ BAD_INPUTS = [
     ("l.csv", "subject,item,response\na,q1,1\nb, ,0\n", r"l\.csv line 3: empty item id"),
     ("l.csv", "subject,item,response\na,q1,1\nb,q1,yes\n", r"l\.csv line 3, column \"response\""),
     ("l.csv", "subject,item,response\na,q1,1\nb,q1,1,1\n", r"l\.csv line 3: 4 fields"),
-    ("l.csv", "subject,item,score\na,q1,1\n", r"l\.csv: no response column.*rename the columns "
-     r"that hold them"),
+    ("l.csv", "subject,item,score\na,q1,1\n", r"l\.csv: no response column.*name the ones that "
+     r"hold them with --columns subject=NAME,item=NAME,response=NAME"),
     ("l.csv", "subject,item,response\n", r"l\.csv: no rows"),
     ("l.csv", "subject,item,response\na,q1,1\nb,q1,\n", r"l\.csv line 3: subject 'b' has no"),
     ("l.csv", "subject,item,response\na,q1,1\na,q2,NA\n", r"l\.csv line 3: item 'q2' has no"),

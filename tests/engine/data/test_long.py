@@ -223,3 +223,48 @@ def test_decimal_cells_and_string_view_ids_are_read(tmp_path, fmt):
                                               rf"score in \[0, 1\]"):
         ingest(tmp_path / "bad.parquet", tmp_path / "bad.zarr", fmt=fmt, kind="unit")
     assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_columns_name_a_long_tables_roles(tmp_path, capsys):
+    """A long table whose columns are not named subject / item / response (a leaderboard's
+    ``system``, ``seg_id``, ``score``) is read with ``columns`` (``--columns``), as the same
+    table under the known names; a name not in the header, an unknown role, a column named
+    twice and wide input are refused, naming the option."""
+    from engine.cli import main
+
+    frame = _frame(6, 5, seed=3)
+    frame.to_parquet(tmp_path / "known.parquet", index=False)
+    renamed = frame.rename(columns={"subject": "system", "item": "seg_id", "response": "score"})
+    renamed.insert(0, "test_set", "t1")  # a column no role reads
+    renamed.to_csv(tmp_path / "board.csv", index=False)
+    want = ingest(tmp_path / "known.parquet", tmp_path / "known.zarr")
+    got = ingest(tmp_path / "board.csv", tmp_path / "board.zarr",
+                 columns={"subject": "system", "item": "seg_id", "response": "score"})
+    assert list(got.subjects) == list(want.subjects) and list(got.items) == list(want.items)
+    np.testing.assert_array_equal(got.load(), want.load())
+    assert main(["ingest", str(tmp_path / "board.csv"), "--out", str(tmp_path / "cli.zarr"),
+                 "--columns", "subject=system,item=seg_id,response=score"]) == 0
+    np.testing.assert_array_equal(open_store(tmp_path / "cli.zarr").load(), want.load())
+    assert "detected format" not in capsys.readouterr().out
+    # one role named, the others found by their known names
+    frame.rename(columns={"subject": "system"}).to_csv(tmp_path / "one.csv", index=False)
+    one = ingest(tmp_path / "one.csv", tmp_path / "one.zarr", columns={"subject": "system"})
+    np.testing.assert_array_equal(one.load(), want.load())
+    with pytest.raises(DataFormatError, match=r"board\.csv: no column 'model' \(--columns "
+                                              r"subject=model\); its header has \['test_set'"):
+        ingest(tmp_path / "board.csv", tmp_path / "x.zarr", columns={"subject": "model"})
+    with pytest.raises(SettingsError, match=r"unknown role\(s\) \['system'\]"):
+        ingest(tmp_path / "board.csv", tmp_path / "x.zarr", columns={"system": "system"})
+    with pytest.raises(SettingsError, match="column 'score' is named for two roles"):
+        ingest(tmp_path / "board.csv", tmp_path / "x.zarr",
+               columns={"item": "score", "response": "score"})
+    with pytest.raises(SettingsError, match=r"applies to long input only; this input is wide"):
+        ingest(tmp_path / "board.csv", tmp_path / "x.zarr", fmt="wide",
+               columns={"subject": "system"})
+    assert main(["ingest", str(tmp_path / "board.csv"), "--out", str(tmp_path / "x.zarr"),
+                 "--columns", "system"]) == 2
+    assert "'system' is not ROLE=NAME" in capsys.readouterr().err
+    assert not (tmp_path / "x.zarr").exists()
+    # without the option, the error says how to name them
+    with pytest.raises(DataFormatError, match=r"no subject column.*--columns subject=NAME"):
+        ingest(tmp_path / "board.csv", tmp_path / "x.zarr", fmt="long")
