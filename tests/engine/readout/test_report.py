@@ -231,6 +231,22 @@ def test_report_of_a_continuous_response_run_leaves_the_item_read_outs_out(tmp_p
     assert ">mean</th>" in head and ">accuracy</th>" not in head and ">ability</th>" in head
 
 
+def test_the_mean_response_is_headed_by_the_datas_kind_not_the_models(tmp_path):
+    """0/1 data fitted by a model of errors (gamma): the mean response is an accuracy, as
+    ``leaderboard`` heads it (fit.json's ``data.kind``), not a mean error."""
+    from engine.api import fit
+    from engine.infer.settings import FitSettings
+    from engine.run import save_run
+
+    y = (np.random.default_rng(4).random((20, 8)) < 0.6).astype(np.int8)
+    run = save_run(fit(y, model="gamma", settings=FitSettings(seed=0, max_passes=20)),
+                   tmp_path / "run", num_draws=100)
+    assert run.info["data"]["kind"] == "binary" and run.spec.kind == "nonnegative"
+    page = write_report(run, tmp_path / "r.html")["html"].read_text()
+    head = page[page.index('<table id="leaderboard">'):page.index("</thead>")]
+    assert ">accuracy</th>" in head and ">mean err</th>" not in head
+
+
 def test_a_board_ranked_by_expected_score_is_labelled_so_in_the_report(monkeypatch):
     """Models ranked by expected score (gamma with inflation, beta3): the page's table, its
     note and the plot read the score columns, and the mean error is headed as one."""
