@@ -111,11 +111,10 @@ def exclusive_lock(target: str | Path, *, what: str = "--out"):
     made: list[Path] = []  # the folders this call made for target, outermost first
     try:
         _make_parents(target.parent, made)
-        fd = _lock_fd(target, what)
+        fd, lock = _lock_fd(target, what)
     except BaseException:
         _remove_made(made)
         raise
-    lock = target.parent / f".{target.name}.lock"
     try:
         remove_leftovers(target)  # a killed writer's: no live one exists while we hold the lock
         yield
@@ -153,8 +152,9 @@ def _remove_made(made: list[Path]) -> None:
             break
 
 
-def _lock_fd(target: Path, what: str) -> int:
-    """Open and ``flock`` ``target``'s lock file (``.NAME.lock`` beside it); its descriptor."""
+def _lock_fd(target: Path, what: str) -> tuple[int, Path]:
+    """Open and ``flock`` ``target``'s lock file (``.NAME.lock`` beside it): its descriptor
+    and path."""
     import fcntl
 
     from engine.errors import RunExistsError
@@ -170,7 +170,7 @@ def _lock_fd(target: Path, what: str) -> int:
                                  f"{lock}); wait for it to finish or choose another {what}") from None
         try:  # the file locked is still the one named (a finishing holder unlinks it)
             if os.stat(lock, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
-                return fd
+                return fd, lock
         except FileNotFoundError:
             pass
         os.close(fd)

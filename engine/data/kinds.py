@@ -15,7 +15,7 @@ from engine.data.blocks import InMemorySource
 from engine.data.tally import observed
 from engine.errors import DataFormatError
 
-__all__ = ["KINDS", "detect_kind", "kind_note", "check_kind", "as_responses", "FloatInMemorySource",
+__all__ = ["KINDS", "KIND_MEANING", "detect_kind", "kind_note", "check_kind", "as_responses", "FloatInMemorySource",
            "source_for", "boundary_counts"]
 
 KINDS = ("binary", "unit", "nonnegative")

@@ -313,7 +313,7 @@ class ModelSpec:
         """``{block: mask}`` (float32, the block's full shape) for the blocks a constant
         masks (``Constant.masks``: a loading the Q-matrix or the rotation pins), of
         ``owner`` where given: the block's effective value is zero where its mask is."""
-        declared = [c for c in self.constants if c.masks and owner in (None, c.owner)]
+        declared = self._masking(owner)
         if not declared:
             return {}
         values = self.constant_values(num_subjects, num_items)
@@ -324,9 +324,13 @@ class ModelSpec:
         """:meth:`mask_values` at the counts ``values`` hold (:meth:`counts`, ``axis`` as
         there); ``{}`` for a model without a constant that masks (of ``owner``), whatever
         ``values`` hold (an item bank's guide has no subject block)."""
-        if not any(c.masks and owner in (None, c.owner) for c in self.constants):
+        if not self._masking(owner):
             return {}
         return self.mask_values(*self.counts(values, axis=axis), owner=owner)
+
+    def _masking(self, owner: Owner | None) -> list:
+        """The constants that mask blocks (of ``owner``, where given)."""
+        return [c for c in self.constants if c.masks and owner in (None, c.owner)]
 
     def counts(self, values: Mapping[str, Any], *, axis: int) -> tuple[int, int]:
         """``(num_subjects, num_items)`` read from ``values``' blocks along ``axis`` (0 for

@@ -72,6 +72,11 @@ def _png(fig) -> bytes:
 _KEY_LABEL = {"ability": "ability", "score": "expected score"}  # what a board ranks by
 
 
+def _key_label(board: pd.DataFrame) -> str:
+    """What ``board`` ranks by, in words: ability, or a model's expected score."""
+    return _KEY_LABEL[rank_key(board)]
+
+
 @_literal
 def _leaderboard_plot(board: pd.DataFrame) -> bytes:
     key = rank_key(board)  # ability, or the expected score of a model ranked by it
@@ -82,7 +87,7 @@ def _leaderboard_plot(board: pd.DataFrame) -> bytes:
     ax.errorbar(mean, y, xerr=[mean - b[f"{key}_q05"], b[f"{key}_q95"] - mean],
                 fmt="o", ms=3, lw=1, capsize=2)
     ax.set_yticks(y, [plot_label(s, 32) for s in b["subject"]], fontsize=7)
-    ax.set_xlabel(f"{_KEY_LABEL[key]} (posterior mean, 90% interval)")
+    ax.set_xlabel(f"{_key_label(board)} (posterior mean, 90% interval)")
     shown = (f"first {len(b)} of {len(board)}" if _cut_in_tie(board, len(b))
              else f"top {len(b)} of {len(board)}")  # a cut among equal ranks: not "the best"
     ax.set_title(f"leaderboard ({shown})")
@@ -108,7 +113,7 @@ def _cut_note(board: pd.DataFrame, k: int, what: str) -> str:
     text = f"the {what} draws the first {k} of {len(board)} subjects"
     if _cut_in_tie(board, k):
         tied = int((ranks == ranks[k - 1]).sum())
-        text += (f"; the cut falls among {tied} subjects of equal {_KEY_LABEL[rank_key(board)]} (rank "
+        text += (f"; the cut falls among {tied} subjects of equal {_key_label(board)} (rank "
                  f"{ranks[k - 1]}), of whom the first {int((ranks[:k] == ranks[k - 1]).sum())} in "
                  f"table order are drawn")
     return text + "."
@@ -441,7 +446,7 @@ _SORT_JS = """document.querySelectorAll('#leaderboard th').forEach(function (th,
 
 def _board_explained(board: pd.DataFrame) -> str:
     if "ability_mean" in board:
-        what = _KEY_LABEL[rank_key(board)]
+        what = _key_label(board)
         return (f"rank: subjects of equal {what} share one. tie: subjects share a group while "
                 f"their 90% {what} intervals overlap the group leader's.")
     return f"{board.attrs.get('rank', '')} board: {board_note(board)}."
@@ -450,9 +455,9 @@ def _board_explained(board: pd.DataFrame) -> str:
 def _board_table(board: pd.DataFrame, kind: str | None = None) -> str:
     """The sortable table: ranked by the board's key (ability or expected score), with
     the mean response headed by the responses' ``kind`` (:data:`MEAN_RESPONSE_LABEL`)."""
-    key = rank_key(board) if "ability_mean" in board else "ability"
+    key = rank_key(board)
     cols = [("rank", "rank", "{}"), ("tie_group", "tie", "{}"), ("subject", "subject", "{}"),
-            (f"{key}_mean", _KEY_LABEL[key], "{:+.3f}"), (f"{key}_q05", "q05", "{:+.3f}"),
+            (f"{key}_mean", _key_label(board), "{:+.3f}"), (f"{key}_q05", "q05", "{:+.3f}"),
             (f"{key}_q95", "q95", "{:+.3f}"), ("rank_q05", "rank q05", "{:.0f}"),
             ("rank_q95", "rank q95", "{:.0f}"), ("p_top1", "P(top1)", "{:.3f}"),
             ("accuracy", MEAN_RESPONSE_LABEL.get(kind, "accuracy"), "{:.3f}"),

@@ -3,10 +3,10 @@
 A wide table's first column holds subject ids when its name is a known id name
 (``ID_NAMES``) or empty (a pandas index) or every cell in it is text, unless it is a
 pandas index of row numbers beside an id column (by name, or ``id_column``), which is then
-dropped; a numeric first column
-under another name is ambiguous and an error until ``id_column`` names the id column (or
-``"none"``: every column is an item, subjects numbered by row). Several files are merged by
-subject and item id; a (subject, item) answered differently in two files is an error.
+dropped; a numeric first column under another name is ambiguous and an error until
+``id_column`` names the id column (or ``"none"``: every column is an item, subjects
+numbered by row). Several files are merged by subject and item id; a (subject, item)
+answered differently in two files is an error.
 
 Memory: the table is held; before reading, the size the file claims (CSV header width,
 Parquet footer) is compared with the memory budget and a larger table is refused with an
