@@ -8,14 +8,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import jax
 import numpy as np
 
 from engine import runfiles
 from engine.atomic import plain_mode
-from engine.errors import RunExistsError
+from engine.errors import RunExistsError, SettingsError
 from engine.infer.fit import FitResult
 from engine.infer.guide import GuideState
 from engine.models.registry import get_model
@@ -75,15 +75,56 @@ class Run:
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, model={self.info.get('model')!r})"
 
-    def pairwise(self) -> np.ndarray | None:
-        """``(S, S)`` P(row subject beats column subject) over the rank draws, rows and
-        columns in ``subjects``' order (``pairwise.npz``, checked against fit.json's
-        checksum); None where the run has none (more than ``PAIRWISE_MAX_SUBJECTS``
-        subjects, or a vector ability)."""
-        if "pairwise.npz" not in self.info.get("files", {}) and not (self.path / "pairwise.npz").exists():
-            return None
-        return runfiles.read_npz(self.path, self.info, "pairwise.npz")["p_beats"]
+    def pairwise(self, subjects: Sequence[str] | None = None) -> np.ndarray | None:
+        """P(row subject beats column subject), ``(k, k)`` for ``subjects`` (ids of the
+        subjects table, in that order; default every subject, at most
+        ``PAIRWISE_MAX_SUBJECTS``), 0 on the diagonal and 0.5 between two subjects of one
+        posterior (identical answer sheets). Counted from the draws the fit read its rank
+        statistics from (:meth:`rank_draws`: the same seed, the same values), so a pair's
+        probability is the same whichever subjects are asked for. Runs written before
+        2026-12-07 kept the whole table in ``pairwise.npz``; it is read from there (checked
+        against fit.json's checksum). None where the run has no rank draws (several skills
+        without a score)."""
+        ids = self.subjects["subject"].astype(str)
+        if subjects is None:
+            if len(ids) > PAIRWISE_MAX_SUBJECTS:
+                raise SettingsError(
+                    f"run {self.path} has {len(ids):,} subjects: the whole pairwise table "
+                    f"(over {PAIRWISE_MAX_SUBJECTS:,}) is not counted; pass the subjects to "
+                    f"compare, e.g. subjects={list(ids[:3])}")
+            columns = np.arange(len(ids))
+        else:
+            position = {s: k for k, s in enumerate(ids)}
+            unknown = [s for s in map(str, subjects) if s not in position]
+            if unknown:
+                raise SettingsError(f"{unknown[:5]}: not subjects of run {self.path}; e.g. "
+                                    f"{', '.join(ids[:3])}")
+            columns = np.asarray([position[s] for s in map(str, subjects)], np.int64)
+        if "pairwise.npz" in self.info.get("files", {}) or (
+                "files" not in self.info and (self.path / "pairwise.npz").exists()):
+            whole = runfiles.read_npz(self.path, self.info, "pairwise.npz")["p_beats"]
+            return whole[np.ix_(columns, columns)]
+        if (self.info.get("readout") or {}).get("rank_draws", "") is None:
+            return None  # no ranking draws: several skills without a score
+        draws, groups = self.rank_draws()
+        return pairwise_beats(draws, groups=groups, columns=columns)
 
+    def rank_draws(self, num_draws: int | None = None, seed: int | None = None
+                   ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``(draws, groups)``: joint draws ``(T, S)`` of what ranks the subjects, as the fit
+        read its rank statistics (:func:`ranking_draws`), and the groups of subjects of one
+        posterior. ``num_draws`` and ``seed`` default to the fit's (fit.json's
+        ``readout``; a sampler's run: all its draws, and no seed), which give the run's own
+        draws (a run of several skills without a score: draws of the ability vectors,
+        ``(T, S, D)``)."""
+        readout = self.info.get("readout") or {}
+        sampled = self.sampler_draws("ability")
+        if num_draws is None:
+            num_draws = int(readout.get("num_draws", 1000)) if sampled is None else int(
+                np.prod(sampled.shape[:2]))
+        seed = int(readout.get("seed", 0)) if seed is None else seed
+        return ranking_draws(self.spec, self.guide, self.quantile_functions, num_draws, seed,
+                             sampled=sampled)
 
     def sheet_digests(self) -> np.ndarray | None:
         """Each subject's answer-sheet digest ``(S, 16)`` uint8 (``sheets.npz``,
@@ -110,13 +151,7 @@ class Run:
         sampler's run reads at most ``num_draws`` of its own draws, and no seed. Every
         other column is the table's."""
         readout = self.info.get("readout") or {}
-        sampled = self.sampler_draws("ability")
-        if num_draws is None:
-            num_draws = int(readout.get("num_draws", 1000)) if sampled is None else int(
-                np.prod(sampled.shape[:2]))
-        seed = int(readout.get("seed", 0)) if seed is None else seed
-        draws, groups = ranking_draws(self.spec, self.guide, self.quantile_functions, num_draws,
-                                      seed, sampled=sampled)
+        draws, groups = self.rank_draws(num_draws, seed)
         top_k = int(readout.get("top_k", 3))
         table = self.subjects.copy()
         for k, v in _drawn_columns(self.spec, draws, top_k, groups).items():
@@ -298,8 +333,6 @@ def save_run(res: FitResult, out: str | Path, *, num_draws: int = 1000, top_k: i
         np.savez(tmp / "guide.npz", **arrays)
         if res.extra.get("idata") is not None:  # ArviZ InferenceData of a sampler's draws
             res.extra["idata"].to_netcdf(str(tmp / "draws.nc"))
-        if draws is not None and draws.shape[1] <= PAIRWISE_MAX_SUBJECTS:
-            runfiles.write_npz(tmp / "pairwise.npz", p_beats=pairwise_beats(draws, groups=groups))
         score_abilities = _save_ability_draws(res, tmp)
         if res.extra.get("sheet_digests") is not None:  # for score: the sheets already read
             runfiles.write_npz(tmp / "sheets.npz", digest=np.asarray(res.extra["sheet_digests"]))

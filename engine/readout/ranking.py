@@ -198,8 +198,11 @@ def _pooled_rank_stats(ranks: np.ndarray, top_k: int) -> dict[str, float]:
 
 
 def pairwise_beats(draws: np.ndarray, chunk: int = 256,
-                   groups: np.ndarray | None = None) -> np.ndarray:
-    """``P[s, s'] = Pr(ability_s > ability_s')`` over draws, ``(S, S)``.
+                   groups: np.ndarray | None = None,
+                   columns: np.ndarray | None = None) -> np.ndarray:
+    """``P[s, s'] = Pr(ability_s > ability_s')`` over draws, ``(S, S)``; with ``columns``
+    (positions of ``draws``' columns, ``(k,)``) only among those, ``(k, k)`` in their order,
+    each value as in the whole table.
 
     ``groups`` (:func:`identical_subjects`): subjects whose posteriors are the same. Two
     members of one group are exchangeable, so each beats the other with probability one
@@ -218,20 +221,22 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 256,
     """
     draws = np.asarray(draws)
     T, S = draws.shape
+    columns = np.arange(S) if columns is None else np.asarray(columns, np.int64).reshape(-1)
     if T == 0:  # no draws, no probabilities
-        return np.full((S, S), np.nan, np.float32)
-    if groups is not None:
-        groups = np.asarray(groups).reshape(-1)
-        first, inverse, _ = identical_rows(groups[:, None])
-        p = _count_beats(_order_codes(draws[:, first]), chunk)[np.ix_(inverse, inverse)]
-        for members in _group_members(groups):
-            p[np.ix_(members, members)] = 0.5
-        np.fill_diagonal(p, 0.0)
-        return p
-    first, inverse, _ = identical_rows(draws.T)  # subjects whose columns are identical
-    if first.size < S:  # identical columns: count the distinct ones, then expand
+        return np.full((columns.size,) * 2, np.nan, np.float32)
+    if groups is None:  # subjects whose columns are identical are counted once
+        draws = draws[:, columns]
+        first, inverse, _ = identical_rows(draws.T)
+        if first.size == columns.size:
+            return _count_beats(_order_codes(draws), chunk)
         return _count_beats(_order_codes(draws[:, first]), chunk)[np.ix_(inverse, inverse)]
-    return _count_beats(_order_codes(draws), chunk)
+    groups = np.asarray(groups).reshape(-1)
+    first, inverse, _ = identical_rows(groups[:, None])  # each group's first member, of all
+    needed, inverse = np.unique(inverse[columns], return_inverse=True)
+    p = _count_beats(_order_codes(draws[:, first[needed]]), chunk)[np.ix_(inverse, inverse)]
+    p[inverse[:, None] == inverse[None, :]] = 0.5  # two members of one group
+    np.fill_diagonal(p, 0.0)
+    return p
 
 
 def _order_codes(draws: np.ndarray) -> np.ndarray:

@@ -120,10 +120,12 @@ def _cut_note(board: pd.DataFrame, k: int, what: str) -> str:
 
 
 @_literal
-def _heatmap(p_beats: np.ndarray, board: pd.DataFrame, index: dict) -> bytes:
+def _heatmap(p_beats: np.ndarray, board: pd.DataFrame) -> bytes:
+    """P(beats) among the board's first :data:`MAX_HEAT` subjects (``p_beats``, in board
+    order)."""
     top = board["subject"].head(MAX_HEAT)
-    order = [index[s] for s in top]
-    m = p_beats[np.ix_(order, order)].astype(np.float64)
+    order = range(len(top))
+    m = np.array(p_beats, np.float64)
     np.fill_diagonal(m, np.nan)  # a subject against itself: left blank
     size = 3.0 + 0.22 * len(order)
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
@@ -365,12 +367,13 @@ def report_plots(run, y: np.ndarray | None = None, *, items: list[str] | None = 
         notes["leaderboard"] = (f"a board of {len(run.spec.skills) or 1} skills ranks by "
                                 f"{board.attrs.get('rank', '')}: the table below; each skill's "
                                 f"abilities are in subjects.parquet")
-    p_beats = run.pairwise()
+    top = board["subject"].head(MAX_HEAT).astype(str).tolist() if "subject" in board else []
+    p_beats = run.pairwise(top) if top else None
     if p_beats is not None:
-        index = {s: k for k, s in enumerate(run.subjects["subject"])}
-        pngs["p_beats"] = _heatmap(p_beats, board, index)
+        pngs["p_beats"] = _heatmap(p_beats, board)
     else:
-        notes["p_beats"] = "the run has no pairwise.npz (too many subjects or a vector ability)"
+        notes["p_beats"] = ("the run has no pairwise probabilities (several skills without a "
+                            "score: nothing orders the subjects)")
     unavailable = item_readouts_unavailable(run.spec)
     if unavailable is not None:  # e.g. a multi-skill or a continuous-response model
         if items:

@@ -14,13 +14,13 @@ import pytest
 from _tables import write_rasch_csv
 
 from engine.cli import main
-from engine.errors import RunDamagedError, RunNotFoundError
+from engine.errors import RunDamagedError, RunNotFoundError, SettingsError
 from engine.run import load_run
 from engine.runfiles import read_table, write_table
 
 CLI = [sys.executable, "-m", "engine.cli"]
-FILES = ["fit.json", "subjects.parquet", "items.parquet", "guide.npz", "pairwise.npz",
-         "ability_draws.npz", "sheets.npz"]
+FILES = ["fit.json", "subjects.parquet", "items.parquet", "guide.npz", "ability_draws.npz",
+         "sheets.npz"]
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +204,47 @@ def test_a_changed_byte_that_parses_alike_is_damage(run_copy):
         load_run(run_copy)
     path.write_bytes(clean.encode())
     load_run(run_copy)
+
+
+def test_pairwise_is_counted_from_the_rank_draws_and_an_older_runs_file_is_read(run_copy):
+    """A run counts P(beats) when asked, from the draws its rank statistics read (the same
+    values for any subset); a run written with ``pairwise.npz`` is read from that file,
+    checked against its checksum."""
+    from engine import runfiles
+    from engine.readout.ranking import pairwise_beats, rank_stats
+
+    run = load_run(run_copy)
+    assert not (run_copy / "pairwise.npz").exists()
+    draws, groups = run.rank_draws()
+    assert draws.shape == (200, 40)  # fit --draws 200
+    # the draws are the table's: its rank statistics again, to the bit
+    np.testing.assert_array_equal(rank_stats(draws, 3, groups=groups)["rank_mean"],
+                                  run.subjects["rank_mean"])
+    whole = run.pairwise()
+    np.testing.assert_array_equal(whole, pairwise_beats(draws, groups=groups))
+    ids = run.subjects["subject"].tolist()
+    some = [ids[7], ids[0], ids[31]]
+    np.testing.assert_array_equal(run.pairwise(some), whole[np.ix_([7, 0, 31], [7, 0, 31])])
+    off = ~np.eye(40, dtype=bool)
+    np.testing.assert_allclose(whole[off] + whole.T[off], 1.0, atol=1e-6)  # no ties
+    with pytest.raises(SettingsError, match="nobody.*not subjects of run"):
+        run.pairwise(["nobody", ids[0]])
+    import engine.run
+
+    engine.run.PAIRWISE_MAX_SUBJECTS, limit = 10, engine.run.PAIRWISE_MAX_SUBJECTS
+    try:
+        with pytest.raises(SettingsError, match="40 subjects.*pass the subjects"):
+            run.pairwise()
+        assert run.pairwise(some).shape == (3, 3)
+    finally:
+        engine.run.PAIRWISE_MAX_SUBJECTS = limit
+    # a run written with the whole table in pairwise.npz reads it from there
+    marked = np.arange(1600, dtype=np.float32).reshape(40, 40)
+    runfiles.write_npz(run_copy / "pairwise.npz", p_beats=marked)
+    runfiles.seal(run_copy, json.loads((run_copy / "fit.json").read_text()))
+    older = load_run(run_copy)
+    np.testing.assert_array_equal(older.pairwise(), marked)
+    np.testing.assert_array_equal(older.pairwise(some), marked[np.ix_([7, 0, 31], [7, 0, 31])])
+    _damage(run_copy / "pairwise.npz", "flip", np.random.default_rng(1))
+    with pytest.raises(RunDamagedError, match="pairwise.npz"):
+        load_run(run_copy).pairwise()

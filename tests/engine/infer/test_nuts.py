@@ -186,8 +186,8 @@ def test_cli_nuts_writes_run_directory_arviz_reads(tmp_path, capsys):
     subjects = pd.read_parquet(out / "subjects.parquet")
     assert {"ability_mean", "ability_sd", "rank_mean", "p_top1"} <= set(subjects.columns)
     assert np.corrcoef(subjects["ability_mean"], theta)[0, 1] > 0.6
-    pairwise = np.load(out / "pairwise.npz")["p_beats"]
-    assert pairwise.shape == (40, 40)
+    pairwise = load_run(out).pairwise()
+    assert pairwise.shape == (40, 40) and not (out / "pairwise.npz").exists()
     # leaderboard --seed / --draws: the fit's board again from all 600 draws (as the fit read
     # them; a default of 1,000 would have thinned a longer run), or from 200 of them
     again = load_run(out)
@@ -363,7 +363,7 @@ def test_identical_sheets_get_identical_read_outs(tmp_path):
                                                                         errors="ignore")
     for i, j in ((0, 1), (0, 2), (3, 6)):
         pd.testing.assert_series_equal(table.iloc[i], table.iloc[j], check_names=False)
-    p = np.load(tmp_path / "run" / "pairwise.npz")["p_beats"]
+    p = load_run(tmp_path / "run").pairwise()
     np.testing.assert_array_equal(p[0, 3:], p[1, 3:])
     # the ranks read each twin's own draws (as sampled): twins rank among each other
     assert p[0, 1] == p[1, 0] == 0.5

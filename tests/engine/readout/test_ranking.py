@@ -189,6 +189,14 @@ def test_twins_drawn_apart_rank_as_the_exact_posterior_says():
     assert p[0, 1] == p[1, 2] == p[4, 3] == 0.5 and np.all(np.diag(p) == 0)
     np.testing.assert_array_equal(p[0, 3:], p[1, 3:])  # twins' rows alike outside their block
     np.testing.assert_array_equal(p[3:, 0], p[3:, 2])
+    # any subjects asked for, in any order: the whole table's values (a twin whose group's
+    # first member is not asked for still reads that member's draws)
+    for columns in ([4, 1, 6], [2, 1], [7, 3, 4, 0], [5]):
+        np.testing.assert_array_equal(
+            pairwise_beats(draws.astype(np.float32), groups=groups, columns=columns),
+            p[np.ix_(columns, columns)])
+        np.testing.assert_array_equal(pairwise_beats(draws, columns=columns),
+                                      pairwise_beats(draws)[np.ix_(columns, columns)])
     # sharing the twins' draws instead (one column a posterior) ties them in every draw:
     # the board's P(top-1) then adds to more than one
     shared = draws[:, [0, 0, 0, 3, 3, 5, 6, 7]]
