@@ -588,9 +588,10 @@ def cmd_calibration(args) -> int:
 def cmd_report(args) -> int:
     from engine.errors import StoreNotFoundError
     from engine.readout.items import item_readouts_unavailable, load_run_responses
-    from engine.readout.report import write_report
+    from engine.readout.report import check_report_paths, write_report
     from engine.run import load_run
 
+    check_report_paths(args.out, args.compare, args.stability, args.dimensions)  # before reading
     run = load_run(args.run)
     y = None
     if item_readouts_unavailable(run.spec) is None:  # the responses feed the item flags only

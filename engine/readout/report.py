@@ -518,6 +518,24 @@ def _compare_section(directory: Path | None) -> str:
                                                  classes="compare", border=0) + '</div>' + notes)
 
 
+def check_report_paths(out: str | Path, compare=None, stability=None, dimensions=None) -> None:
+    """Refuse a report's paths that cannot work (``--out`` not an .html file, a missing
+    ``--compare``, ``--stability`` or ``--dimensions`` folder) before anything is read."""
+    out = Path(out)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise SettingsError(f"--out {out}: the report is one .html page (its PNGs are written "
+                            f"beside it); end the path in .html, e.g. --out {out.with_suffix('.html')}")
+    if compare is not None and not Path(compare).is_dir():
+        raise SettingsError(f"--compare {compare}: not a directory; pass the --out of irt-engine compare")
+    if compare is not None and not (Path(compare) / "compare.parquet").is_file():
+        raise SettingsError(f"--compare {compare}: no compare.parquet in it; pass the --out of "
+                            f"irt-engine compare")
+    for option, folder in (("stability", stability), ("dimensions", dimensions)):
+        if folder is not None and not Path(folder).is_dir():  # before any plot is drawn
+            raise SettingsError(f"--{option} {folder}: {folder} does not exist; pass the --out "
+                                f"of irt-engine {option}")
+
+
 def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: str | Path | None = None,
                  **plot_options) -> dict[str, Path]:
     """Write ``out`` (one self-contained HTML page) and the PNGs beside it.
@@ -527,18 +545,8 @@ def write_report(run, out: str | Path, y: np.ndarray | None = None, *, compare: 
     written to temporary names and renamed into place.
     """
     out = Path(out)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise SettingsError(f"--out {out}: the report is an .html file")
-    if compare is not None and not Path(compare).is_dir():
-        raise SettingsError(f"--compare {compare}: not a directory; pass the --out of irt-engine compare")
-    if compare is not None and not (Path(compare) / "compare.parquet").is_file():
-        raise SettingsError(f"--compare {compare}: no compare.parquet in it; pass the --out of "
-                            f"irt-engine compare")
-    for option, folder in (("stability", plot_options.get("stability")),
-                           ("dimensions", plot_options.get("dimensions"))):
-        if folder is not None and not Path(folder).is_dir():  # before any plot is drawn
-            raise SettingsError(f"--{option} {folder}: {folder} does not exist; pass the --out "
-                                f"of irt-engine {option}")
+    check_report_paths(out, compare, plot_options.get("stability"),
+                       plot_options.get("dimensions"))
     for option, folder in (("compare", compare), ("stability", plot_options.get("stability")),
                            ("dimensions", plot_options.get("dimensions"))):
         if folder is not None:

@@ -140,7 +140,12 @@ def test_report_without_cluster_outputs_or_store(run_dir, tmp_path, capsys):
     assert "not requested" in page and "items not reviewed" in page
     assert set(written) == {"html", "leaderboard", "p_beats", "item_curves", "items_scatter"}
     assert page.count("leaderboard-row") == len(run.subjects)
+    capsys.readouterr()
     assert main(["report", str(run.path), "--out", str(tmp_path / "r.txt")]) == 2
+    assert f"e.g. --out {tmp_path / 'r.html'}" in capsys.readouterr().err
+    # the paths are checked before the run is read
+    assert main(["report", str(tmp_path / "no-run"), "--out", str(tmp_path / "r.txt")]) == 2
+    assert "--out" in capsys.readouterr().err
     assert main(["report", str(run.path), "--out", str(tmp_path / "r2.html"), "--items", "zz"]) == 2
     assert main(["report", str(run.path), "--out", str(tmp_path / "r3.html"), "--compare",
                  str(tmp_path / "nowhere")]) == 2
