@@ -1199,7 +1199,10 @@ def _marginal_newton(info: np.ndarray, grad: np.ndarray, max_step: float) -> np.
     return step * min(1.0, max_step / max(size, 1e-12))
 
 
-_DRAW_BATCH_CELLS = 1 << 21  # cells of one batch of importance draws (8 MiB of float32)
+# cells of one batch of importance draws (2 MiB of float32): a batch's weights stay in a
+# core's cache (`ability`'s 1,895 draws x 1,280 patterns x 44 points in one call: 0.92 s in
+# batches of 37 draws, 8 MiB, against 0.44 s in batches of 9; the same values)
+_DRAW_BATCH_CELLS = 1 << 19
 
 
 def _pattern_moments(lw, theta):
