@@ -104,8 +104,8 @@ class Run:
                 "files" not in self.info and (self.path / "pairwise.npz").exists()):
             whole = runfiles.read_npz(self.path, self.info, "pairwise.npz")["p_beats"]
             return whole[np.ix_(columns, columns)]
-        if (self.info.get("readout") or {}).get("rank_draws", "") is None:
-            return None  # no ranking draws: several skills without a score
+        if self.spec.score is None and self.spec.param("ability").shape != ():
+            return None  # several skills without a score: nothing orders the subjects
         draws, groups = self.rank_draws()
         return pairwise_beats(draws, groups=groups, columns=columns)
 
@@ -412,8 +412,8 @@ def _save_ability_draws(res: FitResult, tmp: Path) -> str | None:
 
 
 def _rank_draws(res: FitResult, ability: str, drawn: bool) -> str | None:
-    """What the rank statistics and pairwise.npz were read from, for fit.json (None: no
-    rank draws, e.g. vector abilities without a score)."""
+    """What the rank statistics (and :meth:`Run.pairwise`) were read from, for fit.json
+    (None: no rank draws, e.g. vector abilities without a score)."""
     if not drawn:
         return None
     if res.spec.score is not None:

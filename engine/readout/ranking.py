@@ -222,7 +222,7 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 256,
     draws = np.asarray(draws)
     T, S = draws.shape
     columns = np.arange(S) if columns is None else np.asarray(columns, np.int64).reshape(-1)
-    if T == 0:  # no draws, no probabilities
+    if T == 0 or columns.size == 0:  # no draws, no probabilities
         return np.full((columns.size,) * 2, np.nan, np.float32)
     if groups is None:  # subjects whose columns are identical are counted once
         draws = draws[:, columns]
@@ -235,7 +235,7 @@ def pairwise_beats(draws: np.ndarray, chunk: int = 256,
     needed, inverse = np.unique(inverse[columns], return_inverse=True)
     p = _count_beats(_order_codes(draws[:, first[needed]]), chunk)[np.ix_(inverse, inverse)]
     p[inverse[:, None] == inverse[None, :]] = 0.5  # two members of one group
-    np.fill_diagonal(p, 0.0)
+    p[columns[:, None] == columns[None, :]] = 0.0  # a subject against itself (asked twice too)
     return p
 
 

@@ -225,6 +225,7 @@ def test_pairwise_is_counted_from_the_rank_draws_and_an_older_runs_file_is_read(
     ids = run.subjects["subject"].tolist()
     some = [ids[7], ids[0], ids[31]]
     np.testing.assert_array_equal(run.pairwise(some), whole[np.ix_([7, 0, 31], [7, 0, 31])])
+    assert run.pairwise([]).shape == (0, 0)
     off = ~np.eye(40, dtype=bool)
     np.testing.assert_allclose(whole[off] + whole.T[off], 1.0, atol=1e-6)  # no ties
     with pytest.raises(SettingsError, match="nobody.*not subjects of run"):

@@ -197,6 +197,11 @@ def test_twins_drawn_apart_rank_as_the_exact_posterior_says():
             p[np.ix_(columns, columns)])
         np.testing.assert_array_equal(pairwise_beats(draws, columns=columns),
                                       pairwise_beats(draws)[np.ix_(columns, columns)])
+    # a subject asked twice: 0 against itself, as on the diagonal; none asked: an empty table
+    twice = pairwise_beats(draws, groups=groups, columns=[0, 1, 0, 4])
+    np.testing.assert_array_equal(twice, p[np.ix_([0, 1, 0, 4], [0, 1, 0, 4])])
+    assert twice[0, 2] == twice[2, 0] == 0 and twice[0, 1] == 0.5
+    assert pairwise_beats(draws, groups=groups, columns=[]).shape == (0, 0)
     # sharing the twins' draws instead (one column a posterior) ties them in every draw:
     # the board's P(top-1) then adds to more than one
     shared = draws[:, [0, 0, 0, 3, 3, 5, 6, 7]]

@@ -2,6 +2,8 @@
 reference, dominance probabilities against direct counting, the five boards, and the
 ``leaderboard --rank`` command end to end on a multidimensional run."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -219,6 +221,18 @@ def test_cli_fit_dims_q_matrix_and_vector_leaderboards(tmp_path, capsys):
     page = (tmp_path / "page" / "r.html").read_text()
     assert "pareto board: front: Pareto front" in page and "items not reviewed: model &#x27;mirt-comp" in page
     assert page.count('class="leaderboard-row"') == 40 and "<img" not in page
+    # no P(beats) for several skills without a score, in runs whose fit.json says so in
+    # other words (before 2026-12-06 `readout.rank_draws` was absent, or a text)
+    from engine import runfiles
+    from engine.run import load_run
+
+    assert load_run(tmp_path / "run").pairwise() is None
+    info = json.loads((tmp_path / "run" / "fit.json").read_text())
+    for older in (None, "the posterior mean + sd x N(0, 1)"):
+        readout = {k: v for k, v in info["readout"].items() if k != "rank_draws"}
+        runfiles.seal(tmp_path / "run", info | {"readout": readout | (
+            {} if older is None else {"rank_draws": older})})
+        assert load_run(tmp_path / "run").pairwise() is None
     capsys.readouterr()
     assert main(["leaderboard", str(tmp_path / "run"), "--rank", "weights=1"]) == 2
     assert "need 2 non-negative weights" in capsys.readouterr().err
