@@ -13,7 +13,7 @@ install: bytecode
 
 # pip compiles an installed package's modules once; an editable install's are compiled here
 # (again after an edit, only the files changed), so a command reads them instead of compiling
-# every module it imports: 0.3-0.5 s of each irt-engine process where Python writes no
+# every module it imports: about 0.2-0.3 s of each fit process where Python writes no
 # bytecode of its own (PYTHONDONTWRITEBYTECODE)
 bytecode: $(VENV)/.installed
 	$(PY) -m compileall -q engine cluster

@@ -104,8 +104,8 @@ class Run:
                 "files" not in self.info and (self.path / "pairwise.npz").exists()):
             whole = runfiles.read_npz(self.path, self.info, "pairwise.npz")["p_beats"]
             return whole[np.ix_(columns, columns)]
-        if self.spec.score is None and self.spec.param("ability").shape != ():
-            return None  # several skills without a score: nothing orders the subjects
+        if not _ranks_subjects(self.spec):
+            return None
         draws, groups = self.rank_draws()
         return pairwise_beats(draws, groups=groups, columns=columns)
 
@@ -230,6 +230,12 @@ def _drawn_columns(spec: ModelSpec, draws: np.ndarray, top_k: int,
     return cols | {k: np.asarray(v) for k, v in rank_stats(draws, top_k, groups).items()}
 
 
+def _ranks_subjects(spec: ModelSpec) -> bool:
+    """Whether one number orders ``spec``'s subjects (a scalar ability, or an expected
+    score): several skills without a score have no rank draws and no P(beats)."""
+    return spec.score is not None or spec.param("ability").shape == ()
+
+
 def _rank_draws_and_groups(res: FitResult, num_draws: int, seed: int):
     """Joint draws ``(T, S)`` of what ranks the subjects (ability, or the expected score) and
     the groups of subjects whose posteriors are the same (:func:`identical_subjects`; None:
@@ -241,7 +247,7 @@ def _rank_draws_and_groups(res: FitResult, num_draws: int, seed: int):
         joint = pooled if idata is None else np.asarray(
             idata.posterior["ability"].values).reshape((-1, res.num_subjects))
         return joint, identical_subjects(pooled.T)
-    if res.spec.score is None and ability.shape != ():
+    if not _ranks_subjects(res.spec):
         return None, None
     return ranking_draws(res.spec, res.guide, res.quantile_functions, num_draws, seed)
 

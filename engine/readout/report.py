@@ -124,24 +124,24 @@ def _heatmap(p_beats: np.ndarray, board: pd.DataFrame) -> bytes:
     """P(beats) among the board's first :data:`MAX_HEAT` subjects (``p_beats``, in board
     order)."""
     top = board["subject"].head(MAX_HEAT)
-    order = range(len(top))
+    n = len(top)
     m = np.array(p_beats, np.float64)
     np.fill_diagonal(m, np.nan)  # a subject against itself: left blank
-    size = 3.0 + 0.22 * len(order)
+    size = 3.0 + 0.22 * n
     fig, ax = plt.subplots(figsize=(size + 1.2, size))
     im = ax.imshow(m, vmin=0, vmax=1, cmap="RdBu_r")
     labels = [plot_label(s, 24) for s in top]
-    ax.set_xticks(range(len(order)), labels, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(order)), labels, fontsize=7)
-    if len(order) <= 15:  # few enough to print each probability
-        for i in range(len(order)):
-            for j in range(len(order)):
+    ax.set_xticks(range(n), labels, rotation=90, fontsize=7)
+    ax.set_yticks(range(n), labels, fontsize=7)
+    if n <= 15:  # few enough to print each probability
+        for i in range(n):
+            for j in range(n):
                 if i != j:
                     ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,
                             color="white" if abs(m[i, j] - 0.5) > 0.35 else "black")
-    shown = (f"all {len(order)}" if len(board) <= len(order) else
-             f"first {len(order)} of {len(board)}" if _cut_in_tie(board, len(order))
-             else f"top {len(order)} of {len(board)}")
+    shown = (f"all {n}" if len(board) <= n else
+             f"first {n} of {len(board)}" if _cut_in_tie(board, n)
+             else f"top {n} of {len(board)}")
     ax.set_title(f"P(row beats column), leaderboard order ({shown} subjects)")
     fig.colorbar(im, ax=ax, shrink=0.8)
     return _png(fig)
