@@ -38,11 +38,17 @@ from engine.host import to_device
 __all__ = ["MIXTURE_DRAWS", "Z_NODES", "PROBABILITIES", "INTERVAL_ROWS", "AbilityDraws",
            "grid_quantiles", "resampled"]
 
-# item draws the mixture averages over: placed at the moments over all the draws
-# (:meth:`AbilityDraws.quantiles`), 64 of them put each pattern's quantiles within 0.004 sd
-# of all 1,895 weighted draws' on the `ability` data set (unplaced, 256 within 0.014); the
-# grid's weights cost draws x patterns x grid points x items
+# item draws the mixture averages over (:meth:`AbilityDraws.mixture`), placed at the moments
+# over all the draws (:meth:`AbilityDraws.quantiles`): at least 64, which put each pattern's
+# quantiles within 0.004 sd of all 1,895 weighted draws' on the `ability` data set
+# (unplaced, 256 within 0.014), and as many more, in powers of two, as MIXTURE_CELLS
+# (draws x patterns x grid points x items, what the grid's weights cost) allows. On a
+# 2PL at 30 x 20 whose 8,000 item draws were sampled, 64 of them were up to 0.047 sd from
+# all draws' quantiles (the patterns' shapes, which the placing does not correct), as far
+# as the Gaussian's, and all of them within 0.002
 MIXTURE_DRAWS = 64
+MIXTURE_CELLS = 2 ** 28
+STEP_CELLS = 2 ** 20  # the draws' cells the grid's weights take a step (see ``_mass``)
 SUBSTEPS = 4  # points a grid spacing at which the distribution function is tabulated
 
 # each pattern's posterior quantile function is tabulated at the probabilities of these
@@ -142,15 +148,16 @@ def _grid_moments(grid: np.ndarray, mass: np.ndarray) -> tuple[np.ndarray, np.nd
 def _grid_mixture(spec, xs, w, grid, log_base, y1, y0):
     """``(U, G)``: ``sum_d w_d p(theta_g | y_u, x_d)``, each pattern's ability posterior
     weights on the shared grid ``grid`` ``(G,)`` (``log_base``: log prior + log rule weight)
-    given item draws ``xs`` ``(D, n, k)``, averaged under weights ``w`` ``(D,)``; ``y1``,
-    ``y0`` ``(U, n)`` each pattern's observed ones and zeros. One draw a step, the sum
-    carried: ``U G`` of memory whatever the draws."""
+    given item draws ``xs`` ``(S, B, n, k)``, averaged under weights ``w`` ``(S, B)``;
+    ``y1``, ``y0`` ``(U, n)`` each pattern's observed ones and zeros. ``B`` draws a step,
+    the sum carried: ``B U G`` of memory whatever the draws."""
     from engine.infer.marginal import _grid_log_weights
+
+    weights = jax.vmap(lambda x: _grid_log_weights(spec, x, grid, log_base, y1, y0))
 
     def step(total, xw):
         x, wd = xw
-        lw = _grid_log_weights(spec, x, grid, log_base, y1, y0)
-        return total + wd * jax.nn.softmax(lw, axis=1), None
+        return total + jnp.einsum("b,bug->ug", wd, jax.nn.softmax(weights(x), axis=2)), None
 
     zero = jnp.zeros((y1.shape[0], grid.shape[0]), jnp.float32)
     return jax.lax.scan(step, zero, (xs, w))[0]
@@ -173,21 +180,14 @@ class AbilityDraws:
     def quantiles(self, spec, mean: np.ndarray, sd: np.ndarray, seed: int = 0,
                   qs=(0.05, 0.95)) -> np.ndarray:
         """``(len(qs), U)``: each pattern's ability posterior quantiles ``qs``: the shape of
-        its posterior over ``MIXTURE_DRAWS`` of the draws, resampled (:func:`resampled`), on
-        the grid (:func:`grid_quantiles`), placed at its posterior ``mean`` and ``sd``
-        ``(U,)`` over all of them (the moments the fit reports). The resampling's Monte
-        Carlo error is mostly a shift and a stretch, which that removes (the `ability`
-        data set, 1,280 patterns, the largest difference from the quantiles over all
-        1,895 weighted draws, in the patterns' median sd, over four seeds: 0.039-0.045
-        unplaced and 0.002-0.004 placed with 64 draws; 0.012-0.014 unplaced with 256)."""
-        if len(self.w) <= MIXTURE_DRAWS:  # every draw at its weight (padded with zero
-            # weights: one program), not some drawn twice
-            pick = np.arange(MIXTURE_DRAWS) % len(self.w)
-            weight = np.where(np.arange(MIXTURE_DRAWS) < len(self.w), np.asarray(self.w)[pick], 0.0)
-        else:
-            pick = resampled(self.w, MIXTURE_DRAWS, seed)
-            weight = np.full(MIXTURE_DRAWS, 1.0 / MIXTURE_DRAWS)
-        mass = self._mass(spec, pick, weight)
+        its posterior over the draws :meth:`mixture` picks, on the grid
+        (:func:`grid_quantiles`), placed at its posterior ``mean`` and ``sd`` ``(U,)`` over
+        all of them (the moments the fit reports). The resampling's Monte Carlo error is
+        mostly a shift and a stretch, which that removes (the `ability` data set, 1,280
+        patterns, the largest difference from the quantiles over all 1,895 weighted draws,
+        in the patterns' median sd, over four seeds: 0.039-0.045 unplaced and 0.002-0.004
+        placed with 64 draws; 0.012-0.014 unplaced with 256)."""
+        mass = self._mass(spec, *self.mixture(seed))
         at, spread = _grid_moments(self.grid, mass)
         with np.errstate(invalid="ignore", divide="ignore"):  # padding patterns: no mass
             stretch = sd / spread
@@ -196,8 +196,31 @@ class AbilityDraws:
             stretch = np.where((stretch > 0.5) & (stretch < 2.0), stretch, np.nan)
             return mean + (grid_quantiles(self.grid, mass, qs) - at) * stretch
 
+    def mixture(self, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """``(pick, weight)``: the draws the quantiles average over, a power of two of them,
+        at least ``MIXTURE_DRAWS`` and as many as ``MIXTURE_CELLS`` allows. Where that is
+        every draw, each at its weight (padded with zero weights: a program for each power
+        of two), not some drawn twice; else resampled (:func:`resampled`) and equally
+        weighted."""
+        size = int(np.prod(np.shape(self.y1))) * int(np.size(self.grid))  # a draw's cells
+        room = max(MIXTURE_DRAWS, 1 << max(0, (MIXTURE_CELLS // max(size, 1)).bit_length() - 1))
+        draws = len(self.w)
+        if draws > room:
+            return resampled(self.w, room, seed), np.full(room, 1.0 / room)
+        count = max(MIXTURE_DRAWS, 1 << (draws - 1).bit_length())
+        pick = np.arange(count) % draws
+        return pick, np.where(np.arange(count) < draws, np.asarray(self.w)[pick], 0.0)
+
     def _mass(self, spec, pick: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        """``(U, G)`` float64: the draws ``pick`` averaged under ``weight`` on the grid."""
+        """``(U, G)`` float64: the draws ``pick`` averaged under ``weight`` on the grid,
+        a power of two of them a step, as many as fit ``STEP_CELLS`` (at least one; the
+        last step padded with zero weights)."""
+        size = int(np.prod(np.shape(self.y1))) * int(np.size(self.grid))
+        block = min(1 << max(0, (STEP_CELLS // max(size, 1)).bit_length() - 1),
+                    1 << (len(pick) - 1).bit_length())
+        pad = -len(pick) % block
+        pick = np.concatenate([pick, np.zeros(pad, int)]).reshape(-1, block)
+        weight = np.concatenate([weight, np.zeros(pad)]).reshape(-1, block)
         return np.asarray(_grid_mixture(spec, to_device(np.asarray(self.xs)[pick], jnp.float32),
                                         to_device(weight, jnp.float32),
                                         to_device(self.grid, jnp.float32),
@@ -239,5 +262,6 @@ class AbilityDraws:
     @property
     def record(self) -> str:
         """How the quantiles are obtained, for fit.json."""
+        used = int(np.count_nonzero(self.mixture()[1]))
         return (f"exact: each pattern's 5% and 95% posterior quantiles on the {self.grid.size}"
-                f"-point ability grid, averaged over {MIXTURE_DRAWS} of the items' draws")
+                f"-point ability grid, averaged over {used} of the items' {len(self.w)} draws")

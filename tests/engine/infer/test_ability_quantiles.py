@@ -237,7 +237,8 @@ def test_sampled_items_give_exact_ability_intervals(monkeypatch):
     """Where the items' posterior is sampled (a 2PL at 30 x 20), the abilities' intervals
     come from the sampler's kept draws on its grid: each pattern's interval holds its mean
     and is not the Gaussian's, and three subjects' match a reference built from their own
-    rows of the matrix and every kept draw on a fine grid, to 0.03 sd."""
+    rows of the matrix and every kept draw on a fine grid, to 0.01 sd; mean -+ 1.645 sd is
+    not within 0.03 sd of it."""
     from engine import FitSettings, fit
     from engine.infer import ability_quantiles
 
@@ -252,6 +253,7 @@ def test_sampled_items_give_exact_ability_intervals(monkeypatch):
     moments = res.extra["quadrature"]["item_moments"]
     assert moments["method"] == "sampled"
     assert moments["ability_intervals"].startswith("exact")
+    assert moments["ability_intervals"].endswith("averaged over 8000 of the items' 8000 draws")
     low, high = res.intervals["ability"]
     mean = np.asarray(res.guide.loc["ability"])
     sd = np.exp(np.asarray(res.guide.log_scale["ability"]))
@@ -260,6 +262,7 @@ def test_sampled_items_give_exact_ability_intervals(monkeypatch):
     assert np.max(np.abs(high - mean - 1.6448536 * sd) / sd) > 0.005
     (draws,) = seen
     fine = np.linspace(-7.0, 7.0, 1401)
+    gaussian = []
     for s in (0, 1, 2):
         log_post = np.broadcast_to(-0.5 * fine ** 2, (len(draws.xs), fine.size)).copy()
         for j in range(y.shape[1]):  # item by item: (draws, grid) at a time
@@ -269,9 +272,13 @@ def test_sampled_items_give_exact_ability_intervals(monkeypatch):
         dens = (w / w.sum(axis=1, keepdims=True)).mean(axis=0)
         cdf = np.cumsum(dens) - 0.5 * dens
         want = np.interp([0.05, 0.95], cdf, fine)
-        # measured up to 0.016 sd: the reported mean and sd average every sweep, the
-        # reference the 8,000 kept draws
-        np.testing.assert_allclose([low[s], high[s]], want, atol=0.03 * sd[s])
+        # measured up to 0.004 sd on sampler seeds 1 and 4 (the reported mean and sd
+        # average every sweep, the reference the 8,000 kept draws); with 64 of the draws,
+        # up to 0.047 over seeds 0-5, a float rounding in the fit enough to move it
+        np.testing.assert_allclose([low[s], high[s]], want, atol=0.01 * sd[s])
+        gaussian.append(np.abs(mean[s] + np.array([-1.6448536, 1.6448536]) * sd[s] - want).max()
+                        / sd[s])
+    assert max(gaussian) > 0.03  # measured 0.043-0.069 on those seeds
 
 
 def test_score_reads_the_mean_field_factor_where_the_run_kept_no_item_draws(tmp_path, monkeypatch):

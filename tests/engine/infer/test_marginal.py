@@ -1293,7 +1293,6 @@ def test_laplace_draws_abilities_on_a_grid_that_spans_them(monkeypatch):
     match a scipy-free reference, a fine trapezoid over [-10, 10] of every draw's
     posterior. On the mode's grid the all-right and all-wrong sheets were cut off."""
     from engine.infer import marginal
-    from engine.infer.ability_quantiles import MIXTURE_DRAWS, resampled
     from engine.infer.marginal import _DrawNodes, _laplace_abilities
 
     spec = get_model("2pl", prior="vague")
@@ -1339,9 +1338,11 @@ def test_laplace_draws_abilities_on_a_grid_that_spans_them(monkeypatch):
         return (np.array([[np.interp(q, c, theta) for c in cdf] for q in (0.05, 0.95)]), at,
                 np.sqrt(dens @ theta ** 2 - at ** 2))
 
-    # placed at the resampled draws' own moments: their mixture's quantiles, exactly
-    pick = resampled(draws.w, MIXTURE_DRAWS, seed=5)
-    ref_q, at, spread = fine_quantiles(w[pick].mean(axis=0))
+    # placed at the picked draws' own moments: their mixture's quantiles, exactly (here
+    # every draw at its weight: 100 draws of 4 patterns fit MIXTURE_CELLS)
+    pick, weight = draws.mixture(seed=5)
+    assert np.count_nonzero(weight) == 100
+    ref_q, at, spread = fine_quantiles(np.tensordot(weight, w[pick], 1) / weight.sum())
     got = draws.quantiles(spec, at, spread, seed=5)
     np.testing.assert_allclose(got, ref_q, atol=1e-4 * spread.min())  # measured 1e-6
     # placed at all draws' moments, as the fit reports them: all draws' quantiles
