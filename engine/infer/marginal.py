@@ -46,6 +46,7 @@ from engine.exported import QUICK_COMPILE, compiler_options, exported_jit
 from engine.host import to_device
 from engine.infer.ability_quantiles import INTERVAL_ROWS, PROBABILITIES, Z_NODES
 from engine.infer.guide import GuideState
+from engine.infer.linear import node_cell_scores, node_item_terms, supports_nodes
 from engine.infer.terms import value_grad_hessian
 from engine.models.spec import ModelSpec
 from engine.rows import all_distinct, identical_rows
@@ -424,7 +425,16 @@ def _node_loglik(spec, x, theta, y, mask):
 @exported_jit(static_argnames=("spec",))
 def _item_terms(spec, x, theta, y, mask, w):
     """Expected complete-data log-likelihood of each item under node weights ``w`` ``(U, Q)``
-    (pattern counts folded in) with its gradient ``(n, k)`` and Hessian ``(n, k, k)``."""
+    (pattern counts folded in) with its gradient ``(n, k)`` and Hessian ``(n, k, k)``.
+    Through the linear predictor where the model declares one (2PL at ``ability``'s shape:
+    10x faster), else per cell."""
+    if supports_nodes(spec):
+        return node_item_terms(spec, _item_blocks(spec), x, theta, y, mask, w)
+    return _item_terms_per_cell(spec, x, theta, y, mask, w)
+
+
+def _item_terms_per_cell(spec, x, theta, y, mask, w):
+    """:func:`_item_terms` by differentiating each cell in its item's values (traced)."""
     def per_item(xn, yn, mn):  # one item: xn (k,), yn / mn (U,)
         ll = _cell_loglik(spec, xn[None, :], theta, yn[:, None], mn[:, None])[..., 0]
         return jnp.sum(w * ll)
@@ -787,7 +797,15 @@ def _items_volume(spec, x, quad, y, mask, counts, g, settings: MarginalSettings,
 
 @exported_jit(static_argnames=("spec",))
 def _cell_scores(spec, x, theta, y, mask):
-    """``(U, Q, n, k)``: each cell's score with respect to its item's values."""
+    """``(U, Q, n, k)``: each cell's score with respect to its item's values (through the
+    linear predictor where the model declares one)."""
+    if supports_nodes(spec):
+        return node_cell_scores(spec, _item_blocks(spec), x, theta, y, mask)
+    return _cell_scores_per_cell(spec, x, theta, y, mask)
+
+
+def _cell_scores_per_cell(spec, x, theta, y, mask):
+    """:func:`_cell_scores` by differentiating each cell (traced)."""
     def cell(xn, t, yn, mn):
         return _cell_loglik(spec, xn[None, :], t[None, None], yn[None, None], mn[None, None])[0, 0, 0]
 

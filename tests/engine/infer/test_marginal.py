@@ -1246,10 +1246,10 @@ def test_items_volumes_from_the_fourth_pass_keep_a_small_leaderboard_off_their_p
     volumes from the first pass, items that started where their information is singular
     (their answers follow the abilities: an indefinite information in the log
     discrimination) sat on the volume's peak there, every step off it refused, and the
-    search stalled (``divergence_patience``) 20 nats below the mode. With the volumes from
-    the fourth pass (the default) it converges, higher, and the first three passes say
-    they left the volumes out."""
-    y = _simulate(24, 120, seed=3)[0]
+    search stalled (``divergence_patience``) 95 nats below the mode (seed 0; 3 of 8 seeds
+    escaped it). With the volumes from the fourth pass (the default) it converges, higher,
+    and the first three passes say they left the volumes out."""
+    y = _simulate(24, 120, seed=0)[0]
     spec = get_model("2pl", prior="population")
     off = dict(sampler_chains=0)  # the item moments are not what this compares
     _, _, stuck = fit_marginal(spec, y, MarginalSettings(volume_from_pass=0, **off))

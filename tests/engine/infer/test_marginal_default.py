@@ -1,5 +1,6 @@
 """The default fit's choice between integrated (quadrature) and mean-field abilities."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +259,12 @@ def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypa
 
     def fit_marginal_once(spec, y, settings=MarginalSettings(), aside=None, progress_fn=None):
         assert aside is None
+        # a tighter guard than the default (30 passes, 0.1 nats): where this fit creeps
+        # after its peak depends on float rounding (the order of XLA's sums, the route its
+        # item terms take): with the default guard it stopped at pass 89-182 or crept on by
+        # tenths of a nat to pass 500 (the items' terms through the linear predictor, two
+        # threads); it gains no nat in any ten passes after its peak
+        settings = replace(settings, divergence_patience=10, flat_progress=1.0)
         key = (spec.name, np.asarray(y).tobytes(), np.asarray(y).shape, settings)
         if key not in runs:
             runs[key] = real(spec, y, settings, aside, progress_fn)
@@ -272,11 +279,12 @@ def test_a_quadrature_fit_that_makes_no_progress_stops_at_its_best_pass(monkeypa
     forced = fit(y, "2pl", FitSettings(seed=0, progress=False, ability_factor="quadrature",
                                        memory_budget=budget))
     diverged = forced.extra["quadrature"]["diverged"]
-    patience = MarginalSettings().divergence_patience
+    patience = 10
     assert not forced.converged and diverged is not None
     assert diverged["at_pass"] - diverged["last_progress_pass"] >= patience
     assert diverged["best_pass"] >= diverged["last_progress_pass"]
-    assert diverged["flat_items"] > 0  # items without an sd: progress is a real gain
+    # (whether items are left without an sd where it stops depends on the path as well: 2-3
+    # of them on one thread, none on two)
     # with the whole step halved up to ten times it creeps on by fractions of a nat and stops
     # at pass 100-280 (no progress from pass 70-250 on; the float rounding of XLA's threads
     # decides which; 212 under a floor that capped every indefinite information; 105 with its
