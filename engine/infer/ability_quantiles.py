@@ -41,13 +41,16 @@ __all__ = ["MIXTURE_DRAWS", "Z_NODES", "PROBABILITIES", "INTERVAL_ROWS", "Abilit
 # item draws the mixture averages over (:meth:`AbilityDraws.mixture`), placed at the moments
 # over all the draws (:meth:`AbilityDraws.quantiles`): at least 64, which put each pattern's
 # quantiles within 0.004 sd of all 1,895 weighted draws' on the `ability` data set
-# (unplaced, 256 within 0.014), and as many more, in powers of two, as MIXTURE_CELLS
-# (draws x patterns x grid points x items, what the grid's weights cost) allows. On a
-# 2PL at 30 x 20 whose 8,000 item draws were sampled, 64 of them were up to 0.047 sd from
-# all draws' quantiles (the patterns' shapes, which the placing does not correct), as far
-# as the Gaussian's, and all of them within 0.002
+# (unplaced, 256 within 0.014), and as many more, in powers of two up to 2,048, as
+# MIXTURE_CELLS (draws x patterns x grid points x items, what the grid's weights cost)
+# allows. On a 2PL at 30 x 20 whose 8,000 item draws were sampled, against all of them on
+# a fine grid (four patterns, sampler seeds 1 and 4): 64 draws up to 0.047 sd off (the
+# patterns' shapes, which the placing does not correct), as far as the Gaussian's
+# 0.04-0.07; 1,024 up to 0.007; 2,048 up to 0.005. LSAT7's 12,000 importance draws cost
+# 0.16 s all together, 2,048 of them about 0.03 s
 MIXTURE_DRAWS = 64
-MIXTURE_CELLS = 2 ** 28
+MIXTURE_DRAWS_MAX = 2048
+MIXTURE_CELLS = 2 ** 26
 STEP_CELLS = 2 ** 20  # the draws' cells the grid's weights take a step (see ``_mass``)
 SUBSTEPS = 4  # points a grid spacing at which the distribution function is tabulated
 
@@ -198,12 +201,14 @@ class AbilityDraws:
 
     def mixture(self, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(pick, weight)``: the draws the quantiles average over, a power of two of them,
-        at least ``MIXTURE_DRAWS`` and as many as ``MIXTURE_CELLS`` allows. Where that is
+        at least ``MIXTURE_DRAWS`` and as many as ``MIXTURE_CELLS`` allows, up to
+        ``MIXTURE_DRAWS_MAX``. Where that is
         every draw, each at its weight (padded with zero weights: a program for each power
         of two), not some drawn twice; else resampled (:func:`resampled`) and equally
         weighted."""
         size = int(np.prod(np.shape(self.y1))) * int(np.size(self.grid))  # a draw's cells
-        room = max(MIXTURE_DRAWS, 1 << max(0, (MIXTURE_CELLS // max(size, 1)).bit_length() - 1))
+        room = max(MIXTURE_DRAWS, min(MIXTURE_DRAWS_MAX, 1 << max(
+            0, (MIXTURE_CELLS // max(size, 1)).bit_length() - 1)))
         draws = len(self.w)
         if draws > room:
             return resampled(self.w, room, seed), np.full(room, 1.0 / room)
