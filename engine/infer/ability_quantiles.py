@@ -166,6 +166,12 @@ def _grid_mixture(spec, xs, w, grid, log_base, y1, y0):
     return jax.lax.scan(step, zero, (xs, w))[0]
 
 
+def _draws_within(cells: int, per_draw: int) -> int:
+    """The largest power of two of draws of ``per_draw`` cells each within ``cells`` (at
+    least one)."""
+    return 1 << max(0, (cells // max(per_draw, 1)).bit_length() - 1)
+
+
 @dataclass(frozen=True)
 class AbilityDraws:
     """The item draws a quadrature fit's ability moments were averaged over, and where:
@@ -199,6 +205,11 @@ class AbilityDraws:
             stretch = np.where((stretch > 0.5) & (stretch < 2.0), stretch, np.nan)
             return mean + (grid_quantiles(self.grid, mass, qs) - at) * stretch
 
+    @property
+    def _draw_cells(self) -> int:
+        """What one draw's grid weights cost: patterns x items x grid points."""
+        return int(np.prod(np.shape(self.y1))) * int(np.size(self.grid))
+
     def mixture(self, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(pick, weight)``: the draws the quantiles average over, a power of two of them,
         at least ``MIXTURE_DRAWS`` and as many as ``MIXTURE_CELLS`` allows, up to
@@ -206,9 +217,8 @@ class AbilityDraws:
         every draw, each at its weight (padded with zero weights: a program for each power
         of two), not some drawn twice; else resampled (:func:`resampled`) and equally
         weighted."""
-        size = int(np.prod(np.shape(self.y1))) * int(np.size(self.grid))  # a draw's cells
-        room = max(MIXTURE_DRAWS, min(MIXTURE_DRAWS_MAX, 1 << max(
-            0, (MIXTURE_CELLS // max(size, 1)).bit_length() - 1)))
+        room = max(MIXTURE_DRAWS, min(MIXTURE_DRAWS_MAX, _draws_within(MIXTURE_CELLS,
+                                                                    self._draw_cells)))
         draws = len(self.w)
         if draws > room:
             return resampled(self.w, room, seed), np.full(room, 1.0 / room)
@@ -220,8 +230,7 @@ class AbilityDraws:
         """``(U, G)`` float64: the draws ``pick`` averaged under ``weight`` on the grid,
         a power of two of them a step, as many as fit ``STEP_CELLS`` (at least one; the
         last step padded with zero weights)."""
-        size = int(np.prod(np.shape(self.y1))) * int(np.size(self.grid))
-        block = min(1 << max(0, (STEP_CELLS // max(size, 1)).bit_length() - 1),
+        block = min(_draws_within(STEP_CELLS, self._draw_cells),
                     1 << (len(pick) - 1).bit_length())
         pad = -len(pick) % block
         pick = np.concatenate([pick, np.zeros(pad, int)]).reshape(-1, block)
