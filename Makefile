@@ -26,7 +26,9 @@ test: bytecode
 		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; } \
 		>/dev/null 2>&1; } || \
 		echo "note: chromium not installed; the report's browser test will be skipped"
-	$(PY) -m pytest -q -rs -n 2 --dist loadfile --durations=25  # -rs: each skip with its reason; the 25 slowest tests
+	# OpenBLAS on one thread in each of the two test processes, as the irt-engine command
+	# sets it (engine.cli.one_blas_thread): two threads each would share two cores four ways
+	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -rs -n 2 --dist loadfile --durations=25  # -rs: each skip with its reason; the 25 slowest tests
 
 bench: bytecode
 	$(PY) benchmarks/bench_core.py

@@ -332,6 +332,18 @@ def _spread(values, columns: list[int], k: int, axes: int):
             .at[..., idx[:, None], idx[None, :]].set(values))
 
 
+def _node_inputs(spec: ModelSpec, blocks: list[ParamSpec], x, theta, y):
+    """The node route (:func:`_node_route`: columns, ``item_phi``, ``cell``) with its
+    inputs at items ``x`` ``(n, k)`` and nodes ``theta`` ``(U, Q)``: the nodes' ``u``, the
+    route's columns of ``x``, each item's ``phi`` ``(n, P)``, and the responses ``y``
+    ``(U, n)`` repeated per node ``(U * Q, n)``. Traced."""
+    columns, item_phi, cell, nodes_u = _node_route(spec, blocks)
+    (U, Q), n = theta.shape, x.shape[0]
+    xl = x[:, jnp.asarray(columns)]
+    ys = jnp.broadcast_to(y[:, None, :], (U, Q, n)).reshape(U * Q, n)
+    return columns, item_phi, cell, nodes_u(theta), xl, jax.vmap(item_phi)(xl), ys
+
+
 def node_item_terms(spec: ModelSpec, blocks: list[ParamSpec], x, theta, y, mask, w):
     """Each item's expected complete-data log-likelihood ``(n,)`` under node weights ``w``
     ``(U, Q)``, with its gradient ``(n, k)`` and Hessian ``(n, k, k)`` in ``x`` ``(n, k)``
@@ -342,12 +354,8 @@ def node_item_terms(spec: ModelSpec, blocks: list[ParamSpec], x, theta, y, mask,
     item. The same numbers as differentiating each cell in ``x`` (``engine.infer.marginal``'s
     per-cell path) to float32 rounding.
     """
-    columns, item_phi, cell, nodes_u = _node_route(spec, blocks)
+    columns, item_phi, cell, u, xl, phi, ys = _node_inputs(spec, blocks, x, theta, y)
     (U, Q), (n, k) = theta.shape, x.shape
-    u = nodes_u(theta)
-    xl = x[:, jnp.asarray(columns)]
-    phi = jax.vmap(item_phi)(xl)  # (n, P)
-    ys = jnp.broadcast_to(y[:, None, :], (U, Q, n)).reshape(U * Q, n)
     # the node weight rides in the mask's place: the cells come out weighted (the model's
     # cell is told a cell is missing where its weight is 0, which it then multiplies away)
     mw = (w[:, :, None] * mask[:, None, :]).reshape(U * Q, n)
@@ -368,12 +376,8 @@ def node_cell_scores(spec: ModelSpec, blocks: list[ParamSpec], x, theta, y, mask
     """``(U, Q, n, k)``: each cell's score in its item's values ``x`` ``(n, k)`` (columns
     ``blocks``), from the cell's derivative in ``(eta, extras)`` and each item's Jacobian
     of ``phi``. Traced."""
-    columns, item_phi, cell, nodes_u = _node_route(spec, blocks)
+    columns, item_phi, cell, u, xl, phi, ys = _node_inputs(spec, blocks, x, theta, y)
     (U, Q), (n, k) = theta.shape, x.shape
-    u = nodes_u(theta)
-    xl = x[:, jnp.asarray(columns)]
-    phi = jax.vmap(item_phi)(xl)
-    ys = jnp.broadcast_to(y[:, None, :], (U, Q, n)).reshape(U * Q, n)
     ms = jnp.broadcast_to(mask[:, None, :], (U, Q, n)).reshape(U * Q, n)
     _, g = _tile_cells(u, phi[:, :1], phi[:, 1], phi[:, 2:], jax.value_and_grad(cell), ys, ms)
     d_phi = jnp.concatenate([g[..., :1] * u[:, :, None], g], axis=-1)  # (UQ, n, P)
