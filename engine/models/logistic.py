@@ -14,7 +14,7 @@ from engine.errors import ModelError
 from engine.models.priors import (POPULATION_LOCATION, check_family, hyper_params, log_gamma,
                                   logit_beta, logit_uniform, normal, pooled)
 from engine.models.spec import Linear, ModelSpec, ParamSpec, Symmetry
-from engine.models.special import softplus
+from engine.models.special import sigmoid, softplus
 
 __all__ = ["logistic_model", "bernoulli_loglik", "LOGISTIC_MODELS"]
 
@@ -30,33 +30,34 @@ LOGISTIC_MODELS = {
 }
 
 
-def _log_pair(p):
-    p = jnp.clip(p, _EPS, 1.0 - _EPS)
-    return jnp.log(p), jnp.log1p(-p)
-
-
 def bernoulli_loglik(z, y, lower=None, upper=None):
     """Per-cell Bernoulli log-likelihood of ``P = c sigmoid(-z) + d sigmoid(z)``.
 
-    ``lower`` (c) and ``upper`` (d) are probabilities or ``None`` for 0 and 1.
+    ``lower`` (c) and ``upper`` (d) are probabilities or ``None`` for 0 and 1. With an
+    asymptote, ``y`` is a label, 0 or 1 (the logistic models read binary data).
+
+    Each label's probability is ``alpha sigmoid(-z) + beta sigmoid(z)``: a sum of positive
+    terms, taken as one log where both coefficients are present (``c`` and ``d`` are kept
+    within ``[1e-7, 1 - 1e-7]`` there, so it is at least 1e-7 / 2), and in log space,
+    ``log beta - softplus(-z)``, where one is absent, so a saturated logit stays exact. One
+    log and two sigmoids a cell differentiate about 2x faster forward over forward than
+    log-sigmoids joined by ``logaddexp``.
     """
     if lower is None and upper is None:
         # y log sigmoid(z) + (1 - y) log sigmoid(-z) = y z - softplus(z), written around the
         # nearest label k so that one softplus serves value and derivatives, exact when saturated
         k = jnp.round(y)
         return (y - k) * z - softplus((1.0 - 2.0 * k) * z)
-    ls_pos, ls_neg = -softplus(-z), -softplus(z)  # log sigmoid(z), log sigmoid(-z)
-    log_c, log1m_c = _log_pair(lower) if lower is not None else (None, 0.0)
-    log_d, log1m_d = _log_pair(upper) if upper is not None else (0.0, None)
-    if log_c is None:
-        log_p1 = log_d + ls_pos
-    else:
-        log_p1 = jnp.logaddexp(log_c + ls_neg, log_d + ls_pos)
-    if log1m_d is None:
-        log_p0 = log1m_c + ls_neg
-    else:
-        log_p0 = jnp.logaddexp(log1m_c + ls_neg, log1m_d + ls_pos)
-    return y * log_p1 + (1.0 - y) * log_p0
+    one = y > 0.5
+    if lower is not None and upper is not None:  # both labels' coefficients present
+        c, d = jnp.clip(lower, _EPS, 1.0 - _EPS), jnp.clip(upper, _EPS, 1.0 - _EPS)
+        return jnp.log(jnp.where(one, c, 1.0 - c) * sigmoid(-z)
+                       + jnp.where(one, d, 1.0 - d) * sigmoid(z))
+    if upper is None:  # y = 1: c sigmoid(-z) + sigmoid(z); y = 0: (1 - c) sigmoid(-z)
+        c = jnp.clip(lower, _EPS, 1.0 - _EPS)
+        return jnp.where(one, jnp.log(c * sigmoid(-z) + sigmoid(z)), jnp.log1p(-c) - softplus(z))
+    d = jnp.clip(upper, _EPS, 1.0 - _EPS)  # y = 1: d sigmoid(z); y = 0: sigmoid(-z) + (1 - d) sigmoid(z)
+    return jnp.where(one, jnp.log(d) - softplus(-z), jnp.log(sigmoid(-z) + (1.0 - d) * sigmoid(z)))
 
 
 def _linear(*, disc: bool, lower: bool, upper: bool) -> Linear:

@@ -121,6 +121,48 @@ def test_loglik_finite_at_extreme_logits(name):
             assert np.isfinite(np.asarray(g)).all(), key
 
 
+def _cell_reference(name, z, c, d, y):
+    """log P(y) of an asymptote model and its gradient and Hessian in ``(z, [c], [d])``, by
+    hand in float64: ``P = alpha sigmoid(-z) + beta sigmoid(z)`` with ``(alpha, beta)`` =
+    ``(c, d)`` for y = 1 and ``(1 - c, 1 - d)`` for y = 0 (c = 0, d = 1 where absent)."""
+    s, r = expit(z), expit(-z)
+    sign = 1.0 if y == 1 else -1.0
+    alpha = (c if y == 1 else 1 - c) if name != "feas" else (0.0 if y == 1 else 1.0)
+    beta = (d if y == 1 else 1 - d) if name != "3pl" else (1.0 if y == 1 else 0.0)
+    p = alpha * r + beta * s
+    names = ["z"] + (["c"] if name != "feas" else []) + (["d"] if name != "3pl" else [])
+    dp = {"z": (beta - alpha) * s * r, "c": sign * r, "d": sign * s}
+    d2p = {("z", "z"): (beta - alpha) * s * r * (r - s), ("z", "c"): -sign * s * r,
+           ("z", "d"): sign * s * r}
+    g = np.array([dp[n] for n in names]) / p
+    h = np.array([[d2p.get((a, b), d2p.get((b, a), 0.0)) for b in names] for a in names]) / p
+    return np.log(p), g, h - np.outer(g, g)
+
+
+@pytest.mark.parametrize("name", ["3pl", "4pl", "feas"])
+def test_cell_derivatives_match_a_float64_reference(name):
+    """The cell's value, gradient and forward-over-forward Hessian in float32, as the linear
+    predictor's terms take them, against the float64 derivatives by hand, z = 0 included
+    (the log-sigmoids joined by logaddexp gave a Hessian entry of 0 there, not -0.44)."""
+    def cell(q, y):
+        rest = iter(q[1:])
+        return bernoulli_loglik(q[0], y, lower=next(rest) if name != "feas" else None,
+                                upper=next(rest) if name != "3pl" else None)
+
+    terms = jax.jit(lambda q, y: (cell(q, y), jax.jacfwd(cell)(q, y),
+                                  jax.jacfwd(jax.jacfwd(cell))(q, y)))
+    zs = np.array([-30.0, -12.0, -5.0, -1.0, 0.0, 0.5, 3.0, 8.0, 15.0, 30.0], np.float32)
+    for z, c, d, y in itertools.product(zs, GUESSING[:3], FEASIBILITY[1:], (0, 1)):
+        q = [z] + ([c] if name != "feas" else []) + ([d] if name != "3pl" else [])
+        got = terms(jnp.asarray(q, jnp.float32), jnp.float32(y))
+        want = _cell_reference(name, float(z), float(c), float(d), y)
+        value, grad, hess = (np.asarray(v, np.float64) for v in got)
+        assert abs(value - want[0]) <= 1e-5 * abs(want[0]) + 2e-7, (z, c, d, y)
+        for a, b in ((grad, want[1]), (hess, want[2])):
+            scale = max(1.0, np.abs(b).max())
+            assert (np.abs(a - b) <= 1e-5 * np.abs(b) + 1e-6 * scale).all(), (z, c, d, y, a, b)
+
+
 def test_loglik_saturated_logit_is_exact():
     """Without asymptotes the log-likelihood is the exact log-sigmoid, not a clipped one."""
     z = np.array([-30.0, -10.0, 10.0, 30.0], np.float32)
