@@ -117,13 +117,18 @@ def tetragamma(x):
 
 def _with_derivative(impl, derivative):
     """``impl`` as a ``custom_jvp`` whose derivative is ``derivative`` (itself differentiable),
-    so each order of a forward-over-reverse Hessian takes the next function of the chain."""
+    so each order of a forward-over-reverse Hessian takes the next function of the chain.
+
+    The rule's value is ``fn(x)``, not ``impl(x)``: under a second differentiation it is
+    differentiated by the rule again. Through ``impl`` it was differentiated as written, and
+    softplus's ``max(x, 0) + log1p(exp(-|x|))`` has slope 0.5 - 0.5 = 0 at x = 0 there (the
+    3PL's forward-over-forward Hessian at a logit of exactly 0 was off by 10x)."""
     fn = jax.custom_jvp(impl)
 
     @fn.defjvp
     def _jvp(primals, tangents):
         (x,), (t,) = primals, tangents
-        return impl(x), derivative(x) * t
+        return fn(x), derivative(x) * t
 
     return fn
 

@@ -177,3 +177,22 @@ def test_softplus_and_sigmoid_chain_match_scipy():
     assert float(_derivative(softplus, 2)(jnp.asarray([30.0]))[0]) > 0  # s (1 - s) gives 0
     hess = jax.jacfwd(jax.grad(lambda v: jnp.sum(softplus(v))))(x[::400])
     _close(np.diagonal(hess), slope[::400], rtol=1e-6, atol=1e-30)
+
+
+def test_second_derivatives_through_the_value_use_the_chain():
+    """A function of the value (here its square), differentiated twice forward over forward
+    and forward over reverse: ``(f^2)'' = 2 f'^2 + 2 f f''`` against scipy, x = 0 included
+    (through softplus's own code its slope at 0 read 0.5 - 0.5 = 0, not 0.5)."""
+    x64 = np.array([-20.0, -3.0, -0.5, 0.0, 0.5, 3.0, 20.0])
+    s = special.expit(x64)
+    cases = {softplus: (np.logaddexp(0.0, x64), s, s * (1 - s)),
+             sigmoid: (s, s * (1 - s), s * (1 - s) * (1 - 2 * s))}
+    positive = np.array([0.05, 0.5, 1.0, 3.0, 20.0])
+    cases[lgamma] = (special.gammaln(positive), special.digamma(positive),
+                     special.polygamma(1, positive))
+    for fn, (f, d1, d2) in cases.items():
+        x = jnp.asarray(positive if fn is lgamma else x64, jnp.float32)
+        square = lambda v: fn(v) ** 2
+        want = 2 * d1 ** 2 + 2 * f * d2
+        for second in (jax.jacfwd(jax.jacfwd(square)), jax.jacfwd(jax.grad(square))):
+            _close(jax.jit(jax.vmap(second))(x), want, rtol=2e-5, atol=1e-6)
