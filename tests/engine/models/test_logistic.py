@@ -143,7 +143,8 @@ def _cell_reference(name, z, c, d, y):
 def test_cell_derivatives_match_a_float64_reference(name):
     """The cell's value, gradient and forward-over-forward Hessian in float32, as the linear
     predictor's terms take them, against the float64 derivatives by hand, z = 0 included
-    (the log-sigmoids joined by logaddexp gave a Hessian entry of 0 there, not -0.44)."""
+    (where softplus's rule once returned its raw code as its value: a Hessian entry of 0
+    there, not -0.44, see test_special)."""
     def cell(q, y):
         rest = iter(q[1:])
         return bernoulli_loglik(q[0], y, lower=next(rest) if name != "feas" else None,
